@@ -1,0 +1,51 @@
+// Comm: the collective operations shardsafe needs from the job's own
+// distributed engine (MPI, torch.distributed, or threads in one process).
+//
+// Contract for every backend:
+// - Collectives are called by every rank of the group in the same order
+//   (SPMD). A rank that hits a local error still enters the remaining
+//   collectives of the protocol and sends its error through them, so no rank
+//   is left waiting; the engine is written that way.
+// - Byte payloads may differ in size between ranks and may be empty.
+// - A Comm object is used by one thread at a time (its rank's thread).
+// - Errors: Unavailable when the transport fails; InvalidArgument for a bad
+//   root rank.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardsafe/status.h"
+
+namespace shardsafe {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Every rank contributes `mine`; every rank receives all contributions,
+  // indexed by rank.
+  virtual Result<std::vector<std::string>> AllGather(std::string_view mine) = 0;
+
+  // Rank `root` sends `data`; every rank (root included) receives it. The
+  // argument is ignored on other ranks.
+  virtual Result<std::string> Broadcast(std::string_view data, int root) = 0;
+
+  // Returns when every rank has entered the barrier.
+  virtual Status Barrier() = 0;
+};
+
+// One process, one rank: collectives return immediately.
+std::unique_ptr<Comm> MakeSingleProcessComm();
+
+// `n` ranks as threads of one process. Returns n Comm objects sharing a
+// rendezvous; give object i to the thread that plays rank i. The objects
+// must outlive every collective call on them.
+std::vector<std::unique_ptr<Comm>> MakeThreadComms(int n);
+
+}  // namespace shardsafe

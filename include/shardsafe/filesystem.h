@@ -1,0 +1,127 @@
+// FileSystem: every byte shardsafe reads or writes goes through this
+// interface. It knows nothing of tensors.
+//
+// The POSIX implementation (DefaultFileSystem) does durable I/O: Sync() is
+// fdatasync, SyncDir() fsyncs a directory so a create or rename in it is
+// durable, Rename() is rename(2) and atomic. With WriteOptions::direct the
+// file is written with O_DIRECT from internal 4 KiB-aligned buffers (the
+// caller's buffers need no alignment); where the file system refuses O_DIRECT
+// (tmpfs) the file silently falls back to buffered I/O. Tests wrap a
+// FileSystem to inject faults (storage/fault_injection.h).
+//
+// Thread-safety: FileSystem methods may be called concurrently. A file object
+// is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardsafe/status.h"
+
+namespace shardsafe {
+
+struct WriteOptions {
+  // Write with O_DIRECT through aligned internal buffers.
+  bool direct = false;
+  // Expected final size in bytes; the file is preallocated (fallocate) when
+  // non-zero, so a full disk is reported before the data is written.
+  uint64_t size_hint = 0;
+  // Size of each internal buffer handed to the kernel in one write.
+  size_t buffer_bytes = 8 << 20;
+  // Writes in flight at once for this file (>= 1). Writes beyond the first
+  // are issued from internal I/O threads.
+  int queue_depth = 2;
+};
+
+// A file being written from start to end. Created empty (an existing file is
+// truncated). Not durable until Sync() returns OK.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Appends `n` bytes. The data is copied or written before returning, so the
+  // caller may reuse `data` at once. Errors: ResourceExhausted (disk full),
+  // Unavailable (I/O error).
+  virtual Status Append(const void* data, size_t n) = 0;
+  // Writes out everything appended so far and makes it durable (fdatasync).
+  virtual Status Sync() = 0;
+  // Writes out what is buffered and closes. Does not sync. Idempotent.
+  virtual Status Close() = 0;
+  // Bytes appended so far.
+  virtual uint64_t size() const = 0;
+};
+
+struct ReadOptions {
+  // Read with O_DIRECT where the request is aligned (offset, length and
+  // destination on 4 KiB); other requests use buffered reads.
+  bool direct = false;
+};
+
+// A file read at arbitrary offsets. ReadAt may be called concurrently from
+// several threads on one object.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly `n` bytes at `offset` into `dst`. DataLoss if the file ends
+  // first (truncated), Unavailable on I/O errors.
+  virtual Status ReadAt(uint64_t offset, void* dst, size_t n) const = 0;
+  virtual uint64_t size() const = 0;
+};
+
+struct FileInfo {
+  uint64_t size = 0;
+  bool is_dir = false;
+  int64_t mtime_seconds = 0;  // seconds since the epoch
+};
+
+struct DirEntry {
+  std::string name;  // no path
+  bool is_dir = false;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const WriteOptions& options) = 0;
+  // NotFound if the file does not exist.
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path, const ReadOptions& options) = 0;
+
+  // NotFound if missing.
+  virtual Result<FileInfo> Stat(const std::string& path) = 0;
+  // Entries of a directory, without "." and "..", in no particular order.
+  virtual Result<std::vector<DirEntry>> ListDir(const std::string& path) = 0;
+  // Creates one directory. AlreadyExists if it exists.
+  virtual Status CreateDir(const std::string& path) = 0;
+  virtual Status RemoveFile(const std::string& path) = 0;
+  // Removes a directory and everything below it. OK if it does not exist.
+  virtual Status RemoveAll(const std::string& path) = 0;
+  // Atomically renames `from` to `to`. A file target is replaced; a directory
+  // target must not exist (AlreadyExists).
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Makes the entries of directory `path` (creates, renames) durable.
+  virtual Status SyncDir(const std::string& path) = 0;
+};
+
+// The POSIX file system. Lives for the whole process.
+FileSystem* DefaultFileSystem();
+
+// Writes `data` to `path` so that readers see the old content or the new,
+// never a mix: write to a temporary sibling, Sync, Rename over `path`,
+// SyncDir of the parent. The temporary is removed on failure.
+Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data);
+
+// Reads a whole file. ResourceExhausted if it is larger than `max_bytes`.
+Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
+                                     uint64_t max_bytes);
+
+// "a/b" + "c" -> "a/b/c"; the parent of "a/b/c" is "a/b" ("." for "c").
+std::string JoinPath(std::string_view dir, std::string_view name);
+std::string ParentDir(std::string_view path);
+
+}  // namespace shardsafe

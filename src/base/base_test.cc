@@ -1,0 +1,128 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+namespace {
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidArgumentError("odd");
+  return x / 2;
+}
+
+Status Quarter(int x, int* out) {
+  SS_ASSIGN_OR_RETURN(int h, Half(x));
+  SS_ASSIGN_OR_RETURN(*out, Half(h));
+  return Status();
+}
+
+TEST(StatusTest, ContextIsPrependedAndCodeKept) {
+  Status s = DataLossError("checksum mismatch").WithContext("file a").WithContext("loading x");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "loading x: file a: checksum mismatch");
+  EXPECT_EQ(s.ToString(), "DATA_LOSS: loading x: file a: checksum mismatch");
+  EXPECT_TRUE(Status().WithContext("ignored").ok());
+}
+
+TEST(StatusTest, MacrosPropagateFirstFailure) {
+  int out = 0;
+  EXPECT_TRUE(Quarter(8, &out).ok());
+  EXPECT_EQ(out, 2);
+  EXPECT_EQ(Quarter(6, &out).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(StatusTest, ErrnoMapsDiskFullToResourceExhausted) {
+  EXPECT_EQ(ErrnoError(ENOSPC, "write", "/x").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoError(ENOENT, "open", "/x").code(), StatusCode::kNotFound);
+  EXPECT_NE(ErrnoError(EIO, "write", "/x").message().find("/x"), std::string::npos);
+}
+
+TEST(Crc32cTest, StandardCheckValue) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+}
+
+TEST(Crc32cTest, ExtendEqualsWhole) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + 7);
+  const uint32_t whole = Crc32c(data.data(), data.size());
+  for (size_t cut : {0ul, 1ul, 4095ul, 50000ul, 99999ul}) {
+    uint32_t c = Crc32cExtend(0, data.data(), cut);
+    c = Crc32cExtend(c, data.data() + cut, data.size() - cut);
+    EXPECT_EQ(c, whole) << cut;
+  }
+}
+
+TEST(Crc32cTest, CopyWithCrcCopiesAndChecksums) {
+  std::vector<char> src(1 << 20), dst(1 << 20);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i ^ (i >> 8));
+  EXPECT_EQ(CopyWithCrc32c(dst.data(), src.data(), src.size(), 0), Crc32c(src.data(), src.size()));
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+}
+
+TEST(ThreadPoolTest, TaskGroupRunsAllAndReportsFirstError) {
+  for (size_t threads : {0, 1, 3}) {
+    ThreadPool pool(threads);
+    std::atomic<int> ran{0};
+    TaskGroup group(&pool);
+    for (int i = 0; i < 50; ++i) {
+      group.Add([&ran] {
+        ran++;
+        return Status();
+      });
+    }
+    EXPECT_TRUE(group.Wait().ok());
+    EXPECT_EQ(ran.load(), 50);
+
+    TaskGroup failing(&pool);
+    failing.Add([] { return UnavailableError("boom"); });
+    EXPECT_EQ(failing.Wait().code(), StatusCode::kUnavailable);
+  }
+}
+
+TEST(TypesTest, DTypeNamesRoundTrip) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    auto d = static_cast<DType>(i);
+    auto parsed = ParseDType(DTypeName(d));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, d);
+  }
+  EXPECT_EQ(ParseDType("f32").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DTypeBits(DType::kF4), 4);
+  EXPECT_EQ(DTypeBits(DType::kBF16), 16);
+}
+
+TEST(TypesTest, NumBytesRejectsPartialBytesAndOverflow) {
+  EXPECT_EQ(*NumBytes(DType::kF4, 4), 2u);
+  EXPECT_EQ(*NumBytes(DType::kF6E2M3, 4), 3u);
+  EXPECT_EQ(NumBytes(DType::kF4, 3).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(NumBytes(DType::kF64, ~uint64_t{0}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(NumElements({~uint64_t{0}, 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(*NumElements({}), 1u);
+  EXPECT_EQ(*NumElements({3, 0}), 0u);
+}
+
+TEST(TypesTest, ValidateSliceChecksBoundsAndSubByteCuts) {
+  Shape shape{8, 6};
+  EXPECT_TRUE(ValidateSlice({Box{{0, 0}, {8, 6}}, std::nullopt}, shape, DType::kF32).ok());
+  EXPECT_FALSE(ValidateSlice({Box{{4, 0}, {5, 6}}, std::nullopt}, shape, DType::kF32).ok());
+  EXPECT_FALSE(ValidateSlice({Box{{0}, {8}}, std::nullopt}, shape, DType::kF32).ok());
+  EXPECT_FALSE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{10, 49}}, shape, DType::kF32).ok());
+  EXPECT_TRUE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{10, 48}}, shape, DType::kF32).ok());
+  // F4: cuts at multiples of 2 elements.
+  EXPECT_TRUE(ValidateSlice({Box{{0, 2}, {8, 4}}, std::nullopt}, shape, DType::kF4).ok());
+  EXPECT_FALSE(ValidateSlice({Box{{0, 1}, {8, 4}}, std::nullopt}, shape, DType::kF4).ok());
+  EXPECT_FALSE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{1, 4}}, shape, DType::kF4).ok());
+  EXPECT_EQ(SliceToString({Box{{0, 2}, {8, 4}}, FlatRange{1, 3}}), "[0:8, 2:6].flat[1:3]");
+}
+
+}  // namespace
+}  // namespace shardsafe

@@ -1,0 +1,90 @@
+// The checkpoint index (shardsafe.json): structs and their JSON form.
+//
+// docs/format.md §3 is the specification. Serialize writes it; Parse reads
+// it from untrusted bytes and validates everything that can be checked
+// without the data files and without geometry beyond one chunk (the tiling
+// of a tensor by its chunks is checked by the engine with layout/tiling.h).
+// Thread-safe (pure functions).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+
+inline constexpr std::string_view kIndexFileName = "shardsafe.json";
+inline constexpr int kFormatVersion = 1;
+inline constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
+
+struct IndexFile {
+  std::string name;
+  uint64_t bytes = 0;
+  int rank = 0;
+};
+
+struct IndexChunk {
+  Slice slice;
+  uint32_t file = 0;
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+  std::optional<uint32_t> crc32c;  // absent for data read from foreign files
+};
+
+struct IndexTensor {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<IndexChunk> chunks;
+};
+
+struct IndexBlobChunk {
+  int rank = 0;
+  uint32_t file = 0;
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+  std::optional<uint32_t> crc32c;
+};
+
+struct IndexBlob {
+  bool per_rank = false;
+  std::vector<IndexBlobChunk> chunks;
+};
+
+struct CheckpointIndex {
+  int version = kFormatVersion;
+  std::string tag;
+  int64_t created_unix = 0;
+  int world_size = 1;
+  nlohmann::json layout;    // null if none
+  nlohmann::json metadata;  // null if none
+  std::vector<IndexFile> files;
+  std::map<std::string, IndexTensor> tensors;
+  nlohmann::json values = nlohmann::json::object();
+  std::map<std::string, IndexBlob> blobs;
+};
+
+// Compact JSON text of `index` (docs/format.md §3).
+std::string SerializeIndex(const CheckpointIndex& index);
+
+// Parses untrusted index bytes. `source` (the file path) prefixes every
+// error. DataLoss naming the field for any violation listed in
+// docs/format.md §3 "Validation on read"; FailedPrecondition for a newer
+// version than this reader supports.
+Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source);
+
+// The name under which a chunk of `key` covering `slice` is stored in its
+// data file: `key` itself for the whole tensor, else "key[o:e,...]" with
+// ".flat[b:e]" for a flat range (docs/format.md §2).
+std::string ChunkEntryName(std::string_view key, const Slice& slice, const Shape& shape);
+// "__blob__/NAME" or "__blob__/NAME/rank-RRRRR".
+std::string BlobEntryName(std::string_view name, std::optional<int> rank);
+
+}  // namespace shardsafe

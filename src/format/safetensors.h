@@ -1,0 +1,93 @@
+// The safetensors byte format: parse and validate a header, and build one.
+//
+// Layout (shared/reference/formats.md §1): u64 little-endian header length
+// N, N bytes of UTF-8 JSON, then the data buffer; each entry addresses
+// [begin, end) relative to the data buffer; entries tile the buffer without
+// gap, and the file ends exactly at the end of the last entry.
+//
+// The parser accepts and rejects exactly what the reference Rust reader
+// (safetensors 0.8) does, in the same check order, and names the rule in its
+// error. Deliberate extra strictness, documented in docs/format.md: none on
+// the reading side. Duplicate tensor names follow the reference (last one
+// wins) and are reported in SafetensorsHeader::duplicate_names so `verify`
+// can warn. Parsing is bounded: the header is at most 100,000,000 bytes and
+// no allocation is sized by a number from the file before it is validated.
+//
+// No I/O here: the caller reads the 8-byte prefix and the header bytes.
+// Thread-safe (pure functions).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t begin = 0;  // relative to the data buffer
+  uint64_t end = 0;
+};
+
+struct SafetensorsHeader {
+  uint64_t header_bytes = 0;  // N
+  std::vector<SafetensorsEntry> entries;  // sorted by (begin, end)
+  std::optional<std::map<std::string, std::string>> metadata;
+  std::vector<std::string> duplicate_names;  // names that appeared twice
+
+  uint64_t data_start() const { return 8 + header_bytes; }
+};
+
+// Step 1-3 of the reference reader: decodes N from the first 8 bytes of a
+// file of `file_size` bytes. DataLoss "header too small" (file < 8 bytes),
+// "header too large" (N > 100,000,000), "invalid header length" (8 + N >
+// file size).
+Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> prefix,
+                                              uint64_t file_size);
+
+// Steps 4-7: parses the N header bytes of a file of `file_size` bytes.
+// DataLoss naming the rule: "invalid UTF-8 in header", "invalid JSON in
+// header: ...", "invalid offset for tensor `x`", "overflow computing buffer
+// size ...", "misaligned slice ...", "invalid shape, data type, or offset for
+// tensor `x`", "incomplete metadata, file not fully covered".
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json,
+                                                 uint64_t file_size);
+
+// One entry to write: its bytes follow in the data buffer.
+struct EntrySpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  uint64_t bytes = 0;  // must equal NumBytes(dtype, elements of shape)
+};
+
+struct SafetensorsLayout {
+  std::string header;  // the 8-byte length prefix and the padded JSON
+  // For each input entry (input order): absolute byte offset in the file.
+  std::vector<uint64_t> offsets;
+  // Input indices in the order their bytes appear in the file.
+  std::vector<uint32_t> order;
+  uint64_t file_size = 0;
+};
+
+// Builds the header of a file holding `entries`, in the reference writer's
+// canonical form (formats.md §1.4): entries sorted by dtype descending then
+// name, compact JSON, `__metadata__` first when given, padded with spaces to
+// a multiple of 8. InvalidArgument for duplicate names, the name
+// "__metadata__", a bytes/shape mismatch, or a header over the size limit.
+Result<SafetensorsLayout> BuildSafetensorsHeader(
+    std::span<const EntrySpec> entries,
+    const std::optional<std::map<std::string, std::string>>& metadata);
+
+}  // namespace shardsafe

@@ -1,0 +1,108 @@
+// The save planner: from what every rank holds to who writes what, where.
+//
+// Input: for each rank, the shards it holds (key, dtype, global shape,
+// slice) and the blobs it wants saved. Output: a SavePlan that every rank
+// computes identically from the same gathered input (pure and deterministic,
+// no I/O), so no further coordination is needed to agree on it.
+//
+// Guarantees:
+// - All ranks agree on dtype and shape of each key, else InvalidArgument.
+// - Equal slices of a tensor on several ranks are one chunk with several
+//   holders (replicas). The unique chunks of each tensor tile it exactly
+//   (tiling.h), else InvalidArgument.
+// - Each unique chunk is written exactly once, by one of its holders.
+//   Writers are balanced: chunks held by one rank go to that rank; replicated
+//   chunks are then assigned largest first to the least-loaded holder (ties:
+//   lowest rank). On DP x TP x PP and ZeRO layouts no rank writes more than
+//   1.1x its ideal share (bench/planner_benchmark.cc measures it).
+// - Each rank's chunks are packed into files of at most max_file_bytes of
+//   payload (a chunk larger than the cap gets its own file), filled largest
+//   chunk first into the file with the least payload, so files are similar
+//   in size and can be written in parallel.
+// - Global blobs are written by the lowest rank that supplied them (all
+//   suppliers must supply the same size); per-rank blobs by their rank.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+
+struct ShardInfo {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;  // global shape
+  Slice slice;
+};
+
+struct BlobInfo {
+  std::string name;
+  uint64_t bytes = 0;
+  bool per_rank = false;
+};
+
+// What one rank holds. Index positions matter: the plan refers to a rank's
+// shards and blobs by their index in these vectors.
+struct RankHoldings {
+  std::vector<ShardInfo> shards;
+  std::vector<BlobInfo> blobs;
+};
+
+struct PlannedChunk {
+  uint32_t tensor = 0;  // index into SavePlan::tensors
+  Slice slice;
+  uint64_t bytes = 0;
+  int writer = 0;             // rank that writes it
+  uint32_t writer_shard = 0;  // index into holdings[writer].shards
+  uint32_t holders = 0;       // number of ranks that held it
+};
+
+struct PlannedTensor {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;
+  // Indices into SavePlan::chunks, in row-major order of box offset, then
+  // flat begin.
+  std::vector<uint32_t> chunks;
+};
+
+struct PlannedBlob {
+  std::string name;
+  bool per_rank = false;
+  int rank = 0;          // for per-rank blobs: whose blob; for global: the writer
+  uint32_t writer_blob;  // index into holdings[rank].blobs
+  uint64_t bytes = 0;
+};
+
+struct PlannedFile {
+  int rank = 0;         // the writer
+  uint32_t number = 0;  // per-rank file number, from 0
+  std::vector<uint32_t> chunks;  // indices into SavePlan::chunks
+  std::vector<uint32_t> blobs;   // indices into SavePlan::blobs
+  uint64_t payload_bytes = 0;    // sum of chunk and blob bytes
+};
+
+struct SavePlan {
+  std::vector<PlannedTensor> tensors;  // sorted by key
+  std::vector<PlannedChunk> chunks;
+  std::vector<PlannedBlob> blobs;      // sorted by (name, rank)
+  std::vector<PlannedFile> files;      // sorted by (rank, number)
+  std::vector<uint64_t> bytes_per_rank;  // payload each rank writes
+  uint64_t unique_bytes = 0;             // sum over chunks and blobs
+};
+
+struct SavePlanOptions {
+  uint64_t max_file_bytes = uint64_t{2} << 30;
+};
+
+// Plans a save of `holdings` (index = rank). InvalidArgument on any layout
+// violation, with the key and ranks involved in the message.
+Result<SavePlan> PlanSave(std::span<const RankHoldings> holdings,
+                          const SavePlanOptions& options);
+
+}  // namespace shardsafe

@@ -1,0 +1,32 @@
+// Tiling checks: do a tensor's unique shards cover it exactly once?
+//
+// Shards are Slices (a box, optionally narrowed to a flat range of the box's
+// row-major elements). The unique shards of a tensor tile it when every
+// element of the global shape lies in exactly one of them.
+//
+// Algorithm: group the slices by box. Within a group, either one slice covers
+// the whole box, or the flat ranges, sorted by begin, must tile
+// [0, volume(box)) without gap or overlap. Then the distinct boxes must be
+// pairwise disjoint and their volumes must sum to the tensor's element count
+// (disjoint + right total volume => exact cover). Disjointness is checked
+// with a sweep over dimension 0 (boxes sorted by start, compared only with
+// boxes whose dim-0 extent is still open), O(n log n + overlapping pairs).
+// Pure; thread-safe.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+
+// OK if `slices` (already de-duplicated: no two equal) tile a tensor of
+// `shape` exactly. InvalidArgument otherwise, naming `key` and the problem
+// ("gap: ... elements of [4096, 4096] are not covered", "overlap between
+// [0:512, 0:4096] and [256:768, 0:4096]"). Each slice must already be valid
+// for the shape (ValidateSlice).
+Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Slice> slices);
+
+}  // namespace shardsafe
