@@ -6,7 +6,8 @@
 // durable, Rename() is rename(2) and atomic. With WriteOptions::direct the
 // file is written with O_DIRECT from internal 4 KiB-aligned buffers (the
 // caller's buffers need no alignment); where the file system refuses O_DIRECT
-// (tmpfs) the file silently falls back to buffered I/O. Tests wrap a
+// (open fails with EINVAL: tmpfs before Linux 6.6, some devices) the file
+// silently falls back to buffered I/O. Tests wrap a
 // FileSystem to inject faults (storage/fault_injection.h).
 //
 // Thread-safety: FileSystem methods may be called concurrently. A file object
@@ -30,10 +31,14 @@ struct WriteOptions {
   // Expected final size in bytes; the file is preallocated (fallocate) when
   // non-zero, so a full disk is reported before the data is written.
   uint64_t size_hint = 0;
-  // Size of each internal buffer handed to the kernel in one write.
+  // Size of each internal buffer handed to the kernel in one write (direct
+  // mode; rounded up to 4 KiB, and down to the size hint when that is
+  // smaller). Buffered mode writes from the caller's memory and ignores it.
   size_t buffer_bytes = 8 << 20;
-  // Writes in flight at once for this file (>= 1). Writes beyond the first
-  // are issued from internal I/O threads.
+  // Direct mode: writes in flight at once for this file (>= 1). Full buffers
+  // are written by queue_depth internal I/O threads while the caller fills
+  // the next one, so a file holds up to queue_depth + 1 buffers. Buffers are
+  // pre-faulted and recycled across files through a process-wide cache.
   int queue_depth = 2;
 };
 
@@ -44,11 +49,15 @@ class WritableFile {
   virtual ~WritableFile() = default;
   // Appends `n` bytes. The data is copied or written before returning, so the
   // caller may reuse `data` at once. Errors: ResourceExhausted (disk full),
-  // Unavailable (I/O error).
+  // Unavailable (I/O error). In direct mode a background write may fail
+  // after its Append returned; the error is reported by the next Append,
+  // Sync or Close, and every call after a failure returns it again.
   virtual Status Append(const void* data, size_t n) = 0;
   // Writes out everything appended so far and makes it durable (fdatasync).
   virtual Status Sync() = 0;
-  // Writes out what is buffered and closes. Does not sync. Idempotent.
+  // Writes out what is buffered and closes. Does not sync. Idempotent. The
+  // destructor closes the same way. Append or Sync after Close:
+  // FailedPrecondition.
   virtual Status Close() = 0;
   // Bytes appended so far.
   virtual uint64_t size() const = 0;
@@ -104,6 +113,12 @@ class FileSystem {
   // Atomically renames `from` to `to`. A file target is replaced; a directory
   // target must not exist (AlreadyExists).
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Atomically swaps two existing paths (renameat2 RENAME_EXCHANGE), so
+  // that replacing a directory never leaves a moment with neither in place.
+  // Unimplemented where the file system cannot do it.
+  virtual Status RenameExchange(const std::string& a, const std::string& b) {
+    return UnimplementedError("atomic exchange of " + a + " and " + b + " is not supported");
+  }
   // Makes the entries of directory `path` (creates, renames) durable.
   virtual Status SyncDir(const std::string& path) = 0;
 };

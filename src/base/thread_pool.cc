@@ -62,6 +62,11 @@ void TaskGroup::Add(std::function<Status()> task) {
   });
 }
 
+bool TaskGroup::WaitFor(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [this] { return pending_ == 0; });
+}
+
 Status TaskGroup::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return pending_ == 0; });

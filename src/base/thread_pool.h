@@ -10,6 +10,7 @@
 // task. The destructor drains the queue and joins the workers.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -55,6 +56,8 @@ class TaskGroup {
 
   void Add(std::function<Status()> task);
   Status Wait();
+  // True once every added task has finished; waits at most `timeout`.
+  bool WaitFor(std::chrono::milliseconds timeout);
 
  private:
   ThreadPool* pool_;

@@ -76,8 +76,12 @@ std::string SerializeIndex(const CheckpointIndex& index);
 
 // Parses untrusted index bytes. `source` (the file path) prefixes every
 // error. DataLoss naming the field for any violation listed in
-// docs/format.md §3 "Validation on read"; FailedPrecondition for a newer
-// version than this reader supports.
+// docs/format.md §3 "Validation on read" except tiling (left to the engine),
+// and for: a duplicate key in any JSON object, nesting deeper than 256, a
+// repeated file name, a file or blob rank >= world_size, world_size 0, a
+// global blob without exactly one chunk, a per-rank blob naming a rank
+// twice, a tensor whose element count overflows 64 bits. FailedPrecondition
+// for a newer version than this reader supports.
 Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source);
 
 // The name under which a chunk of `key` covering `slice` is stored in its

@@ -7,8 +7,12 @@
 //
 // The parser accepts and rejects exactly what the reference Rust reader
 // (safetensors 0.8) does, in the same check order, and names the rule in its
-// error. Deliberate extra strictness, documented in docs/format.md: none on
-// the reading side. Duplicate tensor names follow the reference (last one
+// error. Deliberate extra strictness: one, on the final coverage check (step
+// 7), which the reference computes with wrapping u64 arithmetic in release
+// builds; here it cannot wrap. Entries with equal (begin, end) are ordered
+// by name (the reference's order there is arbitrary, from a hash map), which
+// can change which name an "invalid offset" error reports. Duplicate tensor
+// names follow the reference (last one
 // wins) and are reported in SafetensorsHeader::duplicate_names so `verify`
 // can warn. Parsing is bounded: the header is at most 100,000,000 bytes and
 // no allocation is sized by a number from the file before it is validated.

@@ -14,14 +14,23 @@
 //
 // Each run becomes a source byte range of the file. Ranges of one file are
 // sorted and coalesced: touching ranges always merge; ranges separated by a
-// gap merge while the total gap bytes read stay within
+// gap merge, smallest gaps first, while the total gap bytes read stay within
 // max_overread_fraction of the bytes needed. So bytes read <= bytes needed
 // x (1 + max_overread_fraction) (1.05 by default). A read longer than
-// max_read_bytes is split, unless it goes straight into one destination.
+// max_read_bytes is split, unless it goes straight into one destination
+// (one segment, src_byte 0, covering the whole read); a read is never
+// shorter than one byte-aligned element group (F6: 4 elements in 3 bytes).
+//
+// Sub-byte dtypes (F4, F6) are walked in elements and converted to bytes
+// only at run boundaries, which must fall on whole bytes (else
+// InvalidArgument); ValidateSlice makes that so except where a whole-tensor
+// chunk of a tensor whose last dimension is not a multiple of the cut
+// quantum meets a partial request.
 //
 // Guarantees: every requested element is covered exactly once (else
 // DataLoss: the checkpoint does not cover the request); reads of a group
-// are in increasing file offset order and do not overlap.
+// are in increasing file offset order and do not overlap, and no two reads
+// of the plan overlap.
 // Pure; thread-safe.
 #pragma once
 
@@ -53,7 +62,8 @@ struct Want {
 };
 
 // `count` elements that land at element `dst_elem` of want `want`, taken from
-// byte `src_byte` of the read's buffer (in the saved dtype).
+// byte `src_byte` of the read's buffer (in the saved dtype). For sub-byte
+// dtypes, dst_elem and count are multiples of the cut quantum.
 struct Segment {
   uint32_t want = 0;
   uint64_t dst_elem = 0;
@@ -69,8 +79,9 @@ struct ReadOp {
   std::vector<Segment> segments;  // sorted by src_byte
 };
 
-// A chunk whose every byte is read by one group, so its checksum can be
-// verified while the group runs.
+// A non-empty chunk whose every byte is read by one group, so its checksum
+// can be verified while the group runs. Includes chunks no want touches
+// that a coalesced read happens to span.
 struct ChunkRef {
   uint32_t tensor = 0;
   uint32_t chunk = 0;
@@ -85,7 +96,7 @@ struct ReadGroup {
 
 struct LoadPlan {
   std::vector<ReadGroup> groups;
-  uint64_t bytes_needed = 0;  // bytes of saved data the wants cover
+  uint64_t bytes_needed = 0;  // bytes of saved data the wants cover, summed over wants
   uint64_t bytes_read = 0;    // sum of read lengths
 };
 

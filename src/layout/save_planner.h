@@ -20,7 +20,15 @@
 //   chunk first into the file with the least payload, so files are similar
 //   in size and can be written in parallel.
 // - Global blobs are written by the lowest rank that supplied them (all
-//   suppliers must supply the same size); per-rank blobs by their rank.
+//   suppliers must supply the same size); per-rank blobs by their rank. A
+//   name may not be both per-rank and global, nor appear twice on one rank.
+// - Chunks without elements (e.g. an empty ZeRO flat shard) are dropped,
+//   unless the tensor itself has no elements: then its chunks are kept so
+//   the key still appears in the checkpoint.
+// - A rank with nothing to write gets no file; any other rank gets
+//   max(1, ceil(bytes of its items up to the cap / max_file_bytes)) files,
+//   one more whenever the least-full file cannot take the next item, and one
+//   per item larger than the cap.
 #pragma once
 
 #include <cstdint>

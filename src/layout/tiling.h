@@ -9,8 +9,9 @@
 // [0, volume(box)) without gap or overlap. Then the distinct boxes must be
 // pairwise disjoint and their volumes must sum to the tensor's element count
 // (disjoint + right total volume => exact cover). Disjointness is checked
-// with a sweep over dimension 0 (boxes sorted by start, compared only with
-// boxes whose dim-0 extent is still open), O(n log n + overlapping pairs).
+// with a sweep along the dimension with the most distinct box starts (boxes
+// sorted by start, compared only with boxes whose extent in that dimension
+// is still open), O(rank · n log n + pairs open at once).
 // Pure; thread-safe.
 #pragma once
 
@@ -22,11 +23,12 @@
 
 namespace shardsafe {
 
-// OK if `slices` (already de-duplicated: no two equal) tile a tensor of
-// `shape` exactly. InvalidArgument otherwise, naming `key` and the problem
-// ("gap: ... elements of [4096, 4096] are not covered", "overlap between
-// [0:512, 0:4096] and [256:768, 0:4096]"). Each slice must already be valid
-// for the shape (ValidateSlice).
+// OK if `slices` tile a tensor of `shape` exactly. InvalidArgument
+// otherwise, naming `key` and the problem ("gap: ... elements of [4096, 4096]
+// are not covered", "overlap between [0:512, 0:4096] and [256:768, 0:4096]").
+// Slices without elements are ignored (they cover nothing); two equal
+// non-empty slices are an overlap. Each slice must already be valid for the
+// shape (ValidateSlice).
 Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Slice> slices);
 
 }  // namespace shardsafe

@@ -1,0 +1,137 @@
+// Planner benchmark: plans the save of a simulated 1,024-rank training job
+// (TP=8, PP=4, DP=32, ZeRO-1 optimizer state, an 80-layer transformer:
+// ~1,900 tensors) and the load of it into another layout (TP=4, DP=64),
+// printing timings, writer balance and read amplification. No I/O.
+//
+//   planner_benchmark [--tp-load N] [--dp-load N] [--iters N] [--zero 0|1]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "layout/load_planner.h"
+#include "layout/save_planner.h"
+#include "layout/simulated_layouts.h"
+
+namespace shardsafe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// The saved tensors as a checkpoint index would describe them: each file's
+// chunks and blobs laid out back to back, in plan order.
+std::vector<SavedTensor> SavedFromPlan(const SavePlan& plan) {
+  std::vector<SavedTensor> out(plan.tensors.size());
+  std::vector<SavedChunk> chunks(plan.chunks.size());
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    uint64_t at = 4096;  // room for a header
+    for (uint32_t c : plan.files[f].chunks) {
+      chunks[c] = SavedChunk{plan.chunks[c].slice, f, at};
+      at += plan.chunks[c].bytes;
+    }
+  }
+  for (uint32_t t = 0; t < plan.tensors.size(); ++t) {
+    out[t].dtype = plan.tensors[t].dtype;
+    out[t].shape = plan.tensors[t].shape;
+    for (uint32_t c : plan.tensors[t].chunks) out[t].chunks.push_back(chunks[c]);
+  }
+  return out;
+}
+
+// What rank (pp_i, dp_i, tp_i) of layout `m` asks the checkpoint for.
+std::vector<Want> WantsOf(const simulated::TransformerLayout& m, int pp_i, int dp_i, int tp_i,
+                          const SavePlan& plan) {
+  std::vector<Want> wants;
+  for (const ShardInfo& s : simulated::RankShards(m, pp_i, dp_i, tp_i).shards) {
+    auto it = std::lower_bound(
+        plan.tensors.begin(), plan.tensors.end(), s.key,
+        [](const PlannedTensor& t, const std::string& k) { return t.key < k; });
+    wants.push_back(Want{static_cast<uint32_t>(it - plan.tensors.begin()), s.slice});
+  }
+  return wants;
+}
+
+void PrintSave(const simulated::TransformerLayout& m, size_t shards, const SavePlan& plan,
+               double seconds) {
+  uint64_t max_rank = 0, max_file = 0, max_chunk = 0;
+  for (uint64_t b : plan.bytes_per_rank) max_rank = std::max(max_rank, b);
+  for (const PlannedFile& f : plan.files) max_file = std::max(max_file, f.payload_bytes);
+  for (const PlannedChunk& c : plan.chunks) max_chunk = std::max(max_chunk, c.bytes);
+  const uint64_t ideal = simulated::IdealMaxRankBytes(plan);
+  std::printf("save: world %d (tp %d, pp %d, dp %d, zero %d), %zu tensors, %zu shards held\n",
+              m.world(), m.tp, m.pp, m.dp, m.zero, plan.tensors.size(), shards);
+  std::printf("  PlanSave            %.3f s\n", seconds);
+  std::printf("  chunks              %zu (largest %.1f MiB), files %zu (largest %.1f MiB)\n",
+              plan.chunks.size(), max_chunk / 1048576.0, plan.files.size(), max_file / 1048576.0);
+  std::printf("  unique bytes        %.2f GiB\n", plan.unique_bytes / 1073741824.0);
+  std::printf("  max rank / ideal    %.1f / %.1f MiB = %.3f\n", max_rank / 1048576.0,
+              ideal / 1048576.0, static_cast<double>(max_rank) / ideal);
+}
+
+int Run(int argc, char** argv) {
+  simulated::TransformerLayout save_layout;  // tp 8, pp 4, dp 32, ZeRO-1
+  simulated::TransformerLayout load_layout = save_layout;
+  load_layout.tp = 4;
+  load_layout.dp = 64;
+  int iters = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--tp-load")) load_layout.tp = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--dp-load")) load_layout.dp = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));
+    if (!std::strcmp(argv[i], "--zero")) save_layout.zero = load_layout.zero = std::atoi(argv[i + 1]);
+  }
+  const std::vector<RankHoldings> holdings = simulated::MakeHoldings(save_layout);
+  size_t shards = 0;
+  for (const RankHoldings& h : holdings) shards += h.shards.size();
+
+  double best = 1e9;
+  Result<SavePlan> plan = InvalidArgumentError("not run");
+  for (int i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    plan = PlanSave(holdings, SavePlanOptions{});
+    best = std::min(best, Seconds(start));
+    if (!plan.ok()) {
+      std::fprintf(stderr, "PlanSave: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+  }
+  PrintSave(save_layout, shards, *plan, best);
+
+  const std::vector<SavedTensor> saved = SavedFromPlan(*plan);
+  std::printf("load: into tp %d, pp %d, dp %d\n", load_layout.tp, load_layout.pp, load_layout.dp);
+  const int samples[][3] = {{0, 0, 0}, {1, 17, 2}, {3, load_layout.dp - 1, load_layout.tp - 1}};
+  for (const auto& s : samples) {
+    const std::vector<Want> wants = WantsOf(load_layout, s[0], s[1], s[2], *plan);
+    double load_best = 1e9;
+    Result<LoadPlan> lp = InvalidArgumentError("not run");
+    for (int i = 0; i < iters; ++i) {
+      const auto start = Clock::now();
+      lp = PlanLoad(saved, wants, LoadPlanOptions{});
+      load_best = std::min(load_best, Seconds(start));
+    }
+    if (!lp.ok()) {
+      std::fprintf(stderr, "PlanLoad: %s\n", lp.status().ToString().c_str());
+      return 1;
+    }
+    size_t reads = 0;
+    for (const ReadGroup& g : lp->groups) reads += g.reads.size();
+    std::printf("  rank (pp %d, dp %d, tp %d): %zu wants, PlanLoad %.4f s, %zu groups, %zu reads, "
+                "read/needed %.2f/%.2f GiB = %.4f\n",
+                s[0], s[1], s[2], wants.size(), load_best, lp->groups.size(), reads,
+                lp->bytes_read / 1073741824.0, lp->bytes_needed / 1073741824.0,
+                static_cast<double>(lp->bytes_read) / static_cast<double>(lp->bytes_needed));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardsafe
+
+int main(int argc, char** argv) { return shardsafe::Run(argc, argv); }

@@ -1,0 +1,212 @@
+// The shardsafe C++ API: save the sharded state of N ranks, load it back into
+// any layout, and manage step-tagged checkpoints.
+//
+//   shardsafe::SaveState state;
+//   state.tensors.push_back({"layers.0.wq", DType::kBF16, {4096, 4096},
+//                            {Box{{rank * 2048, 0}, {2048, 4096}}}, ptr});
+//   state.values["step"] = 100;
+//   SS_RETURN_IF_ERROR(shardsafe::Save(state, "/ckpt/step-100", *comm, {}).status());
+//
+// Every call here is collective: all ranks of `comm` call it with their own
+// part of the state, in the same order. Every rank gets the same outcome: if
+// any rank fails (bad layout, I/O error), every rank returns an error and
+// nothing is committed. A committed checkpoint is complete and durable; see
+// docs/format.md for the on-disk format and the commit protocol.
+//
+// Thread-safety: calls on different checkpoints may run concurrently when
+// they use different Comm objects.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shardsafe/comm.h"
+#include "shardsafe/filesystem.h"
+#include "shardsafe/status.h"
+#include "shardsafe/types.h"
+
+namespace shardsafe {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------- saving --
+
+// One shard this rank holds. `data` points at slice.NumElements() elements
+// of `dtype`, row-major and dense; it must stay valid and unchanged until
+// Save returns. Nothing is copied before the write (the synchronous path
+// streams from `data`).
+struct TensorShard {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;  // the global shape
+  Slice slice;  // the part this rank holds
+  const void* data = nullptr;
+};
+
+// Opaque bytes: RNG state, data-loader position. A per-rank blob is saved
+// for each rank that passes one; a global blob is saved once (every rank
+// that passes it must pass the same size; the lowest such rank writes it).
+struct BlobRef {
+  std::string name;
+  const void* data = nullptr;
+  uint64_t size = 0;
+  bool per_rank = false;
+};
+
+struct SaveState {
+  std::vector<TensorShard> tensors;
+  std::vector<BlobRef> blobs;
+  Json values = Json::object();  // global JSON values (rank 0's are saved)
+  Json metadata;                 // user metadata (rank 0's)
+  Json layout;                   // description of the parallel layout (rank 0's)
+};
+
+struct Progress {
+  std::string_view phase;  // "plan", "write", "commit", "read"
+  uint64_t done_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+struct SaveOptions {
+  uint64_t max_file_bytes = uint64_t{2} << 30;  // payload cap per data file
+  bool direct_io = true;  // O_DIRECT data files (buffered fallback on tmpfs)
+  int io_threads = 4;     // files written in parallel per rank
+  bool overwrite = false; // replace an existing checkpoint at the path
+  FileSystem* fs = nullptr;  // default: DefaultFileSystem()
+  ProgressFn progress;       // called on the calling thread, this rank only
+};
+
+struct SaveStats {
+  uint64_t bytes_written = 0;  // payload this rank wrote
+  uint64_t unique_bytes = 0;   // payload of the checkpoint (all ranks)
+  uint64_t held_bytes = 0;     // payload held by all ranks, replicas counted
+  uint64_t max_rank_bytes = 0; // payload of the busiest writer
+  int files = 0;               // data files in the checkpoint
+  double seconds = 0;          // wall time of the call on this rank
+};
+
+// Saves `state` as the checkpoint directory `path` (its last component is
+// the tag: a safe name, docs/format.md §1). The directory appears only when
+// complete. AlreadyExists if `path` exists (unless overwrite); InvalidArgument
+// for a bad tag or layout (dtype/shape disagreement, gaps, overlaps);
+// ResourceExhausted for a full disk; Unavailable for I/O errors.
+Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
+                       const SaveOptions& options);
+
+// --------------------------------------------------------------- loading --
+
+// Where to put one slice of a saved tensor. `data` has room for
+// slice.NumElements() elements of `dtype`, row-major and dense.
+struct TensorTarget {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;  // expected global shape (must match the checkpoint's)
+  Slice slice;
+  void* data = nullptr;
+};
+
+struct LoadRequest {
+  std::vector<TensorTarget> tensors;
+};
+
+struct LoadOptions {
+  bool verify_checksums = true;  // verify every chunk read whole
+  bool allow_partial = false;    // missing keys are reported, not an error
+  bool convert_dtypes = false;   // allow dtype conversion (docs/format.md §5)
+  int io_threads = 4;
+  uint64_t scratch_bytes = uint64_t{64} << 20;  // bound on staging memory per thread
+  bool direct_io = false;  // O_DIRECT for aligned reads
+  FileSystem* fs = nullptr;
+  ProgressFn progress;
+};
+
+struct LoadResult {
+  std::string path;  // the checkpoint directory or file actually loaded
+  std::string tag;
+  Json values;    // the saved global JSON values
+  Json metadata;  // the saved user metadata
+  Json layout;    // the saved layout description
+  int saved_world_size = 1;
+  // Global blobs, and this rank's per-rank blobs (when the checkpoint has
+  // one for this rank number).
+  std::map<std::string, std::string> blobs;
+  std::vector<std::string> missing;     // requested keys not in the checkpoint
+  std::vector<std::string> unexpected;  // checkpoint keys nobody on this rank asked for
+  uint64_t bytes_needed = 0;
+  uint64_t bytes_read = 0;
+  uint64_t chunks_verified = 0;
+  double seconds = 0;
+};
+
+// Loads the requested slices from `path`: a checkpoint directory, a root
+// (its `latest`, else its newest committed checkpoint), a single
+// .safetensors file, or a Hugging Face model directory. Errors:
+// NotFound (no checkpoint there; missing keys unless allow_partial, listing
+// them), InvalidArgument (shape mismatch naming the key and both shapes;
+// dtype mismatch without convert_dtypes), DataLoss (corrupt or truncated
+// file, checksum mismatch: names the file, tensor and chunk).
+Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
+                        const LoadOptions& options);
+
+// ---------------------------------------------------- step-tagged roots --
+
+struct CheckpointInfo {
+  std::string tag;
+  std::string path;
+  std::optional<int64_t> step;  // for "step-N" tags
+  uint64_t bytes = 0;           // sum of data file sizes
+  int64_t mtime_unix = 0;
+  bool is_latest = false;
+};
+
+// Committed checkpoints under `root`, oldest first (by step, then mtime).
+// Leftovers of interrupted saves are never listed.
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root,
+                                                    FileSystem* fs = nullptr);
+
+// Checkpoints in ROOT/step-NNNNNNNN, a `latest` pointer, and retention.
+class CheckpointManager {
+ public:
+  struct Options {
+    int keep_last = 0;  // keep this many newest committed checkpoints; 0: all
+    FileSystem* fs = nullptr;
+  };
+  CheckpointManager(std::string root, Options options);
+
+  const std::string& root() const { return root_; }
+
+  // Saves as ROOT/step-N, points `latest` at it, then removes the oldest
+  // checkpoints beyond keep_last (never the newest committed one).
+  Result<SaveStats> Save(int64_t step, const SaveState& state, Comm& comm,
+                         SaveOptions options);
+  // Step of the checkpoint `latest` names (or the newest committed one);
+  // nullopt for an empty root.
+  Result<std::optional<int64_t>> LatestStep();
+  // Loads step `step`, or the latest when nullopt.
+  Result<LoadResult> Load(const LoadRequest& request, std::optional<int64_t> step, Comm& comm,
+                          LoadOptions options);
+  Result<std::vector<CheckpointInfo>> List();
+  // Removes the oldest committed checkpoints until `keep` remain (keep >=
+  // 1), but never the newest one nor the one `latest` names. Each is hidden
+  // by an atomic rename before it is deleted. Returns the tags removed.
+  Result<std::vector<std::string>> Prune(int keep);
+
+  static std::string StepTag(int64_t step);  // "step-00000100"
+
+ private:
+  std::string root_;
+  Options options_;
+};
+
+// The tag rules of docs/format.md §1. InvalidArgument naming the problem.
+Status ValidateTag(std::string_view tag);
+
+}  // namespace shardsafe

@@ -1,0 +1,87 @@
+// shardsafe inspect PATH: what a checkpoint, Hugging Face directory or
+// .safetensors file holds.
+#include <cstdio>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/output.h"
+#include "engine/source.h"
+
+namespace shardsafe::cli {
+namespace {
+
+uint64_t TensorBytes(const IndexTensor& t) {
+  uint64_t n = 0;
+  for (const IndexChunk& c : t.chunks) n += c.bytes;
+  return n;
+}
+
+Json ToJson(const CheckpointSource& src) {
+  Json j = Json::parse(SerializeIndex(src.index));
+  j["path"] = src.path;
+  j["native"] = src.native;
+  return j;
+}
+
+void PrintChunks(const CheckpointSource& src, const IndexTensor& t) {
+  for (const IndexChunk& c : t.chunks) {
+    char crc[16] = "-";
+    if (c.crc32c) std::snprintf(crc, sizeof crc, "%08x", *c.crc32c);
+    std::cout << "    " << SliceToString(c.slice) << "  " << src.index.files[c.file].name << " @"
+              << c.at << "  " << FormatBytes(c.bytes) << "  crc32c " << crc << "\n";
+  }
+}
+
+void PrintHuman(const CheckpointSource& src, bool chunks) {
+  const CheckpointIndex& ix = src.index;
+  uint64_t file_bytes = 0, tensor_bytes = 0;
+  for (const IndexFile& f : ix.files) file_bytes += f.bytes;
+  for (const auto& [k, t] : ix.tensors) tensor_bytes += TensorBytes(t);
+  std::cout << "path      " << src.path << "\n"
+            << "kind      " << (src.native ? "shardsafe checkpoint (format v1)" : "safetensors (no index, no checksums)") << "\n";
+  if (src.native) {
+    std::cout << "tag       " << ix.tag << "\n"
+              << "saved by  " << ix.world_size << " rank(s), layout " << ix.layout.dump() << "\n";
+    if (!ix.metadata.is_null()) std::cout << "metadata  " << ix.metadata.dump() << "\n";
+    if (!ix.values.empty()) std::cout << "values    " << ix.values.dump() << "\n";
+    for (const auto& [name, b] : ix.blobs) {
+      std::cout << "blob      " << name << (b.per_rank ? " (per rank, " : " (global, ")
+                << b.chunks.size() << " chunk(s))\n";
+    }
+  }
+  std::cout << "files     " << ix.files.size() << ", " << FormatBytes(file_bytes) << "\n"
+            << "tensors   " << ix.tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
+  std::printf("%-48s %-8s %-20s %7s %12s\n", "TENSOR", "DTYPE", "SHAPE", "CHUNKS", "BYTES");
+  for (const auto& [key, t] : ix.tensors) {
+    std::printf("%-48s %-8s %-20s %7zu %12s\n", key.c_str(), std::string(DTypeName(t.dtype)).c_str(),
+                ShapeToString(t.shape).c_str(), t.chunks.size(), FormatBytes(TensorBytes(t)).c_str());
+    std::fflush(stdout);
+    if (chunks) PrintChunks(src, t);
+  }
+}
+
+}  // namespace
+
+void AddInspect(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("inspect", "Show the tensors, chunks, files and save layout at PATH");
+  auto path = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto chunks = std::make_shared<bool>(false);
+  cmd->add_option("PATH", *path, "checkpoint dir, root, Hugging Face dir or .safetensors file")->required();
+  cmd->add_flag("--json", *json, "machine-readable output");
+  cmd->add_flag("--chunks", *chunks, "list every chunk of every tensor");
+  cmd->callback([=] {
+    auto src = OpenSource(*DefaultFileSystem(), *path);
+    if (!src.ok()) {
+      *exit_code = Fail(src.status());
+      return;
+    }
+    if (*json) {
+      PrintJson(ToJson(*src));
+    } else {
+      PrintHuman(*src, *chunks);
+    }
+  });
+}
+
+}  // namespace shardsafe::cli

@@ -1,0 +1,77 @@
+// shardsafe ls ROOT / prune ROOT --keep N: committed checkpoints of a root.
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/output.h"
+
+namespace shardsafe::cli {
+namespace {
+
+std::string FormatTime(int64_t unix_seconds) {
+  std::time_t t = unix_seconds;
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::gmtime(&t));
+  return buf;
+}
+
+Json ToJson(const CheckpointInfo& c) {
+  return {{"tag", c.tag}, {"path", c.path}, {"step", c.step ? Json(*c.step) : Json()},
+          {"bytes", c.bytes}, {"mtime_unix", c.mtime_unix}, {"latest", c.is_latest}};
+}
+
+}  // namespace
+
+void AddLs(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("ls", "List the committed checkpoints under ROOT");
+  auto root = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("ROOT", *root, "directory of checkpoints")->required();
+  cmd->add_flag("--json", *json, "machine-readable output");
+  cmd->callback([=] {
+    auto list = ListCheckpoints(*root);
+    if (!list.ok()) {
+      *exit_code = Fail(list.status());
+      return;
+    }
+    if (*json) {
+      Json j = Json::array();
+      for (const auto& c : *list) j.push_back(ToJson(c));
+      PrintJson(j);
+      return;
+    }
+    std::printf("%-32s %10s %12s  %-19s\n", "TAG", "STEP", "SIZE", "SAVED (UTC)");
+    for (const auto& c : *list) {
+      std::printf("%-32s %10s %12s  %-19s%s\n", c.tag.c_str(),
+                  c.step ? std::to_string(*c.step).c_str() : "-", FormatBytes(c.bytes).c_str(),
+                  FormatTime(c.mtime_unix).c_str(), c.is_latest ? "  <- latest" : "");
+    }
+    if (list->empty()) std::printf("(no committed checkpoints)\n");
+  });
+}
+
+void AddPrune(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("prune", "Delete all but the newest N committed checkpoints");
+  auto root = std::make_shared<std::string>();
+  auto keep = std::make_shared<int>(1);
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("ROOT", *root, "directory of checkpoints")->required();
+  cmd->add_option("--keep", *keep, "how many to keep (the newest and `latest` always stay)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", *json, "machine-readable output");
+  cmd->callback([=] {
+    CheckpointManager manager(*root, {});
+    auto removed = manager.Prune(*keep);
+    if (!removed.ok()) {
+      *exit_code = Fail(removed.status());
+      return;
+    }
+    if (*json) return PrintJson({{"removed", *removed}});
+    for (const auto& tag : *removed) std::cout << "removed " << tag << "\n";
+    std::cout << removed->size() << " checkpoint(s) removed\n";
+  });
+}
+
+}  // namespace shardsafe::cli

@@ -1,0 +1,26 @@
+// shardsafe: inspect, verify, list, prune and compare checkpoints, and run
+// the end-to-end demo. `shardsafe --help` lists the subcommands.
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/output.h"
+
+int main(int argc, char** argv) {
+  using namespace shardsafe::cli;
+  CLI::App app{"shardsafe: sharded, crash-safe checkpoints in safetensors format"};
+  app.require_subcommand(1);
+  int exit_code = kExitOk;
+  AddInspect(app, &exit_code);
+  AddVerify(app, &exit_code);
+  AddLs(app, &exit_code);
+  AddPrune(app, &exit_code);
+  AddDiff(app, &exit_code);
+  AddDemo(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitError;
+  }
+  return exit_code;
+}

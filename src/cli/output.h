@@ -1,0 +1,48 @@
+// Shared output helpers for the `shardsafe` tool: sizes, JSON printing,
+// error lines and a progress line on stderr.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe::cli {
+
+// Exit codes: 0 success, 1 a check found problems (verify, diff), 2 error.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitProblems = 1;
+inline constexpr int kExitError = 2;
+
+std::string FormatBytes(uint64_t bytes);  // "1.69 GB" (decimal units)
+std::string FormatRate(uint64_t bytes, double seconds);  // "2.41 GB/s"
+
+// Prints "shardsafe: error: <message>" to stderr and returns kExitError.
+int Fail(const Status& status);
+int Fail(std::string_view message);
+
+// Prints `j` (indented) to stdout.
+void PrintJson(const Json& j);
+
+// A progress line on stderr: redrawn in place on a terminal, else one line
+// per phase change or per 10%. Call Update from one thread.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool enabled);
+  ~ProgressLine();
+  void Update(const Progress& p);
+  ProgressFn Callback();
+  void Finish();
+
+ private:
+  bool enabled_;
+  bool tty_;
+  std::string phase_;
+  int last_decile_ = -1;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point phase_start_;
+};
+
+}  // namespace shardsafe::cli

@@ -1,0 +1,96 @@
+// mpi_comm_test: MpiComm under a real MPI job. A plain program (MPI owns
+// main): run as `mpirun -np 4 mpi_comm_test`. Every rank runs every check;
+// failures are summed over ranks and rank 0 prints "N passed, N failed".
+// Exits non-zero if any check failed on any rank.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "shardsafe/mpi_comm.h"
+
+namespace shardsafe {
+namespace {
+
+int g_passed = 0;
+int g_failed = 0;
+
+void Check(bool ok, const std::string& what, int rank) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
+  }
+}
+
+// Payload of rank r in case k: sizes differ by rank, some are empty.
+std::string Payload(int rank, int k, size_t scale) {
+  const size_t n = (static_cast<size_t>(rank * 7 + k) % 5) * scale * (rank % 3);
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(rank * 31 + k * 7 + i);
+  return s;
+}
+
+void TestAllGather(Comm& comm, int k, size_t scale) {
+  const std::string label = "AllGather case " + std::to_string(k) + " scale " + std::to_string(scale);
+  auto got = comm.AllGather(Payload(comm.rank(), k, scale));
+  Check(got.ok(), label + ": " + got.status().ToString(), comm.rank());
+  if (!got.ok()) return;
+  Check(static_cast<int>(got->size()) == comm.size(), label + ": count", comm.rank());
+  for (int r = 0; r < comm.size() && r < static_cast<int>(got->size()); ++r) {
+    Check((*got)[r] == Payload(r, k, scale), label + ": payload of rank " + std::to_string(r),
+          comm.rank());
+  }
+}
+
+void TestBroadcast(Comm& comm, int root, size_t n) {
+  const std::string label = "Broadcast root " + std::to_string(root) + " n " + std::to_string(n);
+  const std::string expected(n, static_cast<char>('A' + root));
+  auto got = comm.Broadcast(comm.rank() == root ? expected : "ignored", root);
+  Check(got.ok() && *got == expected, label, comm.rank());
+}
+
+void RunAll(MPI_Comm world) {
+  auto comm = MakeMpiComm(world);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  Check(comm->rank() == rank && comm->size() == size, "rank and size", rank);
+
+  for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}, size_t{1} << 20}) {
+    for (int k = 0; k < 5; ++k) TestAllGather(*comm, k, scale);
+  }
+  for (int root = 0; root < size; ++root) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{100000}}) TestBroadcast(*comm, root, n);
+  }
+  Check(comm->Broadcast("x", size).status().code() == StatusCode::kInvalidArgument,
+        "invalid root", rank);
+  Check(comm->Barrier().ok(), "barrier", rank);
+
+  // Tiny pieces: many rounds per collective, uneven across ranks.
+  auto pieces = MakeMpiComm(world, 7);
+  for (int k = 0; k < 5; ++k) TestAllGather(*pieces, k, 13);
+  for (int root = 0; root < size; ++root) TestBroadcast(*pieces, root, 1000);
+
+  for (int i = 0; i < 300; ++i) {  // repeated, mixed
+    TestAllGather(*comm, i, 3);
+    TestBroadcast(*comm, i % size, static_cast<size_t>(i));
+    Check(comm->Barrier().ok(), "repeated barrier", rank);
+  }
+}
+
+}  // namespace
+}  // namespace shardsafe
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  shardsafe::RunAll(MPI_COMM_WORLD);
+  int counts[2] = {shardsafe::g_passed, shardsafe::g_failed};
+  int totals[2] = {0, 0};
+  MPI_Allreduce(counts, totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::printf("%d passed, %d failed\n", totals[0], totals[1]);
+  MPI_Finalize();
+  return totals[1] == 0 ? 0 : 1;
+}

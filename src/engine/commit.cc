@@ -1,0 +1,121 @@
+#include "engine/commit.h"
+
+#include <chrono>
+#include <random>
+
+#include "engine/checkpoint_dir.h"
+
+namespace shardsafe {
+namespace {
+
+std::string Nonce() {
+  std::random_device rd;
+  char buf[17];
+  snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
+  const std::string text = SerializeIndex(index);
+  const std::string path = JoinPath(dir, kIndexFileName);
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, WriteOptions{}));
+  SS_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
+  SS_RETURN_IF_ERROR(file->Sync());
+  SS_RETURN_IF_ERROR(file->Close());
+  return fs.SyncDir(dir);
+}
+
+// Step 5 when a checkpoint with the same tag exists: swap, then drop the old.
+Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::string& final_dir) {
+  SS_RETURN_IF_ERROR(fs.RenameExchange(tmp_dir, final_dir));
+  SS_RETURN_IF_ERROR(fs.SyncDir(ParentDir(final_dir)));
+  fs.RemoveAll(tmp_dir).IgnoreError();  // now holds the old checkpoint
+  return Status();
+}
+
+}  // namespace
+
+Result<std::string> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                                bool overwrite) {
+  SS_RETURN_IF_ERROR(ValidateTag(tag));
+  SS_RETURN_IF_ERROR(CreateDirs(fs, root));
+  CleanLeftovers(fs, root).IgnoreError();  // harmless if it fails
+  const std::string final_dir = JoinPath(root, tag);
+  if (!overwrite && fs.Stat(final_dir).ok()) {
+    return AlreadyExistsError("checkpoint " + final_dir + " already exists");
+  }
+  const std::string tmp = JoinPath(root, std::string(kTmpPrefix) + tag + "." + Nonce());
+  SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
+  return tmp;
+}
+
+Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
+                                   const std::vector<std::vector<WrittenFile>>& written,
+                                   const SaveState& state, const std::string& tag,
+                                   int world_size) {
+  CheckpointIndex index;
+  index.tag = tag;
+  index.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  index.world_size = world_size;
+  index.layout = state.layout;
+  index.metadata = state.metadata;
+  index.values = state.values.is_null() ? Json::object() : state.values;
+  index.files.resize(plan.files.size());
+  for (const PlannedTensor& t : plan.tensors) {
+    index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};
+  }
+  // Chunks in plan order per tensor; filled from what the writers reported.
+  std::vector<IndexChunk> chunks(plan.chunks.size());
+  std::vector<IndexBlobChunk> blobs(plan.blobs.size());
+  for (const auto& rank_files : written) {
+    for (const WrittenFile& wf : rank_files) {
+      if (wf.plan_file >= plan.files.size()) return InternalError("bad file in save report");
+      const PlannedFile& pf = plan.files[wf.plan_file];
+      if (wf.chunks.size() != pf.chunks.size() || wf.blobs.size() != pf.blobs.size()) {
+        return InternalError("save report does not match the plan");
+      }
+      index.files[wf.plan_file] = {DataFileName(pf.rank, pf.number), wf.bytes, pf.rank};
+      for (size_t i = 0; i < pf.chunks.size(); ++i) {
+        const PlannedChunk& c = plan.chunks[pf.chunks[i]];
+        chunks[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
+                                wf.chunks[i].crc32c};
+      }
+      for (size_t i = 0; i < pf.blobs.size(); ++i) {
+        const PlannedBlob& b = plan.blobs[pf.blobs[i]];
+        blobs[pf.blobs[i]] = {b.rank, wf.plan_file, wf.blobs[i].at, b.bytes, wf.blobs[i].crc32c};
+      }
+    }
+  }
+  for (const PlannedTensor& t : plan.tensors) {
+    auto& out = index.tensors[t.key].chunks;
+    for (uint32_t c : t.chunks) out.push_back(chunks[c]);
+  }
+  for (size_t i = 0; i < plan.blobs.size(); ++i) {
+    IndexBlob& blob = index.blobs[plan.blobs[i].name];
+    blob.per_rank = plan.blobs[i].per_rank;
+    blob.chunks.push_back(blobs[i]);
+  }
+  return index;
+}
+
+Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+                  const CheckpointIndex& index, bool overwrite, bool update_latest) {
+  SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));  // step 4
+  const std::string final_dir = JoinPath(root, index.tag);
+  if (overwrite && fs.Stat(final_dir).ok()) {  // step 5
+    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir));
+  } else {
+    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));
+    SS_RETURN_IF_ERROR(fs.SyncDir(root));
+  }
+  if (!update_latest) return Status();
+  return WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n");  // step 6
+}
+
+void AbandonSave(FileSystem& fs, const std::string& tmp_dir) {
+  if (!tmp_dir.empty()) fs.RemoveAll(tmp_dir).IgnoreError();
+}
+
+}  // namespace shardsafe

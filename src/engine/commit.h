@@ -1,0 +1,59 @@
+// The commit protocol: how a save becomes visible, atomically and durably.
+//
+// Steps (rank 0 runs the directory operations; every rank writes its data):
+//
+//  1. Prepare (rank 0): create ROOT if needed, remove leftovers of earlier
+//     interrupted saves (.tmp-* dirs, .latest.tmp.* files), fail with
+//     AlreadyExists if ROOT/TAG exists (unless overwriting), create
+//     ROOT/.tmp-TAG.NONCE.
+//  2. Write (every rank): data files into the temporary directory, each
+//     fdatasync'ed.
+//  3. Agree (collective): every rank reports success and its checksums. If
+//     any rank failed, rank 0 removes the temporary directory and every
+//     rank returns that failure.
+//  4. Index (rank 0): write shardsafe.json into the temporary directory,
+//     fdatasync it, fsync the temporary directory (file names durable).
+//  5. Publish (rank 0): rename the temporary directory to ROOT/TAG and fsync
+//     ROOT. This rename is the commit point. When overwriting, the old
+//     checkpoint is swapped out atomically (renameat2 RENAME_EXCHANGE) and
+//     removed afterwards.
+//  6. Point (rank 0, manager saves only): replace ROOT/latest atomically
+//     (temporary file, fdatasync, rename, fsync ROOT).
+//
+// What a crash between two steps leaves behind:
+//  - before 5: a .tmp-* directory that readers never look at and the next
+//    save removes; `latest` and every committed checkpoint untouched.
+//  - between 5 and 6: the new checkpoint is committed and loadable; `latest`
+//    still names the previous one, which is also still loadable.
+//  - during 6: `latest` holds the old tag or the new one, never a mix; a
+//    .latest.tmp.* file may be left for the next save to remove.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/save_writer.h"
+#include "format/index.h"
+#include "layout/save_planner.h"
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+// Step 1. Returns the temporary directory's path.
+Result<std::string> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                                bool overwrite);
+
+// The index of a save from its plan and what each rank wrote (by rank).
+Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
+                                   const std::vector<std::vector<WrittenFile>>& written,
+                                   const SaveState& state, const std::string& tag,
+                                   int world_size);
+
+// Steps 4-6.
+Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+                  const CheckpointIndex& index, bool overwrite, bool update_latest);
+
+// Best-effort removal of a failed save's temporary directory.
+void AbandonSave(FileSystem& fs, const std::string& tmp_dir);
+
+}  // namespace shardsafe

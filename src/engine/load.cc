@@ -1,0 +1,170 @@
+// Load: rank 0 resolves the path and reads the index once; every rank
+// receives it, matches its targets against it, plans its own reads and runs
+// them; finally the ranks agree so that all succeed or all fail.
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "base/crc32c.h"
+#include "engine/agree.h"
+#include "engine/convert.h"
+#include "engine/load_executor.h"
+#include "engine/load_internal.h"
+#include "engine/source.h"
+
+namespace shardsafe {
+namespace {
+
+// The targets matched against the index, as planner input.
+struct Matched {
+  std::vector<SavedTensor> tensors;
+  std::vector<Want> wants;
+  std::vector<LoadDestination> dests;
+  LoadSources sources;
+};
+
+Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOptions& options) {
+  const std::string who = "tensor \"" + t.key + "\"";
+  if (t.shape != saved.shape) {
+    return InvalidArgumentError(who + ": shape mismatch: checkpoint has " +
+                                ShapeToString(saved.shape) + ", target has " +
+                                ShapeToString(t.shape));
+  }
+  if (t.dtype != saved.dtype) {
+    if (!options.convert_dtypes) {
+      return InvalidArgumentError(who + ": dtype mismatch: checkpoint has " +
+                                  std::string(DTypeName(saved.dtype)) + ", target has " +
+                                  std::string(DTypeName(t.dtype)) +
+                                  " (allow conversion with convert_dtypes)");
+    }
+    if (!CanConvert(saved.dtype, t.dtype)) {
+      return InvalidArgumentError(who + ": cannot convert " + std::string(DTypeName(saved.dtype)) +
+                                  " to " + std::string(DTypeName(t.dtype)));
+    }
+  }
+  Status s = ValidateSlice(t.slice, t.shape, t.dtype);
+  if (s.ok()) s = ValidateSlice(t.slice, t.shape, saved.dtype);
+  if (!s.ok()) return s.WithContext(who);
+  if (t.data == nullptr && t.slice.NumElements() > 0) {
+    return InvalidArgumentError(who + ": null destination");
+  }
+  return Status();
+}
+
+std::string ListKeys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < 20; ++i) s += (i ? ", " : "") + keys[i];
+  if (keys.size() > 20) s += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return s;
+}
+
+Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
+                             const LoadOptions& options, LoadResult* result) {
+  Matched m;
+  for (const IndexFile& f : src.index.files) {
+    m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
+  }
+  std::map<std::string, uint32_t> tensor_ids;
+  std::set<std::string> requested;
+  for (const TensorTarget& t : request.tensors) {
+    requested.insert(t.key);
+    auto it = src.index.tensors.find(t.key);
+    if (it == src.index.tensors.end()) {
+      result->missing.push_back(t.key);
+      continue;
+    }
+    SS_RETURN_IF_ERROR(CheckTarget(t, it->second, options));
+    auto [pos, added] = tensor_ids.emplace(t.key, static_cast<uint32_t>(m.tensors.size()));
+    if (added) {
+      SavedTensor saved{it->second.dtype, it->second.shape, {}};
+      std::vector<std::optional<uint32_t>> crcs;
+      for (const IndexChunk& c : it->second.chunks) {
+        saved.chunks.push_back({c.slice, c.file, c.at});
+        crcs.push_back(c.crc32c);
+      }
+      m.tensors.push_back(std::move(saved));
+      m.sources.tensor_keys.push_back(t.key);
+      m.sources.crcs.push_back(std::move(crcs));
+    }
+    m.wants.push_back({pos->second, t.slice});
+    m.dests.push_back({t.data, t.dtype});
+  }
+  for (const auto& [key, tensor] : src.index.tensors) {
+    if (!requested.count(key)) result->unexpected.push_back(key);
+  }
+  std::sort(result->missing.begin(), result->missing.end());
+  result->missing.erase(std::unique(result->missing.begin(), result->missing.end()),
+                        result->missing.end());
+  if (!result->missing.empty() && !options.allow_partial) {
+    return NotFoundError("keys missing from checkpoint " + src.path + ": " +
+                         ListKeys(result->missing));
+  }
+  return m;
+}
+
+Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
+                const IndexBlobChunk& chunk, std::string* out) {
+  const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  out->resize(chunk.bytes);
+  SS_RETURN_IF_ERROR(file->ReadAt(chunk.at, out->data(), chunk.bytes));
+  if (chunk.crc32c && Crc32c(out->data(), out->size()) != *chunk.crc32c) {
+    return DataLossError("blob \"" + name + "\" in " + path + ": checksum mismatch");
+  }
+  return Status();
+}
+
+Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResult* result) {
+  for (const auto& [name, blob] : src.index.blobs) {
+    for (const IndexBlobChunk& c : blob.chunks) {
+      if (blob.per_rank && c.rank != rank) continue;
+      SS_RETURN_IF_ERROR(ReadBlob(fs, src, name, c, &result->blobs[name]));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
+                      std::optional<int> blobs_of_rank, FileSystem& fs,
+                      const LoadOptions& options, LoadResult* result) {
+  SS_ASSIGN_OR_RETURN(Matched m, MatchTargets(request, src, options, result));
+  LoadPlanOptions popts;
+  popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
+  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(m.tensors, m.wants, popts));
+  result->bytes_needed = plan.bytes_needed;
+  LoadCounters counters;
+  Status s = ExecuteLoadPlan(plan, m.tensors, m.wants, m.dests, m.sources, fs, options, &counters);
+  result->bytes_read = counters.bytes_read.load();
+  result->chunks_verified = counters.chunks_verified.load();
+  SS_RETURN_IF_ERROR(s);
+  return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
+}
+
+Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
+                        const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  Result<std::string> opened = std::string();
+  if (comm.rank() == 0) {
+    auto src = OpenSource(fs, path);
+    opened = src.ok() ? Result<std::string>(EncodeSource(*src)) : src.status();
+  }
+  SS_ASSIGN_OR_RETURN(std::string msg, BroadcastOrFail(comm, 0, opened));
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, DecodeSource(msg));
+
+  LoadResult result;
+  result.path = src.path;
+  result.tag = src.index.tag;
+  result.values = src.index.values;
+  result.metadata = src.index.metadata;
+  result.layout = src.index.layout;
+  result.saved_world_size = src.index.world_size;
+  Status local = LoadFromSource(request, src, comm.rank(), fs, options, &result);
+  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, local).WithContext("loading " + src.path));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace shardsafe

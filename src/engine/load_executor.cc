@@ -1,0 +1,179 @@
+#include "engine/load_executor.h"
+
+#include <cstdio>
+#include <mutex>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "engine/convert.h"
+
+namespace shardsafe {
+namespace {
+
+// Opens data files on first use; shared by all workers.
+class FileCache {
+ public:
+  FileCache(FileSystem& fs, const LoadSources& sources, bool direct)
+      : fs_(fs), sources_(sources), direct_(direct), files_(sources.file_paths.size()) {}
+
+  Result<const RandomAccessFile*> Get(uint32_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!files_[index]) {
+      SS_ASSIGN_OR_RETURN(files_[index], fs_.NewRandomAccessFile(sources_.file_paths[index],
+                                                                 ReadOptions{direct_}));
+    }
+    return files_[index].get();
+  }
+
+ private:
+  FileSystem& fs_;
+  const LoadSources& sources_;
+  bool direct_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+};
+
+struct Context {
+  const std::vector<SavedTensor>& tensors;
+  const std::vector<Want>& wants;
+  const std::vector<LoadDestination>& dests;
+  const LoadSources& sources;
+  FileCache& files;
+  LoadCounters* counters;
+};
+
+char* DestBytes(const Context& ctx, const Segment& seg) {
+  const LoadDestination& d = ctx.dests[seg.want];
+  return static_cast<char*>(d.data) + seg.dst_elem * DTypeBits(d.dtype) / 8;
+}
+
+DType SavedDType(const Context& ctx, const Segment& seg) {
+  return ctx.tensors[ctx.wants[seg.want].tensor].dtype;
+}
+
+// True if the read lands, unconverted, as one contiguous run of one
+// destination.
+bool ReadsStraightIntoDest(const Context& ctx, const ReadOp& read) {
+  if (read.segments.size() != 1) return false;
+  const Segment& seg = read.segments[0];
+  const DType saved = SavedDType(ctx, seg);
+  return seg.src_byte == 0 && saved == ctx.dests[seg.want].dtype &&
+         seg.count * DTypeBits(saved) / 8 == read.length;
+}
+
+void Scatter(const Context& ctx, const ReadOp& read, const char* buf) {
+  for (const Segment& seg : read.segments) {
+    ConvertElements(buf + seg.src_byte, SavedDType(ctx, seg), DestBytes(ctx, seg),
+                    ctx.dests[seg.want].dtype, seg.count);
+  }
+}
+
+std::string ChunkName(const Context& ctx, const ChunkRef& ref) {
+  const SavedChunk& c = ctx.tensors[ref.tensor].chunks[ref.chunk];
+  return "tensor \"" + ctx.sources.tensor_keys[ref.tensor] + "\" chunk " +
+         SliceToString(c.slice) + " in " + ctx.sources.file_paths[c.file];
+}
+
+// Running checksums of the whole chunks of one group.
+class GroupChecksums {
+ public:
+  GroupChecksums(const Context& ctx, const ReadGroup& group) : ctx_(ctx), group_(group) {
+    crcs_.assign(group.whole_chunks.size(), 0);
+  }
+
+  // Extends each chunk's checksum with the part of it inside `read`.
+  void Add(const ReadOp& read, const char* buf) {
+    for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
+      const auto [lo, hi] = ByteRange(group_.whole_chunks[i]);
+      const uint64_t a = std::max(lo, read.offset), b = std::min(hi, read.offset + read.length);
+      if (a < b) crcs_[i] = Crc32cExtend(crcs_[i], buf + (a - read.offset), b - a);
+    }
+  }
+
+  Status Verify() {
+    for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
+      const ChunkRef& ref = group_.whole_chunks[i];
+      const auto& expected = ctx_.sources.crcs[ref.tensor][ref.chunk];
+      if (!expected) continue;
+      if (*expected != crcs_[i]) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, ": checksum mismatch (recorded %08x, computed %08x)",
+                      *expected, crcs_[i]);
+        return DataLossError(ChunkName(ctx_, ref) + buf);
+      }
+      ctx_.counters->chunks_verified++;
+    }
+    return Status();
+  }
+
+ private:
+  std::pair<uint64_t, uint64_t> ByteRange(const ChunkRef& ref) const {
+    const SavedTensor& t = ctx_.tensors[ref.tensor];
+    const SavedChunk& c = t.chunks[ref.chunk];
+    return {c.at, c.at + *NumBytes(t.dtype, c.slice.NumElements())};
+  }
+
+  const Context& ctx_;
+  const ReadGroup& group_;
+  std::vector<uint32_t> crcs_;
+};
+
+Status RunGroup(const Context& ctx, const ReadGroup& group, bool verify,
+                std::vector<char>* scratch) {
+  GroupChecksums sums(ctx, group);
+  for (const ReadOp& read : group.reads) {
+    SS_ASSIGN_OR_RETURN(const RandomAccessFile* file, ctx.files.Get(read.file));
+    const bool straight = ReadsStraightIntoDest(ctx, read);
+    char* buf;
+    if (straight) {
+      buf = DestBytes(ctx, read.segments[0]);
+    } else {
+      if (scratch->size() < read.length) scratch->resize(read.length);
+      buf = scratch->data();
+    }
+    Status s = file->ReadAt(read.offset, buf, read.length);
+    if (!s.ok()) return s.WithContext("reading " + ctx.sources.file_paths[read.file]);
+    if (verify) sums.Add(read, buf);
+    if (!straight) Scatter(ctx, read, buf);
+    ctx.counters->bytes_read += read.length;
+  }
+  return verify ? sums.Verify() : Status();
+}
+
+}  // namespace
+
+Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& tensors,
+                       const std::vector<Want>& wants,
+                       const std::vector<LoadDestination>& dests, const LoadSources& sources,
+                       FileSystem& fs, const LoadOptions& options, LoadCounters* counters) {
+  FileCache files(fs, sources, options.direct_io);
+  Context ctx{tensors, wants, dests, sources, files, counters};
+  const size_t threads = std::min<size_t>(std::max(options.io_threads, 1), plan.groups.size());
+  ThreadPool pool(threads);
+  // One scratch buffer per worker slot; a worker reuses its slot's buffer.
+  std::vector<std::vector<char>> scratch(std::max<size_t>(threads, 1));
+  std::mutex slots_mu;
+  std::vector<size_t> free_slots;
+  for (size_t i = 0; i < scratch.size(); ++i) free_slots.push_back(i);
+  TaskGroup tasks(&pool);
+  for (const ReadGroup& group : plan.groups) {
+    tasks.Add([&, verify = options.verify_checksums]() -> Status {
+      size_t slot;
+      {
+        std::lock_guard<std::mutex> lock(slots_mu);
+        slot = free_slots.back();
+        free_slots.pop_back();
+      }
+      Status s = RunGroup(ctx, group, verify, &scratch[slot]);
+      std::lock_guard<std::mutex> lock(slots_mu);
+      free_slots.push_back(slot);
+      return s;
+    });
+  }
+  while (!tasks.WaitFor(std::chrono::milliseconds(250))) {
+    if (options.progress) options.progress({"read", counters->bytes_read.load(), plan.bytes_read});
+  }
+  return tasks.Wait();
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,44 @@
+// Runs a LoadPlan: issues its reads on an I/O pool, reads straight into
+// destination memory where the bytes land contiguously there in the saved
+// dtype, else through a bounded scratch buffer per worker (copying or
+// converting each segment), and verifies the checksum of every chunk a
+// group reads whole.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layout/load_planner.h"
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+struct LoadDestination {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// What the executor needs to know about the saved data, for reads and for
+// error messages.
+struct LoadSources {
+  std::vector<std::string> file_paths;  // by data file index
+  std::vector<std::string> tensor_keys; // by SavedTensor index
+  // Expected checksum per (tensor, chunk); nullopt where none is recorded.
+  std::vector<std::vector<std::optional<uint32_t>>> crcs;
+};
+
+struct LoadCounters {
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> chunks_verified{0};
+};
+
+// Executes `plan`. `dests[i]` receives want i. DataLoss naming file, tensor
+// and chunk on a checksum mismatch or truncated file.
+Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& tensors,
+                       const std::vector<Want>& wants,
+                       const std::vector<LoadDestination>& dests, const LoadSources& sources,
+                       FileSystem& fs, const LoadOptions& options, LoadCounters* counters);
+
+}  // namespace shardsafe

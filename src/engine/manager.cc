@@ -1,0 +1,74 @@
+// CheckpointManager: step-tagged checkpoints under one root, the `latest`
+// pointer, and retention. Retention runs on rank 0 after a successful save
+// and only ever removes committed checkpoints older than the newest.
+#include <cstdio>
+
+#include "engine/agree.h"
+#include "engine/checkpoint_dir.h"
+#include "engine/save_internal.h"
+
+namespace shardsafe {
+
+CheckpointManager::CheckpointManager(std::string root, Options options)
+    : root_(std::move(root)), options_(options) {}
+
+std::string CheckpointManager::StepTag(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, Comm& comm,
+                                          SaveOptions options) {
+  if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
+  if (!options.fs) options.fs = options_.fs;
+  SS_ASSIGN_OR_RETURN(SaveStats stats, SaveToRoot(state, root_, StepTag(step), comm, options,
+                                                  /*update_latest=*/true));
+  Status pruned;
+  if (comm.rank() == 0 && options_.keep_last > 0) pruned = Prune(options_.keep_last).status();
+  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, pruned).WithContext("retention after save"));
+  return stats;
+}
+
+Result<std::optional<int64_t>> CheckpointManager::LatestStep() {
+  FileSystem& fs = options_.fs ? *options_.fs : *DefaultFileSystem();
+  if (!fs.Stat(root_).ok()) return std::optional<int64_t>();
+  SS_ASSIGN_OR_RETURN(auto tag, ResolveLatestTag(fs, root_));
+  if (!tag) return std::optional<int64_t>();
+  return StepOfTag(*tag);
+}
+
+Result<LoadResult> CheckpointManager::Load(const LoadRequest& request, std::optional<int64_t> step,
+                                           Comm& comm, LoadOptions options) {
+  if (!options.fs) options.fs = options_.fs;
+  const std::string path = step ? JoinPath(root_, StepTag(*step)) : root_;
+  return shardsafe::Load(request, path, comm, options);
+}
+
+Result<std::vector<CheckpointInfo>> CheckpointManager::List() {
+  return ListCheckpoints(root_, options_.fs);
+}
+
+Result<std::vector<std::string>> CheckpointManager::Prune(int keep) {
+  if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
+  FileSystem& fs = options_.fs ? *options_.fs : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, &fs));
+  std::vector<std::string> removed;
+  int to_remove = static_cast<int>(list.size()) - keep;
+  for (size_t i = 0; i + 1 < list.size(); ++i) {  // oldest first; never the newest
+    const CheckpointInfo& c = list[i];
+    if (to_remove <= 0) break;
+    if (c.is_latest) continue;  // nor the one `latest` names
+    // Hide it first (one atomic rename), so a crash mid-removal never leaves
+    // a half-deleted directory that still looks committed.
+    const std::string hidden = JoinPath(root_, std::string(kTmpPrefix) + "pruned-" + c.tag);
+    SS_RETURN_IF_ERROR(fs.Rename(c.path, hidden));
+    SS_RETURN_IF_ERROR(fs.RemoveAll(hidden));
+    removed.push_back(c.tag);
+    --to_remove;
+  }
+  SS_RETURN_IF_ERROR(fs.SyncDir(root_));
+  return removed;
+}
+
+}  // namespace shardsafe

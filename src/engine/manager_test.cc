@@ -1,0 +1,93 @@
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/test_util.h"
+
+namespace shardsafe {
+namespace {
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = testing::MakeTempDir("manager"); }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  Status SaveStep(CheckpointManager& m, int64_t step) {
+    auto comm = MakeSingleProcessComm();
+    const float data[4] = {1, 2, 3, static_cast<float>(step)};
+    SaveState state;
+    state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
+    state.values["step"] = step;
+    return m.Save(step, state, *comm, {}).status();
+  }
+
+  int64_t LoadedStep(CheckpointManager& m, std::optional<int64_t> step) {
+    auto comm = MakeSingleProcessComm();
+    auto res = m.Load({}, step, *comm, {});
+    EXPECT_TRUE(res.ok()) << res.status().ToString();
+    return res.ok() ? res->values["step"].get<int64_t>() : -1;
+  }
+
+  std::string root_;
+};
+
+TEST_F(ManagerTest, EmptyRootHasNoLatest) {
+  CheckpointManager m(root_ + "/none", {});
+  auto latest = m.LatestStep();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_FALSE(latest->has_value());
+}
+
+TEST_F(ManagerTest, LatestFollowsSavesAndRetentionKeepsNewest) {
+  CheckpointManager m(root_, {.keep_last = 2});
+  for (int64_t step : {10, 20, 30, 40}) ASSERT_TRUE(SaveStep(m, step).ok());
+  EXPECT_EQ(**m.LatestStep(), 40);
+  auto list = m.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].tag, "step-00000030");
+  EXPECT_TRUE((*list)[1].is_latest);
+  EXPECT_EQ(LoadedStep(m, std::nullopt), 40);
+  EXPECT_EQ(LoadedStep(m, 30), 30);
+}
+
+TEST_F(ManagerTest, LeftoversAreIgnoredAndCleanedAtNextSave) {
+  CheckpointManager m(root_, {});
+  ASSERT_TRUE(SaveStep(m, 1).ok());
+  // A killed save: a temporary directory with a partial data file, and a
+  // half-written latest replacement.
+  std::filesystem::create_directory(root_ + "/.tmp-step-00000002.deadbeef");
+  std::ofstream(root_ + "/.tmp-step-00000002.deadbeef/data-00000-000.safetensors") << "partial";
+  std::ofstream(root_ + "/.latest.tmp.1234") << "step-000";
+  EXPECT_EQ(m.List()->size(), 1u);
+  EXPECT_EQ(**m.LatestStep(), 1);
+  ASSERT_TRUE(SaveStep(m, 2).ok());
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/.tmp-step-00000002.deadbeef"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/.latest.tmp.1234"));
+}
+
+TEST_F(ManagerTest, DanglingLatestFallsBackToNewestCommitted) {
+  CheckpointManager m(root_, {});
+  ASSERT_TRUE(SaveStep(m, 5).ok());
+  ASSERT_TRUE(SaveStep(m, 6).ok());
+  std::ofstream(root_ + "/latest") << "step-00000099\n";
+  EXPECT_EQ(**m.LatestStep(), 6);
+  EXPECT_EQ(LoadedStep(m, std::nullopt), 6);
+}
+
+TEST_F(ManagerTest, PruneNeverRemovesTheLatest) {
+  CheckpointManager m(root_, {});
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(SaveStep(m, step).ok());
+  std::ofstream(root_ + "/latest") << "step-00000001\n";  // latest points at the oldest
+  auto removed = m.Prune(1);
+  ASSERT_TRUE(removed.ok());
+  // Neither the one `latest` names nor the newest committed one goes.
+  EXPECT_THAT(*removed, ::testing::ElementsAre("step-00000002"));
+  EXPECT_EQ(LoadedStep(m, std::nullopt), 1);
+  EXPECT_EQ(m.Prune(0).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace shardsafe

@@ -1,0 +1,122 @@
+// Save: the collective protocol of commit.h, from the caller's state to a
+// committed checkpoint. Every rank runs the same sequence of collectives
+// whatever happens locally, so a failure anywhere reaches every rank.
+#include <chrono>
+
+#include "engine/agree.h"
+#include "engine/checkpoint_dir.h"
+#include "engine/commit.h"
+#include "engine/save_internal.h"
+#include "engine/save_messages.h"
+#include "engine/save_writer.h"
+
+namespace shardsafe {
+namespace {
+
+Status CheckLocalState(const SaveState& state) {
+  for (const TensorShard& t : state.tensors) {
+    if (t.data == nullptr && t.slice.NumElements() > 0) {
+      return InvalidArgumentError("tensor \"" + t.key + "\": null data pointer");
+    }
+  }
+  for (const BlobRef& b : state.blobs) {
+    if (b.data == nullptr && b.size > 0) {
+      return InvalidArgumentError("blob \"" + b.name + "\": null data pointer");
+    }
+  }
+  return Status();
+}
+
+// Protocol step 0: gather every rank's holdings and plan, identically on
+// every rank.
+Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
+                               const SaveOptions& options) {
+  Status local = CheckLocalState(state);
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, HoldingsOf(state))));
+  std::vector<RankHoldings> holdings(msgs.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    std::string their_tag;
+    SS_ASSIGN_OR_RETURN(holdings[r], DecodeHoldings(msgs[r], &their_tag));
+    if (their_tag != tag) {
+      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves \"" + tag +
+                                  "\", rank " + std::to_string(r) + " saves \"" + their_tag + "\"");
+    }
+  }
+  return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
+}
+
+SaveStats StatsOf(const SavePlan& plan, int rank) {
+  SaveStats s;
+  s.bytes_written = plan.bytes_per_rank[rank];
+  s.unique_bytes = plan.unique_bytes;
+  s.files = static_cast<int>(plan.files.size());
+  for (uint64_t b : plan.bytes_per_rank) s.max_rank_bytes = std::max(s.max_rank_bytes, b);
+  for (const PlannedChunk& c : plan.chunks) s.held_bytes += c.bytes * c.holders;
+  return s;
+}
+
+}  // namespace
+
+Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
+                             const std::string& tag, Comm& comm, const SaveOptions& options,
+                             bool update_latest) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  const bool leader = comm.rank() == 0;
+  auto report = [&](std::string_view phase, uint64_t done, uint64_t total) {
+    if (options.progress) options.progress({phase, done, total});
+  };
+  report("plan", 0, 0);
+  SS_RETURN_IF_ERROR(ValidateTag(tag));
+  SS_ASSIGN_OR_RETURN(SavePlan plan, GatherAndPlan(state, tag, comm, options));
+
+  // Step 1: rank 0 prepares the temporary directory; everyone learns it.
+  Result<std::string> prepared = leader ? PrepareSave(fs, root, tag, options.overwrite)
+                                        : Result<std::string>(std::string());
+  SS_ASSIGN_OR_RETURN(std::string tmp_dir, BroadcastOrFail(comm, 0, prepared));
+
+  // Step 2: every rank writes its files.
+  std::atomic<uint64_t> progress{0};
+  auto written = WriteRankFiles(plan, comm.rank(), state, tmp_dir, fs, options, &progress);
+
+  // Step 3: agree; on failure nothing is committed.
+  auto reports = GatherOrFail(comm, written.status(),
+                              written.ok() ? EncodeWritten(*written) : std::string());
+  if (!reports.ok()) {
+    if (leader) AbandonSave(fs, tmp_dir);
+    return reports.status().WithContext("saving " + JoinPath(root, tag));
+  }
+
+  // Steps 4-6 on rank 0, then everyone learns the outcome.
+  report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
+  Status committed;
+  if (leader) {
+    std::vector<std::vector<WrittenFile>> by_rank(reports->size());
+    for (size_t r = 0; r < reports->size() && committed.ok(); ++r) {
+      auto decoded = DecodeWritten((*reports)[r]);
+      committed = decoded.status();
+      if (decoded.ok()) by_rank[r] = std::move(*decoded);
+    }
+    auto index = committed.ok() ? BuildIndex(plan, by_rank, state, tag, comm.size())
+                                : Result<CheckpointIndex>(committed);
+    committed = index.ok() ? CommitSave(fs, tmp_dir, root, *index, options.overwrite, update_latest)
+                           : index.status();
+    if (!committed.ok()) AbandonSave(fs, tmp_dir);
+  }
+  SS_RETURN_IF_ERROR(
+      BroadcastOrFail(comm, 0, committed.ok() ? Result<std::string>(std::string()) : committed)
+          .status()
+          .WithContext("committing " + JoinPath(root, tag)));
+
+  SaveStats stats = StatsOf(plan, comm.rank());
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
+                       const SaveOptions& options) {
+  return SaveToRoot(state, ParentDir(path), BaseName(path), comm, options,
+                    /*update_latest=*/false);
+}
+
+}  // namespace shardsafe

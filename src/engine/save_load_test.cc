@@ -1,0 +1,348 @@
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/source.h"
+#include "engine/test_util.h"
+#include "format/index.h"
+
+namespace shardsafe {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeShard;
+using testing::MakeTarget;
+using testing::MatchesOracle;
+using testing::OwnedShard;
+using testing::OwnedTarget;
+using testing::RunRanks;
+
+Slice Rows(uint64_t begin, uint64_t end, uint64_t cols) {
+  return {Box{{begin, 0}, {end - begin, cols}}, std::nullopt};
+}
+Slice Cols(uint64_t rows, uint64_t begin, uint64_t end) {
+  return {Box{{0, begin}, {rows, end - begin}}, std::nullopt};
+}
+Slice Whole(const Shape& s) { return {Box::Whole(s), std::nullopt}; }
+Slice Flat(const Shape& s, uint64_t b, uint64_t e) { return {Box::Whole(s), FlatRange{b, e}}; }
+
+std::vector<std::string> ListNames(const std::string& dir) {
+  std::vector<std::string> out;
+  for (auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class SaveLoadTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = testing::MakeTempDir("saveload"); }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  std::string Path(const std::string& tag) { return root_ + "/" + tag; }
+
+  // Saves `shards[r]` from rank r, returning each rank's status.
+  std::vector<Status> SaveFromRanks(const std::vector<std::vector<OwnedShard>>& shards,
+                                    const std::string& path, SaveOptions options = {}) {
+    std::vector<Status> out(shards.size());
+    RunRanks(static_cast<int>(shards.size()), [&](int r, Comm& comm) {
+      SaveState state;
+      for (const auto& s : shards[r]) state.tensors.push_back(s.View());
+      state.values["step"] = 7;
+      out[r] = Save(state, path, comm, options).status();
+    });
+    return out;
+  }
+
+  // Loads targets[r] on rank r; returns each rank's result status.
+  std::vector<Status> LoadToRanks(std::vector<std::vector<OwnedTarget>>& targets,
+                                  const std::string& path, LoadOptions options = {},
+                                  std::vector<LoadResult>* results = nullptr) {
+    std::vector<Status> out(targets.size());
+    if (results) results->resize(targets.size());
+    RunRanks(static_cast<int>(targets.size()), [&](int r, Comm& comm) {
+      LoadRequest req;
+      for (auto& t : targets[r]) req.tensors.push_back(t.target);
+      auto res = Load(req, path, comm, options);
+      out[r] = res.status();
+      if (res.ok() && results) (*results)[r] = std::move(*res);
+    });
+    return out;
+  }
+
+  std::string root_;
+};
+
+TEST_F(SaveLoadTest, SingleRankCheckpointIsAPlainSafetensorsFile) {
+  const Shape a{4, 6}, b{5};
+  auto comm = MakeSingleProcessComm();
+  std::vector<OwnedShard> shards = {MakeShard("a", DType::kF32, a, Whole(a)),
+                                    MakeShard("b", DType::kBF16, b, Whole(b))};
+  SaveState state;
+  for (auto& s : shards) state.tensors.push_back(s.View());
+  ASSERT_TRUE(Save(state, Path("one"), *comm, {}).ok());
+  EXPECT_THAT(ListNames(Path("one")),
+              ::testing::ElementsAre("data-00000-000.safetensors", "shardsafe.json"));
+  uint64_t size = 0;
+  auto header = ReadSafetensorsHeader(*DefaultFileSystem(),
+                                      Path("one") + "/data-00000-000.safetensors", &size);
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  ASSERT_EQ(header->entries.size(), 2u);
+  EXPECT_EQ(header->entries[0].name, "a");  // F32 sorts before BF16
+  EXPECT_EQ(header->entries[1].name, "b");
+  EXPECT_EQ(header->metadata->at("format"), "pt");
+}
+
+TEST_F(SaveLoadTest, TensorParallelSaveLoadsIntoOtherSplit) {
+  const Shape s{8, 6};
+  // Save: 4 ranks, TP=2 by rows x DP=2 (replicas).
+  std::vector<std::vector<OwnedShard>> save(4);
+  for (int r = 0; r < 4; ++r) {
+    const uint64_t tp = r % 2;
+    save[r].push_back(MakeShard("w", DType::kF32, s, Rows(tp * 4, tp * 4 + 4, 6)));
+  }
+  for (const Status& st : SaveFromRanks(save, Path("tp"))) ASSERT_TRUE(st.ok()) << st.ToString();
+  // Load: 3 ranks, uneven column split.
+  std::vector<std::vector<OwnedTarget>> load(3);
+  const uint64_t cuts[] = {0, 1, 4, 6};
+  for (int r = 0; r < 3; ++r) load[r].push_back(MakeTarget("w", DType::kF32, s, Cols(8, cuts[r], cuts[r + 1])));
+  std::vector<LoadResult> results;
+  for (const Status& st : LoadToRanks(load, Path("tp"), {}, &results)) ASSERT_TRUE(st.ok()) << st.ToString();
+  for (auto& ranks : load) EXPECT_TRUE(MatchesOracle(ranks[0]));
+  EXPECT_EQ(results[0].values["step"], 7);
+  EXPECT_EQ(results[0].saved_world_size, 4);
+}
+
+TEST_F(SaveLoadTest, ReplicasAreWrittenOnceAndSpreadOverHolders) {
+  const Shape s{64, 64};
+  std::vector<std::vector<OwnedShard>> save(4);
+  for (int r = 0; r < 4; ++r) {
+    for (int t = 0; t < 8; ++t) {
+      save[r].push_back(MakeShard("t" + std::to_string(t), DType::kF32, s, Whole(s)));
+    }
+  }
+  std::vector<SaveStats> stats(4);
+  RunRanks(4, [&](int r, Comm& comm) {
+    SaveState state;
+    for (auto& sh : save[r]) state.tensors.push_back(sh.View());
+    stats[r] = *Save(state, Path("rep"), comm, {});
+  });
+  const uint64_t one = 64 * 64 * 4;
+  EXPECT_EQ(stats[0].unique_bytes, 8 * one);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(stats[r].bytes_written, 2 * one) << r;
+}
+
+TEST_F(SaveLoadTest, FlatZeroShardsLoadAsBoxesAndBack) {
+  const Shape s{10, 7};
+  std::vector<std::vector<OwnedShard>> save(3);
+  const uint64_t cuts[] = {0, 13, 50, 70};
+  for (int r = 0; r < 3; ++r) save[r].push_back(MakeShard("m", DType::kF64, s, Flat(s, cuts[r], cuts[r + 1])));
+  for (const Status& st : SaveFromRanks(save, Path("flat"))) ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<std::vector<OwnedTarget>> load(2);
+  load[0].push_back(MakeTarget("m", DType::kF64, s, Rows(0, 3, 7)));
+  load[0].push_back(MakeTarget("m", DType::kF64, s, Flat(s, 5, 66)));
+  load[1].push_back(MakeTarget("m", DType::kF64, s, Cols(10, 2, 5)));
+  for (const Status& st : LoadToRanks(load, Path("flat"))) ASSERT_TRUE(st.ok()) << st.ToString();
+  for (auto& ranks : load) for (auto& t : ranks) EXPECT_TRUE(MatchesOracle(t));
+}
+
+TEST_F(SaveLoadTest, ScalarsAndZeroSizeTensors) {
+  const Shape scalar{}, empty{3, 0, 2};
+  std::vector<std::vector<OwnedShard>> save(2);
+  for (int r = 0; r < 2; ++r) {
+    save[r].push_back(MakeShard("step", DType::kI64, scalar, Whole(scalar)));
+    save[r].push_back(MakeShard("empty", DType::kF16, empty, Whole(empty)));
+  }
+  for (const Status& st : SaveFromRanks(save, Path("tiny"))) ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("step", DType::kI64, scalar, Whole(scalar)));
+  load[0].push_back(MakeTarget("empty", DType::kF16, empty, Whole(empty)));
+  for (const Status& st : LoadToRanks(load, Path("tiny"))) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(MatchesOracle(load[0][0]));
+  EXPECT_TRUE(MatchesOracle(load[0][1]));
+}
+
+TEST_F(SaveLoadTest, OverlapIsAnErrorOnEveryRankAndNothingIsCommitted) {
+  const Shape s{8, 4};
+  std::vector<std::vector<OwnedShard>> save(2);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Rows(0, 5, 4)));
+  save[1].push_back(MakeShard("w", DType::kF32, s, Rows(4, 8, 4)));
+  for (const Status& st : SaveFromRanks(save, Path("bad"))) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.message(), HasSubstr("overlap"));
+  }
+  EXPECT_TRUE(ListNames(root_).empty());
+}
+
+TEST_F(SaveLoadTest, GapAndDtypeDisagreementAreErrors) {
+  const Shape s{8, 4};
+  std::vector<std::vector<OwnedShard>> gap(2);
+  gap[0].push_back(MakeShard("w", DType::kF32, s, Rows(0, 3, 4)));
+  gap[1].push_back(MakeShard("w", DType::kF32, s, Rows(4, 8, 4)));
+  for (const Status& st : SaveFromRanks(gap, Path("gap"))) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.message(), HasSubstr("\"w\""));
+  }
+  std::vector<std::vector<OwnedShard>> dtypes(2);
+  dtypes[0].push_back(MakeShard("w", DType::kF32, s, Rows(0, 4, 4)));
+  dtypes[1].push_back(MakeShard("w", DType::kBF16, s, Rows(4, 8, 4)));
+  for (const Status& st : SaveFromRanks(dtypes, Path("dt"))) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(ListNames(root_).empty());
+}
+
+TEST_F(SaveLoadTest, ExistingCheckpointIsNotOverwrittenUnlessAsked) {
+  const Shape s{4};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("x", DType::kU8, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  EXPECT_EQ(SaveFromRanks(save, Path("ck"))[0].code(), StatusCode::kAlreadyExists);
+  SaveOptions over;
+  over.overwrite = true;
+  Status st = SaveFromRanks(save, Path("ck"), over)[0];
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("ck"));
+}
+
+TEST_F(SaveLoadTest, BadTagsAreRejected) {
+  std::vector<std::vector<OwnedShard>> save(1);
+  for (std::string tag : {"..", ".hidden", "a b", "latest", "x\ny"}) {
+    EXPECT_EQ(SaveFromRanks(save, Path(tag))[0].code(), StatusCode::kInvalidArgument) << tag;
+  }
+}
+
+TEST_F(SaveLoadTest, MissingShapeAndDtypeMismatchesAreClearErrors) {
+  const Shape s{4, 4};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+
+  std::vector<std::vector<OwnedTarget>> missing(1);
+  missing[0].push_back(MakeTarget("nope", DType::kF32, s, Whole(s)));
+  Status st = LoadToRanks(missing, Path("ck"))[0];
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_THAT(st.message(), HasSubstr("nope"));
+
+  LoadOptions partial;
+  partial.allow_partial = true;
+  std::vector<LoadResult> results;
+  ASSERT_TRUE(LoadToRanks(missing, Path("ck"), partial, &results)[0].ok());
+  EXPECT_THAT(results[0].missing, ::testing::ElementsAre("nope"));
+  EXPECT_THAT(results[0].unexpected, ::testing::ElementsAre("w"));
+
+  std::vector<std::vector<OwnedTarget>> shape(1);
+  shape[0].push_back(MakeTarget("w", DType::kF32, {4, 5}, Whole({4, 5})));
+  st = LoadToRanks(shape, Path("ck"))[0];
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("[4, 4]"));
+  EXPECT_THAT(st.message(), HasSubstr("[4, 5]"));
+
+  std::vector<std::vector<OwnedTarget>> dtype(1);
+  dtype[0].push_back(MakeTarget("w", DType::kF64, s, Whole(s)));
+  st = LoadToRanks(dtype, Path("ck"))[0];
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("dtype mismatch"));
+}
+
+TEST_F(SaveLoadTest, DtypeConversionOnLoadWhenAllowed) {
+  const Shape s{3};
+  const float values[3] = {1.5f, -2.25f, 1e30f};
+  SaveState state;
+  state.tensors.push_back({"f", DType::kF32, s, Whole(s), values});
+  auto comm = MakeSingleProcessComm();
+  ASSERT_TRUE(Save(state, Path("conv"), *comm, {}).ok());
+  double out[3];
+  int32_t ints[3];
+  LoadRequest req;
+  req.tensors.push_back({"f", DType::kF64, s, Whole(s), out});
+  LoadOptions opts;
+  opts.convert_dtypes = true;
+  ASSERT_TRUE(Load(req, Path("conv"), *comm, opts).ok());
+  EXPECT_EQ(out[0], 1.5);
+  EXPECT_EQ(out[1], -2.25);
+  req.tensors[0] = {"f", DType::kI32, s, Whole(s), ints};
+  ASSERT_TRUE(Load(req, Path("conv"), *comm, opts).ok());
+  EXPECT_EQ(ints[0], 1);
+  EXPECT_EQ(ints[1], -2);
+  EXPECT_EQ(ints[2], INT32_MAX);  // saturated
+}
+
+TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
+  const Shape s{256};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  const std::string file = Path("ck") + "/data-00000-000.safetensors";
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-10, std::ios::end);
+    f.put('\x5a');
+  }
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));
+  Status st = LoadToRanks(load, Path("ck"))[0];
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
+  EXPECT_THAT(st.message(), HasSubstr("data-00000-000.safetensors"));
+  EXPECT_THAT(st.message(), HasSubstr("\"w\""));
+  LoadOptions unverified;
+  unverified.verify_checksums = false;
+  EXPECT_TRUE(LoadToRanks(load, Path("ck"), unverified)[0].ok());
+}
+
+TEST_F(SaveLoadTest, TruncatedDataFileIsDataLoss) {
+  const Shape s{1024};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  std::filesystem::resize_file(Path("ck") + "/data-00000-000.safetensors", 2000);
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));
+  Status st = LoadToRanks(load, Path("ck"))[0];
+  EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
+}
+
+TEST_F(SaveLoadTest, ValuesAndBlobsRoundTrip) {
+  const int n = 3;
+  std::vector<std::string> rng(n);
+  RunRanks(n, [&](int r, Comm& comm) {
+    rng[r] = "rng-state-of-rank-" + std::to_string(r);
+    const std::string sampler = "sampler-position";
+    SaveState state;
+    state.values = {{"step", 42}, {"config", {{"lr", 0.001}}}};
+    state.metadata = {{"run", "test"}};
+    state.layout = {{"dp", n}};
+    state.blobs.push_back({"rng", rng[r].data(), rng[r].size(), true});
+    state.blobs.push_back({"sampler", sampler.data(), sampler.size(), false});
+    ASSERT_TRUE(Save(state, Path("obj"), comm, {}).ok());
+  });
+  RunRanks(n, [&](int r, Comm& comm) {
+    auto res = Load({}, Path("obj"), comm, {});
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    EXPECT_EQ(res->values["step"], 42);
+    EXPECT_EQ(res->values["config"]["lr"], 0.001);
+    EXPECT_EQ(res->metadata["run"], "test");
+    EXPECT_EQ(res->layout["dp"], n);
+    EXPECT_EQ(res->blobs["rng"], rng[r]);
+    EXPECT_EQ(res->blobs["sampler"], "sampler-position");
+  });
+}
+
+TEST_F(SaveLoadTest, LoadsForeignSafetensorsFileAndReportsNotFound) {
+  auto comm = MakeSingleProcessComm();
+  auto res = Load({}, Path("does-not-exist"), *comm, {});
+  EXPECT_EQ(res.status().code(), StatusCode::kNotFound);
+  // A data file of a one-rank checkpoint is itself loadable as a file.
+  const Shape s{4, 4};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kI16, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("w", DType::kI16, s, Cols(4, 1, 3)));
+  ASSERT_TRUE(LoadToRanks(load, Path("ck") + "/data-00000-000.safetensors")[0].ok());
+  EXPECT_TRUE(MatchesOracle(load[0][0]));
+}
+
+}  // namespace
+}  // namespace shardsafe

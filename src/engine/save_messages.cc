@@ -1,0 +1,103 @@
+#include "engine/save_messages.h"
+
+#include "engine/wire.h"
+
+namespace shardsafe {
+namespace {
+
+void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries) {
+  w.U64(entries.size());
+  for (const auto& e : entries) {
+    w.U64(e.at);
+    w.U32(e.crc32c);
+  }
+}
+
+Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  std::vector<WrittenEntry> out;
+  for (uint64_t i = 0; i < n; ++i) {
+    WrittenEntry e;
+    SS_ASSIGN_OR_RETURN(e.at, r.U64());
+    SS_ASSIGN_OR_RETURN(e.crc32c, r.U32());
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeHoldings(const std::string& tag, const RankHoldings& holdings) {
+  wire::Writer w;
+  w.Str(tag);
+  w.U64(holdings.shards.size());
+  for (const ShardInfo& s : holdings.shards) {
+    w.Str(s.key);
+    w.U8(static_cast<uint8_t>(s.dtype));
+    w.Shape(s.shape);
+    w.Slice(s.slice);
+  }
+  w.U64(holdings.blobs.size());
+  for (const BlobInfo& b : holdings.blobs) {
+    w.Str(b.name);
+    w.U64(b.bytes);
+    w.U8(b.per_rank);
+  }
+  return w.Take();
+}
+
+Result<RankHoldings> DecodeHoldings(std::string_view msg, std::string* tag) {
+  wire::Reader r(msg);
+  SS_ASSIGN_OR_RETURN(*tag, r.Str());
+  RankHoldings h;
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  for (uint64_t i = 0; i < n; ++i) {
+    ShardInfo s;
+    SS_ASSIGN_OR_RETURN(s.key, r.Str());
+    SS_ASSIGN_OR_RETURN(uint8_t dtype, r.U8());
+    if (dtype >= kNumDTypes) return InternalError("bad dtype in message between ranks");
+    s.dtype = static_cast<DType>(dtype);
+    SS_ASSIGN_OR_RETURN(s.shape, r.Shape());
+    SS_ASSIGN_OR_RETURN(s.slice, r.Slice());
+    h.shards.push_back(std::move(s));
+  }
+  SS_ASSIGN_OR_RETURN(uint64_t nb, r.U64());
+  for (uint64_t i = 0; i < nb; ++i) {
+    BlobInfo b;
+    SS_ASSIGN_OR_RETURN(b.name, r.Str());
+    SS_ASSIGN_OR_RETURN(b.bytes, r.U64());
+    SS_ASSIGN_OR_RETURN(uint8_t per_rank, r.U8());
+    b.per_rank = per_rank != 0;
+    h.blobs.push_back(std::move(b));
+  }
+  return h;
+}
+
+std::string EncodeWritten(const std::vector<WrittenFile>& files) {
+  wire::Writer w;
+  w.U64(files.size());
+  for (const WrittenFile& f : files) {
+    w.U32(f.plan_file);
+    w.U64(f.bytes);
+    PutEntries(w, f.chunks);
+    PutEntries(w, f.blobs);
+  }
+  return w.Take();
+}
+
+Result<std::vector<WrittenFile>> DecodeWritten(std::string_view msg) {
+  wire::Reader r(msg);
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  std::vector<WrittenFile> files;
+  for (uint64_t i = 0; i < n; ++i) {
+    WrittenFile f;
+    SS_ASSIGN_OR_RETURN(f.plan_file, r.U32());
+    SS_ASSIGN_OR_RETURN(f.bytes, r.U64());
+    SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r));
+    SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r));
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,123 @@
+#include "engine/save_writer.h"
+
+#include <cstdio>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "format/index.h"
+#include "format/safetensors.h"
+
+namespace shardsafe {
+namespace {
+
+struct Payload {
+  const void* data;
+  uint64_t bytes;
+};
+
+const std::map<std::string, std::string> kHfMetadata = {{"format", "pt"}};
+
+Shape EntryShape(const Slice& slice) {
+  if (slice.flat) return {slice.flat->size()};
+  return slice.box.size;
+}
+
+// The header entries of one planned file and where each one's bytes are.
+void DescribeFile(const SavePlan& plan, const PlannedFile& file, const SaveState& state,
+                  std::vector<EntrySpec>* specs, std::vector<Payload>* payloads) {
+  for (uint32_t c : file.chunks) {
+    const PlannedChunk& chunk = plan.chunks[c];
+    const PlannedTensor& tensor = plan.tensors[chunk.tensor];
+    specs->push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
+                      EntryShape(chunk.slice), chunk.bytes});
+    payloads->push_back({state.tensors[chunk.writer_shard].data, chunk.bytes});
+  }
+  for (uint32_t b : file.blobs) {
+    const PlannedBlob& blob = plan.blobs[b];
+    const auto rank = blob.per_rank ? std::optional<int>(blob.rank) : std::nullopt;
+    specs->push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
+    payloads->push_back({state.blobs[blob.writer_blob].data, blob.bytes});
+  }
+}
+
+Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const SaveState& state,
+                              const std::string& dir, FileSystem& fs, const SaveOptions& options,
+                              std::atomic<uint64_t>* progress) {
+  const PlannedFile& planned = plan.files[file_index];
+  std::vector<EntrySpec> specs;
+  std::vector<Payload> payloads;
+  DescribeFile(plan, planned, state, &specs, &payloads);
+  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, BuildSafetensorsHeader(specs, kHfMetadata));
+
+  WriteOptions wopts;
+  wopts.direct = options.direct_io;
+  wopts.size_hint = layout.file_size;
+  const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
+  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
+  SS_RETURN_IF_ERROR(out->Append(layout.header.data(), layout.header.size()));
+
+  std::vector<uint32_t> crcs(specs.size());
+  for (uint32_t i : layout.order) {
+    const Payload& p = payloads[i];
+    crcs[i] = Crc32c(p.data, p.bytes);
+    SS_RETURN_IF_ERROR(out->Append(p.data, p.bytes));
+    progress->fetch_add(p.bytes, std::memory_order_relaxed);
+  }
+  SS_RETURN_IF_ERROR(out->Sync());
+  SS_RETURN_IF_ERROR(out->Close());
+
+  WrittenFile written{file_index, layout.file_size, {}, {}};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto& list = i < planned.chunks.size() ? written.chunks : written.blobs;
+    list.push_back({layout.offsets[i], crcs[i]});
+  }
+  return written;
+}
+
+}  // namespace
+
+std::string DataFileName(int rank, uint32_t number) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "data-%05d-%03u.safetensors", rank, number);
+  return buf;
+}
+
+RankHoldings HoldingsOf(const SaveState& state) {
+  RankHoldings h;
+  for (const TensorShard& t : state.tensors) {
+    h.shards.push_back({t.key, t.dtype, t.shape, t.slice});
+  }
+  for (const BlobRef& b : state.blobs) h.blobs.push_back({b.name, b.size, b.per_rank});
+  return h;
+}
+
+Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
+                                                const SaveState& state, const std::string& dir,
+                                                FileSystem& fs, const SaveOptions& options,
+                                                std::atomic<uint64_t>* progress) {
+  std::vector<uint32_t> mine;
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    if (plan.files[f].rank == rank) mine.push_back(f);
+  }
+  std::vector<WrittenFile> written(mine.size());
+  ThreadPool pool(std::min<size_t>(std::max(options.io_threads, 1), mine.size()));
+  TaskGroup group(&pool);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    group.Add([&, i]() -> Status {
+      auto r = WriteFile(plan, mine[i], state, dir, fs, options, progress);
+      if (!r.ok()) return r.status();
+      written[i] = std::move(*r);
+      return Status();
+    });
+  }
+  uint64_t total = 0;
+  for (uint32_t f : mine) total += plan.files[f].payload_bytes;
+  while (!group.WaitFor(std::chrono::milliseconds(250))) {
+    if (options.progress) options.progress({"write", progress->load(), total});
+  }
+  SS_RETURN_IF_ERROR(group.Wait());
+  if (options.progress) options.progress({"write", progress->load(), total});
+  return written;
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,44 @@
+// Writes one rank's share of a SavePlan: its data files, each a safetensors
+// file holding the chunks and blobs the plan assigned to it, checksummed as
+// they stream out, and synced.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layout/save_planner.h"
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+struct WrittenEntry {
+  uint64_t at = 0;  // absolute byte offset in the file
+  uint32_t crc32c = 0;
+};
+
+struct WrittenFile {
+  uint32_t plan_file = 0;  // index into SavePlan::files
+  uint64_t bytes = 0;      // file size
+  std::vector<WrittenEntry> chunks;  // parallel to PlannedFile::chunks
+  std::vector<WrittenEntry> blobs;   // parallel to PlannedFile::blobs
+};
+
+// "data-00003-001.safetensors"
+std::string DataFileName(int rank, uint32_t number);
+
+// The holdings a rank announces for `state` (shard i = state.tensors[i],
+// blob j = state.blobs[j]).
+RankHoldings HoldingsOf(const SaveState& state);
+
+// Writes every file of `plan` assigned to `rank` into `dir`, up to
+// options.io_threads files at once, each fdatasync'ed before returning.
+// `progress` is advanced by payload bytes as they are written. Errors carry
+// the file name.
+Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
+                                                const SaveState& state, const std::string& dir,
+                                                FileSystem& fs, const SaveOptions& options,
+                                                std::atomic<uint64_t>* progress);
+
+}  // namespace shardsafe

@@ -1,0 +1,424 @@
+// Index tests: a round trip, then one test per rule of docs/format.md §3
+// "Validation on read", each asserting the code and where the error points;
+// then the data-file entry names of §2.
+#include "format/index.h"
+
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+namespace shardsafe {
+namespace {
+
+using json = nlohmann::json;
+using ::nlohmann::literals::operator""_json_pointer;
+
+constexpr std::string_view kSource = "/ckpt/shardsafe.json";
+
+// A valid index that each test damages in one place.
+json Valid() {
+  return json::parse(R"({
+    "format": "shardsafe", "version": 1, "tag": "step-00000100",
+    "created_unix": 1795305600, "world_size": 2, "layout": {"tp": 2},
+    "metadata": {"run": "x"},
+    "files": [{"name": "data-00000-000.safetensors", "bytes": 6000, "rank": 0},
+              {"name": "data-00001-000.safetensors", "bytes": 100, "rank": 1}],
+    "tensors": {"layers.0.w": {"dtype": "BF16", "shape": [4, 8], "chunks": [
+        {"offset": [0, 0], "size": [2, 8], "file": 0, "at": 8, "bytes": 32, "crc32c": 7},
+        {"offset": [2, 0], "size": [2, 8], "flat": [0, 16], "file": 1, "at": 8, "bytes": 32}]}},
+    "values": {"step": 100, "config": {"lr": 0.0003}},
+    "blobs": {
+      "rng": {"per_rank": true, "chunks": [
+        {"rank": 0, "file": 0, "at": 40, "bytes": 10, "crc32c": 1},
+        {"rank": 1, "file": 1, "at": 40, "bytes": 10}]},
+      "sampler": {"per_rank": false, "chunks": [{"rank": 0, "file": 0, "at": 50, "bytes": 5}]}}
+  })");
+}
+
+Result<CheckpointIndex> ParseJson(const json& j) { return ParseIndex(j.dump(), kSource); }
+
+// Expects `result` to fail with `code` and a message containing `substring`
+// after the source prefix.
+#define EXPECT_INDEX_ERROR(result, code_, substring)                              \
+  do {                                                                            \
+    auto r_ = (result);                                                           \
+    ASSERT_FALSE(r_.ok());                                                        \
+    EXPECT_EQ(r_.status().code(), code_) << r_.status().ToString();               \
+    EXPECT_EQ(r_.status().message().rfind(std::string(kSource) + ": ", 0), 0u)    \
+        << r_.status().message();                                                 \
+    EXPECT_NE(r_.status().message().find(substring), std::string::npos)           \
+        << r_.status().message();                                                 \
+  } while (0)
+
+#define EXPECT_DATA_LOSS(result, substring) \
+  EXPECT_INDEX_ERROR(result, StatusCode::kDataLoss, substring)
+
+// Valid() with the value at `pointer` replaced by `value`.
+json With(const char* pointer, json value) {
+  json j = Valid();
+  j[json::json_pointer(pointer)] = std::move(value);
+  return j;
+}
+
+json Without(const char* parent, const char* field) {
+  json j = Valid();
+  j[json::json_pointer(parent)].erase(field);
+  return j;
+}
+
+// Valid()'s compact text with `from` replaced by `to` (for what a DOM
+// cannot express, like duplicate keys).
+std::string Edited(const std::string& from, const std::string& to) {
+  std::string text = Valid().dump();
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+// --- Round trip ---------------------------------------------------------------
+
+TEST(IndexTest, ParsesValidIndex) {
+  auto r = ParseJson(Valid());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->world_size, 2);
+  EXPECT_EQ(r->files[1].rank, 1);
+  const IndexTensor& t = r->tensors.at("layers.0.w");
+  EXPECT_EQ(t.dtype, DType::kBF16);
+  ASSERT_EQ(t.chunks.size(), 2u);
+  EXPECT_EQ(t.chunks[0].crc32c, std::optional<uint32_t>(7));
+  EXPECT_FALSE(t.chunks[1].crc32c.has_value());
+  EXPECT_EQ(t.chunks[1].slice.flat, (FlatRange{0, 16}));
+  EXPECT_EQ(r->values["config"]["lr"], 0.0003);
+  EXPECT_TRUE(r->blobs.at("rng").per_rank);
+  EXPECT_EQ(r->blobs.at("sampler").chunks[0].at, 50u);
+}
+
+TEST(IndexTest, RoundTripsThroughText) {
+  CheckpointIndex index;
+  index.tag = "step-00000007";
+  index.created_unix = 1795305600;
+  index.world_size = 3;
+  index.metadata = {{"run", "llama"}, {"n", 1}};
+  index.files = {{"data-00000-000.safetensors", 1 << 20, 0}, {"data-00002-000.safetensors", 64, 2}};
+  IndexTensor& t = index.tensors["w\"\xc3\xa9"];
+  t.dtype = DType::kF4;
+  t.shape = {4, 6};
+  t.chunks.push_back({Slice{Box{{0, 0}, {4, 6}}, FlatRange{4, 10}}, 0, 8, 3, 0xFFFFFFFFu});
+  t.chunks.push_back({Slice{Box::Whole({4, 6}), std::nullopt}, 1, 8, 12, std::nullopt});
+  index.tensors["scalar"] = IndexTensor{DType::kF64, {}, {{Slice{}, 0, 100, 8, 5}}};
+  index.values = {{"step", 7}, {"nested", {{"a", json::array({1, "b", nullptr})}}}};
+  index.blobs["rng"] = IndexBlob{true, {{0, 0, 200, 4, 9}, {2, 1, 20, 4, std::nullopt}}};
+
+  const std::string text = SerializeIndex(index);
+  auto back = ParseIndex(text, kSource);
+  ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
+  EXPECT_EQ(SerializeIndex(*back), text);
+  EXPECT_EQ(back->tag, index.tag);
+  EXPECT_EQ(back->layout, json());
+  EXPECT_EQ(back->metadata, index.metadata);
+  EXPECT_EQ(back->values, index.values);
+  const IndexTensor& t2 = back->tensors.at("w\"\xc3\xa9");
+  ASSERT_EQ(t2.chunks.size(), 2u);
+  EXPECT_EQ(t2.chunks[0].slice, t.chunks[0].slice);
+  EXPECT_EQ(t2.chunks[0].crc32c, t.chunks[0].crc32c);
+  EXPECT_EQ(t2.chunks[1].crc32c, std::nullopt);
+  EXPECT_EQ(back->tensors.at("scalar").chunks[0].slice, Slice{});
+  EXPECT_EQ(back->blobs.at("rng").chunks[1].rank, 2);
+}
+
+TEST(IndexTest, SerializesInDocumentOrderAndOmitsAbsentOptionals) {
+  CheckpointIndex index;
+  index.files = {{"f", 100, 0}};
+  index.tensors["t"] = IndexTensor{DType::kU8, {4}, {{Slice{Box::Whole({4}), {}}, 0, 8, 4, {}}}};
+  EXPECT_EQ(SerializeIndex(index),
+            R"({"format":"shardsafe","version":1,"tag":"","created_unix":0,"world_size":1,)"
+            R"("layout":null,"metadata":null,"files":[{"name":"f","bytes":100,"rank":0}],)"
+            R"("tensors":{"t":{"dtype":"U8","shape":[4],"chunks":[{"offset":[0],"size":[4],)"
+            R"("file":0,"at":8,"bytes":4}]}},"values":{},"blobs":{}})");
+}
+
+TEST(IndexTest, IgnoresUnknownFields) {
+  json j = With("/future", {1, 2});
+  j["/tensors/layers.0.w/chunks/0/note"_json_pointer] = "x";
+  EXPECT_TRUE(ParseJson(j).ok());
+}
+
+// Tiling is the engine's job: overlapping chunks pass here.
+TEST(IndexTest, DoesNotCheckTiling) {
+  EXPECT_TRUE(ParseJson(With("/tensors/layers.0.w/chunks/1/offset", {0, 0})).ok());
+}
+
+// --- Text and JSON ---------------------------------------------------------
+
+TEST(IndexTest, RejectsIndexOverSizeLimit) {
+  const size_t size = kMaxIndexBytes + 1;  // mapped, never touched
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_DATA_LOSS(ParseIndex(std::string_view(static_cast<const char*>(p), size), kSource),
+                   "over the 1073741824-byte limit");
+  munmap(p, size);
+}
+
+TEST(IndexTest, RejectsInvalidUtf8) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"step-00000100\"", "\"step-\xff\""), kSource),
+                   "invalid JSON");
+}
+
+TEST(IndexTest, RejectsInvalidJson) {
+  EXPECT_DATA_LOSS(ParseIndex("{\"format\":", kSource), "invalid JSON");
+}
+
+TEST(IndexTest, RejectsTrailingGarbage) {
+  EXPECT_DATA_LOSS(ParseIndex(Valid().dump() + "x", kSource), "invalid JSON");
+}
+
+TEST(IndexTest, RejectsNulByte) {
+  EXPECT_DATA_LOSS(ParseIndex(Valid().dump() + std::string("\0garbage", 8), kSource), "NUL byte");
+}
+
+TEST(IndexTest, RejectsByteOrderMark) {
+  EXPECT_DATA_LOSS(ParseIndex("\xEF\xBB\xBF" + Valid().dump(), kSource), "byte order mark");
+}
+
+TEST(IndexTest, RejectsNonObject) {
+  EXPECT_DATA_LOSS(ParseIndex("[]", kSource), "expected a JSON object");
+}
+
+TEST(IndexTest, RejectsDeepNesting) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"values\":{", "\"values\":{\"deep\":" +
+                                                        std::string(300, '[') +
+                                                        std::string(300, ']') + ","),
+                              kSource),
+                   "nested deeper than 256");
+}
+
+TEST(IndexTest, RejectsMissingField) {
+  for (const char* field : {"format", "version", "tag", "created_unix", "world_size", "layout",
+                            "metadata", "files", "tensors", "values", "blobs"}) {
+    EXPECT_DATA_LOSS(ParseJson(Without("", field)),
+                     "missing field \"" + std::string(field) + "\"");
+  }
+}
+
+TEST(IndexTest, RejectsMissingChunkField) {
+  EXPECT_DATA_LOSS(ParseJson(Without("/tensors/layers.0.w/chunks/0", "at")),
+                   "tensor \"layers.0.w\": chunk 0: missing field \"at\"");
+}
+
+TEST(IndexTest, RejectsMistypedField) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tag", 5)), "field \"tag\": expected a string, got 5");
+  EXPECT_DATA_LOSS(ParseJson(With("/files", json::object())), "field \"files\": expected a JSON array");
+  EXPECT_DATA_LOSS(ParseJson(With("/values", json::array())), "field \"values\": expected a JSON object");
+  EXPECT_DATA_LOSS(ParseJson(With("/blobs/rng/per_rank", 1)), "field \"per_rank\": expected a JSON boolean");
+}
+
+TEST(IndexTest, RejectsNegativeInteger) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/0/at", -8)),
+                   "tensor \"layers.0.w\": chunk 0: field \"at\": expected an integer in [0, 2^64), got -8");
+}
+
+TEST(IndexTest, RejectsFractionalInteger) {
+  EXPECT_DATA_LOSS(ParseJson(With("/files/0/bytes", 6000.5)), "file 0: field \"bytes\": expected an integer");
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/shape/0", 4.0)),
+                   "field \"shape\"[0]: expected an integer");
+}
+
+TEST(IndexTest, RejectsIntegerAbove64Bits) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"created_unix\":1795305600", "\"created_unix\":18446744073709551616"),
+                              kSource),
+                   "field \"created_unix\": expected an integer");
+}
+
+TEST(IndexTest, RejectsCreatedUnixAboveInt64) {
+  EXPECT_DATA_LOSS(ParseJson(With("/created_unix", uint64_t{1} << 63)), "out of range");
+}
+
+TEST(IndexTest, RejectsUnknownFormat) {
+  EXPECT_DATA_LOSS(ParseJson(With("/format", "safetensors")), "\"safetensors\" is not \"shardsafe\"");
+}
+
+TEST(IndexTest, RejectsNewerVersionAsFailedPrecondition) {
+  EXPECT_INDEX_ERROR(ParseJson(With("/version", 2)), StatusCode::kFailedPrecondition,
+                     "format version 2 is newer");
+}
+
+TEST(IndexTest, RejectsVersionZero) {
+  EXPECT_DATA_LOSS(ParseJson(With("/version", 0)), "unsupported version 0");
+}
+
+TEST(IndexTest, RejectsZeroWorldSize) {
+  EXPECT_DATA_LOSS(ParseJson(With("/world_size", 0)), "world_size");
+}
+
+TEST(IndexTest, RejectsUnknownDtype) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/dtype", "bf16")),
+                   "tensor \"layers.0.w\": field \"dtype\": unknown dtype \"bf16\"");
+}
+
+TEST(IndexTest, RejectsShapeWhoseElementCountOverflows) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/shape", {uint64_t{1} << 32, uint64_t{1} << 32})),
+                   "field \"shape\": element count");
+}
+
+TEST(IndexTest, RejectsFileNamesThatAreNotPlain) {
+  for (std::string bad : std::vector<std::string>{"../x", "a/b", "a\\b", std::string("a\0b", 3),
+                                                  ".", "..", ""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_DATA_LOSS(ParseJson(With("/files/0/name", bad)), "is not a plain file name");
+  }
+}
+
+TEST(IndexTest, RejectsDuplicateFileName) {
+  EXPECT_DATA_LOSS(ParseJson(With("/files/1/name", "data-00000-000.safetensors")),
+                   "file 1: \"data-00000-000.safetensors\" listed twice");
+}
+
+TEST(IndexTest, RejectsFileRankOutOfRange) {
+  EXPECT_DATA_LOSS(ParseJson(With("/files/1/rank", 2)), "file 1: field \"rank\": 2 is out of range");
+}
+
+TEST(IndexTest, RejectsChunkFileOutOfRange) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/1/file", 2)),
+                   "tensor \"layers.0.w\": chunk 1: field \"file\": 2 is out of range");
+}
+
+TEST(IndexTest, RejectsChunkBoxOfWrongRank) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/0/offset", {0})),
+                   "tensor \"layers.0.w\": chunk 0: box has 1 offsets and 2 sizes, but the "
+                   "tensor has rank 2");
+  json j = With("/tensors/layers.0.w/chunks/0/offset", {0, 0, 0});
+  j["/tensors/layers.0.w/chunks/0/size"_json_pointer] = {2, 8, 1};
+  EXPECT_DATA_LOSS(ParseJson(j), "box has 3 offsets and 3 sizes");
+}
+
+TEST(IndexTest, RejectsChunkOutsideShape) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/1/offset", {3, 0})),
+                   "chunk 1: slice [3:5, 0:8].flat[0:16] exceeds shape [4, 8]");
+}
+
+TEST(IndexTest, RejectsBoxEndOverflow) {
+  json j = With("/tensors/layers.0.w/chunks/1/offset", {~uint64_t{0}, 0});
+  EXPECT_DATA_LOSS(ParseJson(j), "chunk 1: slice");
+}
+
+TEST(IndexTest, RejectsInvertedFlatRange) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/1/flat", {16, 0})),
+                   "chunk 1: flat range of slice");
+}
+
+TEST(IndexTest, RejectsFlatRangeBeyondBox) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/1/flat", {0, 17})),
+                   "exceeds the box's 16 elements");
+}
+
+TEST(IndexTest, RejectsFlatWithWrongArity) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/1/flat", {0, 8, 16})),
+                   "field \"flat\": expected [begin, end]");
+}
+
+TEST(IndexTest, RejectsSubByteChunkOffByteBoundary) {
+  json j = Valid();
+  j["/tensors/layers.0.w/dtype"_json_pointer] = "F4";
+  j["/tensors/layers.0.w/chunks/0/bytes"_json_pointer] = 8;
+  j["/tensors/layers.0.w/chunks/1/bytes"_json_pointer] = 8;
+  ASSERT_TRUE(ParseJson(j).ok());
+  j["/tensors/layers.0.w/chunks/1/flat"_json_pointer] = {1, 16};
+  EXPECT_DATA_LOSS(ParseJson(j), "chunk 1: slice [2:4, 0:8].flat[1:16] cuts F4 elements");
+}
+
+TEST(IndexTest, RejectsBytesNotMatchingElementCount) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/0/bytes", 31)),
+                   "chunk 0: field \"bytes\": 31 bytes recorded, but 16 BF16 elements take 32");
+}
+
+TEST(IndexTest, RejectsByteRangeOutsideFile) {
+  json j = Valid();
+  j["tensors"]["layers.0.w"] = json::parse(R"({"dtype": "U8", "shape": [4096], "chunks": [
+      {"offset": [0], "size": [4096], "file": 0, "at": 4096, "bytes": 4096}]})");
+  auto r = ParseJson(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(),
+            "/ckpt/shardsafe.json: tensor \"layers.0.w\": chunk 0: byte range [4096, 8192) "
+            "exceeds file data-00000-000.safetensors (6000 bytes)");
+}
+
+TEST(IndexTest, RejectsByteRangeOverflow) {
+  json j = Valid();
+  j["/files/0/bytes"_json_pointer] = ~uint64_t{0};
+  j["/tensors/layers.0.w/chunks/0/at"_json_pointer] = ~uint64_t{0} - 8;
+  EXPECT_DATA_LOSS(ParseJson(j), "chunk 0: byte range");
+}
+
+TEST(IndexTest, RejectsCrcAbove32Bits) {
+  EXPECT_DATA_LOSS(ParseJson(With("/tensors/layers.0.w/chunks/0/crc32c", uint64_t{1} << 32)),
+                   "field \"crc32c\": 4294967296 is out of range");
+}
+
+TEST(IndexTest, RejectsDuplicateTensorKey) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"tensors\":{", "\"tensors\":{\"layers.0.w\":{},"), kSource),
+                   "duplicate key \"layers.0.w\" in object /tensors");
+}
+
+TEST(IndexTest, RejectsDuplicateValuesKey) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"step\":100", "\"step\":100,\"step\":101"), kSource),
+                   "duplicate key \"step\" in object /values");
+}
+
+TEST(IndexTest, RejectsDuplicateBlobName) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"blobs\":{", "\"blobs\":{\"sampler\":1,"), kSource),
+                   "duplicate key \"sampler\" in object /blobs");
+}
+
+TEST(IndexTest, RejectsDuplicateTopLevelKey) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"version\":1", "\"version\":1,\"version\":1"), kSource),
+                   "duplicate key \"version\" in the top-level object");
+}
+
+TEST(IndexTest, RejectsGlobalBlobWithTwoChunks) {
+  json j = Valid();
+  j["blobs"]["sampler"]["chunks"].push_back({{"rank", 1}, {"file", 1}, {"at", 0}, {"bytes", 1}});
+  EXPECT_DATA_LOSS(ParseJson(j), "blob \"sampler\": a global blob needs exactly one chunk, found 2");
+}
+
+TEST(IndexTest, RejectsPerRankBlobWithRepeatedRank) {
+  EXPECT_DATA_LOSS(ParseJson(With("/blobs/rng/chunks/1/rank", 0)),
+                   "blob \"rng\": chunk 1: rank 0 given twice");
+}
+
+TEST(IndexTest, RejectsBlobRankOutOfRange) {
+  EXPECT_DATA_LOSS(ParseJson(With("/blobs/rng/chunks/1/rank", 5)),
+                   "blob \"rng\": chunk 1: field \"rank\": 5 is out of range");
+}
+
+TEST(IndexTest, RejectsBlobByteRangeOutsideFile) {
+  EXPECT_DATA_LOSS(ParseJson(With("/blobs/rng/chunks/1/at", 95)),
+                   "blob \"rng\": chunk 1: byte range [95, 105) exceeds file "
+                   "data-00001-000.safetensors (100 bytes)");
+}
+
+// --- Entry names (docs/format.md §2) --------------------------------------------
+
+TEST(EntryNameTest, WholeTensorUsesKey) {
+  EXPECT_EQ(ChunkEntryName("w", Slice{Box::Whole({4, 8}), {}}, {4, 8}), "w");
+  EXPECT_EQ(ChunkEntryName("s", Slice{}, {}), "s");
+}
+
+TEST(EntryNameTest, BoxShard) {
+  EXPECT_EQ(ChunkEntryName("layers.0.w", Slice{Box{{512, 0}, {512, 4096}}, {}}, {1024, 4096}),
+            "layers.0.w[512:1024,0:4096]");
+}
+
+TEST(EntryNameTest, FlatShard) {
+  EXPECT_EQ(ChunkEntryName("w", Slice{Box::Whole({4, 8}), FlatRange{8, 24}}, {4, 8}),
+            "w[0:4,0:8].flat[8:24]");
+}
+
+TEST(EntryNameTest, Blob) {
+  EXPECT_EQ(BlobEntryName("rng", std::nullopt), "__blob__/rng");
+  EXPECT_EQ(BlobEntryName("rng", 3), "__blob__/rng/rank-00003");
+  EXPECT_EQ(BlobEntryName("rng", 123456), "__blob__/rng/rank-123456");
+}
+
+}  // namespace
+}  // namespace shardsafe

@@ -1,0 +1,351 @@
+// The load planner, in four steps:
+//   1. pieces: for each want and each saved chunk of its tensor, the runs of
+//      elements they share (box_math.h: CommonRuns), each turned into a byte
+//      range of the chunk's file and a destination element index. The run
+//      counts of a want must add up to its element count: the chunks tile
+//      the tensor, so each element is then covered exactly once.
+//   2. extents: pieces sorted by (file, offset); touching or overlapping
+//      pieces always join; gaps join smallest first while their total stays
+//      within max_overread_fraction x bytes needed. Extents are what may be
+//      read, so bytes read <= bytes needed x (1 + fraction).
+//   3. groups: an extent is cut at chunk boundaries into parts. A chunk whose
+//      needed bytes form one part no longer than max_read_bytes is small:
+//      consecutive small parts of one extent share one read (and group) up
+//      to max_read_bytes. Any other chunk is large: its parts form one group,
+//      a part of one piece is one read (it lands in one destination run),
+//      other parts are cut into windows of max_read_bytes on element-group
+//      boundaries, each trimmed to the pieces inside it.
+//   4. whole chunks: the non-empty chunks of a group's files that lie inside
+//      the union of its reads, so their checksums can be verified.
+#include "layout/load_planner.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "layout/box_math.h"
+
+namespace shardsafe {
+namespace {
+
+// The smallest byte-aligned group of elements: a cut between elements must
+// fall on a multiple of it (1 element for byte-sized dtypes; F4: 2 in 1
+// byte; F6: 4 in 3 bytes).
+struct Unit {
+  uint64_t bytes;
+  uint64_t elems;
+};
+
+Unit UnitOf(DType dtype) {
+  const int bits = DTypeBits(dtype);
+  if (bits % 8 == 0) return {static_cast<uint64_t>(bits / 8), 1};
+  return bits == 4 ? Unit{1, 2} : Unit{3, 4};
+}
+
+// `length` bytes at `offset` of `file` that land at element `dst_elem` of
+// want `want`; they belong to chunk `chunk` of tensor `tensor`.
+struct Piece {
+  uint64_t offset;
+  uint64_t length;
+  uint64_t dst_elem;
+  uint32_t file;
+  uint32_t want;
+  uint32_t tensor;
+  uint32_t chunk;
+  uint64_t end() const { return offset + length; }
+};
+
+// Consecutive pieces [begin, end) of one extent and one chunk, spanning
+// bytes [lo, hi) of their file.
+struct Part {
+  size_t begin;
+  size_t end;
+  uint64_t lo;
+  uint64_t hi;
+  uint32_t extent;
+};
+
+bool SameChunk(const Piece& a, const Piece& b) {
+  return a.file == b.file && a.tensor == b.tensor && a.chunk == b.chunk;
+}
+
+class Planner {
+ public:
+  Planner(std::span<const SavedTensor> tensors, std::span<const Want> wants,
+          const LoadPlanOptions& options)
+      : tensors_(tensors), wants_(wants), options_(options),
+        max_read_(std::max<uint64_t>(options.max_read_bytes, 1)),
+        validated_(tensors.size(), false) {}
+
+  Result<LoadPlan> Plan() {
+    for (uint32_t w = 0; w < wants_.size(); ++w) SS_RETURN_IF_ERROR(CollectPieces(w));
+    FormExtents();
+    FormGroups();
+    FindWholeChunks();
+    for (const ReadGroup& g : plan_.groups) {
+      for (const ReadOp& r : g.reads) plan_.bytes_read += r.length;
+    }
+    return std::move(plan_);
+  }
+
+ private:
+  // Step 1.
+  Status CollectPieces(uint32_t w) {
+    const Want& want = wants_[w];
+    const std::string where = "want " + std::to_string(w) + " (tensor " +
+                              std::to_string(want.tensor) + " " + SliceToString(want.slice) + ")";
+    if (want.tensor >= tensors_.size()) {
+      return InvalidArgumentError(where + ": no such tensor (" +
+                                  std::to_string(tensors_.size()) + " saved)");
+    }
+    const SavedTensor& t = tensors_[want.tensor];
+    SS_RETURN_IF_ERROR(ValidateSlice(want.slice, t.shape, t.dtype).WithContext(where));
+    SS_RETURN_IF_ERROR(ValidateChunks(want.tensor));
+    uint64_t covered = 0;
+    for (uint32_t c = 0; c < t.chunks.size(); ++c) {
+      if (!Overlaps(t.chunks[c].slice.box, want.slice.box)) continue;
+      runs_.clear();
+      CommonRuns(t.chunks[c].slice, want.slice, &runs_);
+      for (const ElementRun& run : runs_) SS_RETURN_IF_ERROR(AddPiece(w, c, run, where));
+      for (const ElementRun& run : runs_) covered += run.count;
+    }
+    const uint64_t expected = want.slice.NumElements();
+    if (covered == expected) return Status();
+    return DataLossError(where + ": the saved chunks cover " + std::to_string(covered) + " of " +
+                         std::to_string(expected) + " elements");
+  }
+
+  Status ValidateChunks(uint32_t tensor) {
+    if (validated_[tensor]) return Status();
+    const SavedTensor& t = tensors_[tensor];
+    for (const SavedChunk& c : t.chunks) {
+      Status s = ValidateSlice(c.slice, t.shape, t.dtype);
+      if (!s.ok()) {
+        return DataLossError("saved chunk of tensor " + std::to_string(tensor) + ": " +
+                             s.message());
+      }
+    }
+    validated_[tensor] = true;
+    return Status();
+  }
+
+  Status AddPiece(uint32_t w, uint32_t c, const ElementRun& run, const std::string& where) {
+    const SavedTensor& t = tensors_[wants_[w].tensor];
+    const Unit unit = UnitOf(t.dtype);
+    if (run.src % unit.elems || run.dst % unit.elems || run.count % unit.elems) {
+      return InvalidArgumentError(where + ": a run of " + std::to_string(run.count) + " " +
+                                  std::string(DTypeName(t.dtype)) + " elements at element " +
+                                  std::to_string(run.dst) + " is off a byte boundary");
+    }
+    const SavedChunk& chunk = t.chunks[c];
+    pieces_.push_back(Piece{chunk.at + run.src / unit.elems * unit.bytes,
+                            run.count / unit.elems * unit.bytes, run.dst, chunk.file, w,
+                            wants_[w].tensor, c});
+    plan_.bytes_needed += pieces_.back().length;
+    return Status();
+  }
+
+  // Step 2.
+  void FormExtents() {
+    std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) {
+      return std::tie(a.file, a.offset, a.want, a.dst_elem) <
+             std::tie(b.file, b.offset, b.want, b.dst_elem);
+    });
+    std::vector<bool> join(pieces_.size(), false);
+    std::vector<std::pair<uint64_t, size_t>> gaps;  // (gap bytes, piece after it)
+    uint64_t reach = 0;  // end of the pieces so far in this file
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const Piece& p = pieces_[i];
+      const bool same_file = i > 0 && pieces_[i - 1].file == p.file;
+      if (same_file && p.offset <= reach) join[i] = true;
+      else if (same_file) gaps.push_back({p.offset - reach, i});
+      reach = same_file ? std::max(reach, p.end()) : p.end();
+    }
+    std::sort(gaps.begin(), gaps.end());
+    const auto budget = static_cast<uint64_t>(options_.max_overread_fraction *
+                                              static_cast<double>(plan_.bytes_needed));
+    uint64_t spent = 0;
+    for (const auto& [bytes, i] : gaps) {
+      if (spent + bytes > budget) break;
+      spent += bytes;
+      join[i] = true;
+    }
+    extent_.resize(pieces_.size());
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      extent_[i] = i == 0 ? 0 : extent_[i - 1] + (join[i] ? 0 : 1);
+    }
+  }
+
+  // Step 3.
+  void FormGroups() {
+    const std::vector<Part> parts = CutParts();
+    for (size_t i = 0, j; i < parts.size(); i = j) {
+      for (j = i + 1; j < parts.size() && SameChunk(parts[j], parts[i]);) ++j;
+      const bool small = j == i + 1 && parts[i].hi - parts[i].lo <= max_read_;
+      if (small) {
+        AddSmallPart(parts[i]);
+        continue;
+      }
+      FlushSmall();
+      ReadGroup& group = plan_.groups.emplace_back();
+      for (size_t k = i; k < j; ++k) AddLargePart(parts[k], &group);
+    }
+    FlushSmall();
+  }
+
+  bool SameChunk(const Part& a, const Part& b) const {
+    return shardsafe::SameChunk(pieces_[a.begin], pieces_[b.begin]);
+  }
+
+  std::vector<Part> CutParts() const {
+    std::vector<Part> parts;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const Piece& p = pieces_[i];
+      if (parts.empty() || parts.back().extent != extent_[i] ||
+          !shardsafe::SameChunk(pieces_[parts.back().begin], p)) {
+        parts.push_back(Part{i, i, p.offset, p.end(), extent_[i]});
+      }
+      parts.back().end = i + 1;
+      parts.back().hi = std::max(parts.back().hi, p.end());
+    }
+    return parts;
+  }
+
+  // Small parts accumulate into one read while they are in one extent and
+  // the read stays within max_read_bytes.
+  void AddSmallPart(const Part& part) {
+    if (pending_ && pending_->extent == part.extent &&
+        std::max(pending_->hi, part.hi) - pending_->lo <= max_read_) {
+      pending_->end = part.end;
+      pending_->hi = std::max(pending_->hi, part.hi);
+      return;
+    }
+    FlushSmall();
+    pending_ = part;
+  }
+
+  void FlushSmall() {
+    if (!pending_) return;
+    ReadOp read = MakeRead(*pending_, pending_->lo, pending_->hi);
+    plan_.groups.emplace_back().reads.push_back(std::move(read));
+    pending_.reset();
+  }
+
+  void AddLargePart(const Part& part, ReadGroup* group) {
+    if (part.end - part.begin == 1) {
+      group->reads.push_back(MakeRead(part, part.lo, part.hi));
+      return;
+    }
+    const Piece& first = pieces_[part.begin];
+    const SavedTensor& t = tensors_[first.tensor];
+    const uint64_t unit = UnitOf(t.dtype).bytes;
+    const uint64_t at = t.chunks[first.chunk].at;  // piece offsets are at + k * unit
+    Part rest = part;
+    while (rest.begin < rest.end) {
+      uint64_t e = rest.hi;
+      if (rest.lo + max_read_ < rest.hi) {
+        e = at + (rest.lo + max_read_ - at) / unit * unit;
+        if (e <= rest.lo) e = rest.lo + unit;
+      }
+      ReadOp read = MakeRead(rest, rest.lo, e);
+      if (read.length > 0) group->reads.push_back(std::move(read));
+      while (rest.begin < rest.end && pieces_[rest.begin].end() <= e) ++rest.begin;
+      if (rest.begin < rest.end) rest.lo = std::max(e, pieces_[rest.begin].offset);
+    }
+  }
+
+  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them.
+  ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi) const {
+    ReadOp read;
+    read.file = pieces_[part.begin].file;
+    uint64_t first = hi, last = lo;
+    for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
+      const Piece& p = pieces_[i];
+      const uint64_t a = std::max(p.offset, lo), b = std::min(p.end(), hi);
+      if (a >= b) continue;
+      if (first == hi) first = a;  // offsets ascend, so the first clip is the lowest
+      last = std::max(last, b);
+      const Unit unit = UnitOf(tensors_[p.tensor].dtype);
+      read.segments.push_back(Segment{p.want, p.dst_elem + (a - p.offset) / unit.bytes * unit.elems,
+                                      a - first, (b - a) / unit.bytes * unit.elems});
+    }
+    if (first < last) {
+      read.offset = first;
+      read.length = last - first;
+    }
+    return read;
+  }
+
+  // Step 4.
+  struct FileChunk {
+    uint64_t at;
+    uint64_t end;
+    ChunkRef ref;
+  };
+
+  void FindWholeChunks() {
+    std::vector<bool> touched;
+    for (const Piece& p : pieces_) {
+      if (p.file >= touched.size()) touched.resize(p.file + 1, false);
+      touched[p.file] = true;
+    }
+    std::vector<std::vector<FileChunk>> by_file(touched.size());
+    ListChunks(touched, &by_file);
+    for (ReadGroup& g : plan_.groups) CollectWholeChunks(by_file[g.reads.front().file], &g);
+  }
+
+  // Lists the non-empty valid chunks of the touched files by offset.
+  void ListChunks(const std::vector<bool>& touched, std::vector<std::vector<FileChunk>>* by_file) {
+    for (uint32_t t = 0; t < tensors_.size(); ++t) {
+      const SavedTensor& tensor = tensors_[t];
+      for (uint32_t c = 0; c < tensor.chunks.size(); ++c) {
+        const SavedChunk& chunk = tensor.chunks[c];
+        if (chunk.file >= touched.size() || !touched[chunk.file]) continue;
+        if (!ValidateSlice(chunk.slice, tensor.shape, tensor.dtype).ok()) continue;
+        auto bytes = NumBytes(tensor.dtype, chunk.slice.NumElements());
+        if (!bytes.ok() || *bytes == 0) continue;
+        (*by_file)[chunk.file].push_back(FileChunk{chunk.at, chunk.at + *bytes, ChunkRef{t, c}});
+      }
+    }
+    for (auto& list : *by_file) {
+      std::sort(list.begin(), list.end(),
+                [](const FileChunk& a, const FileChunk& b) { return a.at < b.at; });
+    }
+  }
+
+  // Reads of a group ascend and do not overlap; touching reads merge into
+  // one covered interval.
+  static void CollectWholeChunks(const std::vector<FileChunk>& chunks, ReadGroup* group) {
+    const auto& reads = group->reads;
+    for (size_t i = 0, j; i < reads.size(); i = j) {
+      uint64_t hi = reads[i].offset + reads[i].length;
+      for (j = i + 1; j < reads.size() && reads[j].offset == hi; ++j) hi += reads[j].length;
+      auto it = std::lower_bound(chunks.begin(), chunks.end(), reads[i].offset,
+                                 [](const FileChunk& c, uint64_t at) { return c.at < at; });
+      for (; it != chunks.end() && it->at < hi; ++it) {
+        if (it->end <= hi) group->whole_chunks.push_back(it->ref);
+      }
+    }
+  }
+
+  std::span<const SavedTensor> tensors_;
+  std::span<const Want> wants_;
+  LoadPlanOptions options_;
+  uint64_t max_read_;
+  std::vector<bool> validated_;
+  std::vector<ElementRun> runs_;  // scratch
+  std::vector<Piece> pieces_;
+  std::vector<uint32_t> extent_;  // per piece
+  std::optional<Part> pending_;   // the small read being formed
+  LoadPlan plan_;
+};
+
+}  // namespace
+
+Result<LoadPlan> PlanLoad(std::span<const SavedTensor> tensors, std::span<const Want> wants,
+                          const LoadPlanOptions& options) {
+  return Planner(tensors, wants, options).Plan();
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,87 @@
+// Helpers over any FileSystem: atomic whole-file writes, whole-file reads,
+// and path arithmetic. They use only the FileSystem interface, so they work
+// (and are tested) on the fault-injecting wrapper too.
+#include <random>
+
+#include "shardsafe/filesystem.h"
+
+namespace shardsafe {
+namespace {
+
+std::string BaseName(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+// 16 random hex digits, so concurrent writers never share a temp file.
+std::string RandomHex() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  uint64_t x = rng();
+  std::string s(16, '0');
+  for (char& c : s) {
+    c = kDigits[x & 15];
+    x >>= 4;
+  }
+  return s;
+}
+
+Status WriteAndSync(FileSystem& fs, const std::string& path, std::string_view data) {
+  WriteOptions options;
+  options.size_hint = data.size();
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, options));
+  SS_RETURN_IF_ERROR(file->Append(data.data(), data.size()));
+  SS_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+}  // namespace
+
+Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
+  const std::string parent = ParentDir(path);
+  const std::string tmp = JoinPath(parent, "." + BaseName(path) + ".tmp." + RandomHex());
+  // 1. Write and sync the temporary. 2. Rename it over `path`. Before step 2
+  // completes, readers see the old file; after it, the new one.
+  Status s = WriteAndSync(fs, tmp, data);
+  if (s.ok()) s = fs.Rename(tmp, path);
+  if (!s.ok()) {
+    fs.RemoveFile(tmp).IgnoreError();  // may not exist
+    return s.WithContext("writing " + path);
+  }
+  // 3. Make the rename itself durable.
+  return fs.SyncDir(parent).WithContext("writing " + path);
+}
+
+Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
+                                     uint64_t max_bytes) {
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  const uint64_t size = file->size();
+  if (size > max_bytes) {
+    return ResourceExhaustedError("reading " + path + ": file has " + std::to_string(size) +
+                                  " bytes, more than the limit of " + std::to_string(max_bytes));
+  }
+  std::string data(size, '\0');
+  SS_RETURN_IF_ERROR(file->ReadAt(0, data.data(), data.size()));
+  return data;
+}
+
+std::string JoinPath(std::string_view dir, std::string_view name) {
+  if (dir.empty()) return std::string(name);
+  std::string out(dir);
+  if (out.back() != '/') out += '/';
+  out += name;
+  return out;
+}
+
+std::string ParentDir(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  if (slash == 0) return "/";
+  path = path.substr(0, slash);
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  return std::string(path);
+}
+
+}  // namespace shardsafe

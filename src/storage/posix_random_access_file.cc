@@ -1,0 +1,110 @@
+// POSIX RandomAccessFile: pread loops on a buffered descriptor, plus an
+// O_DIRECT descriptor (when asked for and the file system allows it) used
+// only for requests whose offset, length and destination are all 4 KiB
+// aligned. Both descriptors are only read with pread, which has no shared
+// file position, so concurrent ReadAt calls are safe.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+
+#include "storage/aligned_buffer.h"
+#include "storage/posix_file.h"
+
+namespace shardsafe {
+namespace {
+
+int OpenForRead(const std::string& path, int extra_flags) {
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(int fd, int direct_fd, uint64_t size, std::string path)
+      : fd_(fd), direct_fd_(direct_fd), size_(size), path_(std::move(path)) {}
+  ~PosixRandomAccessFile() override {
+    close(fd_);
+    if (direct_fd_ >= 0) close(direct_fd_);
+  }
+
+  Status ReadAt(uint64_t offset, void* dst, size_t n) const override;
+  uint64_t size() const override { return size_; }
+  bool direct() const { return direct_fd_ >= 0; }
+
+ private:
+  bool CanReadDirect(uint64_t offset, const char* dst, size_t n) const {
+    return direct_fd_ >= 0 && IsAligned(offset) && IsAligned(n) &&
+           IsAligned(reinterpret_cast<uintptr_t>(dst));
+  }
+  Status Truncated(uint64_t offset, size_t n) const;
+
+  const int fd_;
+  const int direct_fd_;  // -1 when not reading directly
+  const uint64_t size_;  // at open time
+  const std::string path_;
+};
+
+Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const {
+  char* p = static_cast<char*>(dst);
+  size_t done = 0;
+  bool direct_ok = true;  // cleared if the O_DIRECT descriptor refuses a read
+  while (done < n) {
+    const bool direct = direct_ok && CanReadDirect(offset + done, p + done, n - done);
+    ssize_t r = pread(direct ? direct_fd_ : fd_, p + done, n - done,
+                      static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (direct && errno == EINVAL) {
+        direct_ok = false;
+        continue;
+      }
+      return ErrnoError(errno, "read", path_);
+    }
+    if (r == 0) return Truncated(offset, n);
+    done += static_cast<size_t>(r);
+  }
+  return Status();
+}
+
+Status PosixRandomAccessFile::Truncated(uint64_t offset, size_t n) const {
+  struct stat st;
+  uint64_t now = fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : size_;
+  return DataLossError(path_ + ": file truncated: wanted " + std::to_string(n) +
+                       " bytes at offset " + std::to_string(offset) + ", file has " +
+                       std::to_string(now));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::string& path,
+                                                                   const ReadOptions& options) {
+  int fd = OpenForRead(path, 0);
+  if (fd < 0) return ErrnoError(errno, "open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    Status s = ErrnoError(errno, "stat", path);
+    close(fd);
+    return s;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(fd);
+    return InvalidArgumentError("open " + path + ": is a directory");
+  }
+  // No O_DIRECT (tmpfs: EINVAL) just means every read goes through fd.
+  int direct_fd = options.direct ? OpenForRead(path, O_DIRECT) : -1;
+  return std::unique_ptr<RandomAccessFile>(
+      new PosixRandomAccessFile(fd, direct_fd, static_cast<uint64_t>(st.st_size), path));
+}
+
+bool IsDirectRandomAccessFile(const RandomAccessFile& file) {
+  auto* posix = dynamic_cast<const PosixRandomAccessFile*>(&file);
+  return posix != nullptr && posix->direct();
+}
+
+}  // namespace shardsafe
