@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Configures and builds one flavour of shardsafe.
+#   scripts/build.sh            release build in build/ (with MPI)
+#   scripts/build.sh asan       ASan+UBSan build in build-asan/ (no MPI)
+#   scripts/build.sh tsan       TSan build in build-tsan/ (threaded modules only)
+#   scripts/build.sh fuzz       clang libFuzzer targets in build-fuzz/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+flavour=${1:-release}
+jobs=${JOBS:-$(nproc)}
+case "$flavour" in
+  release)
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    ninja -C build -j"$jobs" ;;
+  asan)
+    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDSAFE_MPI=OFF \
+      -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_SANITIZE=address,undefined >/dev/null
+    ninja -C build-asan -j"$jobs" ;;
+  tsan)
+    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDSAFE_MPI=OFF \
+      -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_SANITIZE=thread >/dev/null
+    ninja -C build-tsan -j"$jobs" ss_base_test ss_comm_test ss_storage_test ss_engine_test ;;
+  fuzz)
+    cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSHARDSAFE_FUZZ=ON \
+      -DSHARDSAFE_TESTS=OFF -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_MPI=OFF >/dev/null
+    ninja -C build-fuzz -j"$jobs" ;;
+  *) echo "unknown flavour: $flavour" >&2; exit 2 ;;
+esac
