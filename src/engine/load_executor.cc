@@ -51,14 +51,18 @@ DType SavedDType(const Context& ctx, const Segment& seg) {
   return ctx.tensors[ctx.wants[seg.want].tensor].dtype;
 }
 
-// True if the read lands, unconverted, as one contiguous run of one
-// destination.
-bool ReadsStraightIntoDest(const Context& ctx, const ReadOp& read) {
+// True if the whole read is one contiguous run of one destination.
+bool IsSingleRun(const Context& ctx, const ReadOp& read) {
   if (read.segments.size() != 1) return false;
   const Segment& seg = read.segments[0];
-  const DType saved = SavedDType(ctx, seg);
-  return seg.src_byte == 0 && saved == ctx.dests[seg.want].dtype &&
-         seg.count * DTypeBits(saved) / 8 == read.length;
+  return seg.src_byte == 0 && seg.count * DTypeBits(SavedDType(ctx, seg)) / 8 == read.length;
+}
+
+// True if the read can go straight into its destination: one run, no
+// conversion.
+bool ReadsStraightIntoDest(const Context& ctx, const ReadOp& read) {
+  return IsSingleRun(ctx, read) &&
+         SavedDType(ctx, read.segments[0]) == ctx.dests[read.segments[0].want].dtype;
 }
 
 void Scatter(const Context& ctx, const ReadOp& read, const char* buf) {
@@ -81,12 +85,13 @@ class GroupChecksums {
     crcs_.assign(group.whole_chunks.size(), 0);
   }
 
-  // Extends each chunk's checksum with the part of it inside `read`.
-  void Add(const ReadOp& read, const char* buf) {
+  // Extends each chunk's checksum with its part of the `length` file bytes
+  // at `offset`, which are in `buf`. Calls come in increasing offset order.
+  void Add(uint64_t offset, uint64_t length, const char* buf) {
     for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
       const auto [lo, hi] = ByteRange(group_.whole_chunks[i]);
-      const uint64_t a = std::max(lo, read.offset), b = std::min(hi, read.offset + read.length);
-      if (a < b) crcs_[i] = Crc32cExtend(crcs_[i], buf + (a - read.offset), b - a);
+      const uint64_t a = std::max(lo, offset), b = std::min(hi, offset + length);
+      if (a < b) crcs_[i] = Crc32cExtend(crcs_[i], buf + (a - offset), b - a);
     }
   }
 
@@ -118,23 +123,51 @@ class GroupChecksums {
   std::vector<uint32_t> crcs_;
 };
 
-Status RunGroup(const Context& ctx, const ReadGroup& group, bool verify,
+// A read of one run into one destination that needs only a dtype
+// conversion: done in element-aligned pieces so scratch stays bounded.
+Status ConvertInPieces(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
+                       uint64_t max_scratch, GroupChecksums* sums, std::vector<char>* scratch) {
+  const Segment& seg = read.segments[0];
+  const uint64_t esize = DTypeBits(SavedDType(ctx, seg)) / 8;
+  const uint64_t dsize = DTypeBits(ctx.dests[seg.want].dtype) / 8;
+  const uint64_t piece = std::max<uint64_t>(esize, max_scratch / esize * esize);
+  scratch->resize(std::min(piece, read.length));
+  for (uint64_t done = 0; done < read.length; done += piece) {
+    const uint64_t n = std::min(piece, read.length - done);
+    SS_RETURN_IF_ERROR(file.ReadAt(read.offset + done, scratch->data(), n));
+    if (sums) sums->Add(read.offset + done, n, scratch->data());
+    ConvertElements(scratch->data(), SavedDType(ctx, seg), DestBytes(ctx, seg) + done / esize * dsize,
+                    ctx.dests[seg.want].dtype, n / esize);
+  }
+  return Status();
+}
+
+Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
+               uint64_t max_scratch, GroupChecksums* sums, std::vector<char>* scratch) {
+  if (ReadsStraightIntoDest(ctx, read)) {
+    char* dst = DestBytes(ctx, read.segments[0]);
+    SS_RETURN_IF_ERROR(file.ReadAt(read.offset, dst, read.length));
+    if (sums) sums->Add(read.offset, read.length, dst);
+    return Status();
+  }
+  if (read.length > max_scratch && IsSingleRun(ctx, read)) {
+    return ConvertInPieces(ctx, file, read, max_scratch, sums, scratch);
+  }
+  if (scratch->size() < read.length) scratch->resize(read.length);
+  SS_RETURN_IF_ERROR(file.ReadAt(read.offset, scratch->data(), read.length));
+  if (sums) sums->Add(read.offset, read.length, scratch->data());
+  Scatter(ctx, read, scratch->data());
+  return Status();
+}
+
+Status RunGroup(const Context& ctx, const ReadGroup& group, const LoadOptions& options,
                 std::vector<char>* scratch) {
   GroupChecksums sums(ctx, group);
+  GroupChecksums* verify = options.verify_checksums ? &sums : nullptr;
   for (const ReadOp& read : group.reads) {
     SS_ASSIGN_OR_RETURN(const RandomAccessFile* file, ctx.files.Get(read.file));
-    const bool straight = ReadsStraightIntoDest(ctx, read);
-    char* buf;
-    if (straight) {
-      buf = DestBytes(ctx, read.segments[0]);
-    } else {
-      if (scratch->size() < read.length) scratch->resize(read.length);
-      buf = scratch->data();
-    }
-    Status s = file->ReadAt(read.offset, buf, read.length);
+    Status s = RunRead(ctx, *file, read, options.scratch_bytes, verify, scratch);
     if (!s.ok()) return s.WithContext("reading " + ctx.sources.file_paths[read.file]);
-    if (verify) sums.Add(read, buf);
-    if (!straight) Scatter(ctx, read, buf);
     ctx.counters->bytes_read += read.length;
   }
   return verify ? sums.Verify() : Status();
@@ -157,14 +190,14 @@ Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& ten
   for (size_t i = 0; i < scratch.size(); ++i) free_slots.push_back(i);
   TaskGroup tasks(&pool);
   for (const ReadGroup& group : plan.groups) {
-    tasks.Add([&, verify = options.verify_checksums]() -> Status {
+    tasks.Add([&]() -> Status {
       size_t slot;
       {
         std::lock_guard<std::mutex> lock(slots_mu);
         slot = free_slots.back();
         free_slots.pop_back();
       }
-      Status s = RunGroup(ctx, group, verify, &scratch[slot]);
+      Status s = RunGroup(ctx, group, options, &scratch[slot]);
       std::lock_guard<std::mutex> lock(slots_mu);
       free_slots.push_back(slot);
       return s;

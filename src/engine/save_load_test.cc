@@ -268,6 +268,26 @@ TEST_F(SaveLoadTest, DtypeConversionOnLoadWhenAllowed) {
   EXPECT_EQ(ints[2], INT32_MAX);  // saturated
 }
 
+TEST_F(SaveLoadTest, ConversionOfALargeTensorStreamsThroughBoundedScratch) {
+  const Shape s{1 << 18};
+  std::vector<float> values(s[0]);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7;
+  SaveState state;
+  state.tensors.push_back({"f", DType::kF32, s, Whole(s), values.data()});
+  auto comm = MakeSingleProcessComm();
+  ASSERT_TRUE(Save(state, Path("big"), *comm, {}).ok());
+  std::vector<double> out(s[0]);
+  LoadRequest req;
+  req.tensors.push_back({"f", DType::kF64, s, Whole(s), out.data()});
+  LoadOptions opts;
+  opts.convert_dtypes = true;
+  opts.scratch_bytes = 4096;  // far smaller than the 1 MiB tensor
+  auto res = Load(req, Path("big"), *comm, opts);
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  EXPECT_EQ(res->chunks_verified, 1u);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(out[i], values[i]) << i;
+}
+
 TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
   const Shape s{256};
   std::vector<std::vector<OwnedShard>> save(1);
