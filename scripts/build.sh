@@ -23,6 +23,6 @@ case "$flavour" in
   fuzz)
     cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSHARDSAFE_FUZZ=ON \
       -DSHARDSAFE_TESTS=OFF -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_MPI=OFF >/dev/null
-    ninja -C build-fuzz -j"$jobs" ;;
+    ninja -C build-fuzz -j"$jobs" safetensors_header_fuzzer index_fuzzer ;;
   *) echo "unknown flavour: $flavour" >&2; exit 2 ;;
 esac

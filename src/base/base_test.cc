@@ -122,6 +122,9 @@ TEST(TypesTest, ValidateSliceChecksBoundsAndSubByteCuts) {
   EXPECT_FALSE(ValidateSlice({Box{{0, 1}, {8, 4}}, std::nullopt}, shape, DType::kF4).ok());
   EXPECT_FALSE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{1, 4}}, shape, DType::kF4).ok());
   EXPECT_EQ(SliceToString({Box{{0, 2}, {8, 4}}, FlatRange{1, 3}}), "[0:8, 2:6].flat[1:3]");
+  // Malformed boxes are described, not read out of bounds.
+  EXPECT_EQ(SliceToString({Box{{1}, {2, 3}}, std::nullopt}), "[1:3, ?:?]");
+  EXPECT_FALSE(ValidateSlice({Box{{0}, {8, 6}}, std::nullopt}, shape, DType::kF32).ok());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "shardsafe/types.h"
 
+#include <algorithm>
 #include <array>
 
 namespace shardsafe {
@@ -125,11 +126,16 @@ std::string ShapeToString(const Shape& shape) {
 }
 
 std::string SliceToString(const Slice& slice) {
+  // Tolerates malformed boxes (offset and size of different ranks): this is
+  // used to describe invalid input in error messages.
   std::string s = "[";
-  for (size_t i = 0; i < slice.box.size.size(); ++i) {
+  const size_t n = std::max(slice.box.offset.size(), slice.box.size.size());
+  for (size_t i = 0; i < n; ++i) {
     if (i) s += ", ";
-    s += std::to_string(slice.box.offset[i]) + ":" +
-         std::to_string(slice.box.offset[i] + slice.box.size[i]);
+    const bool has_off = i < slice.box.offset.size(), has_size = i < slice.box.size.size();
+    const uint64_t off = has_off ? slice.box.offset[i] : 0;
+    s += (has_off ? std::to_string(off) : "?") + ":" +
+         (has_size && has_off ? std::to_string(off + slice.box.size[i]) : "?");
   }
   s += "]";
   if (slice.flat) {

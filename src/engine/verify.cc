@@ -93,6 +93,9 @@ void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
     return out->Fault(path + ": size " + std::to_string(size) + " bytes, index records " +
                       std::to_string(info.bytes));
   }
+  for (const std::string& dup : header->duplicate_names) {
+    out->Fault(path + ": tensor name \"" + dup + "\" appears twice in the header (the last one wins)");
+  }
   if (src.native) CheckHeader(path, *header, expected, out);
   auto file = fs.NewRandomAccessFile(path, ReadOptions{});
   if (!file.ok()) return out->Fault(file.status().message());
