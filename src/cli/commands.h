@@ -13,5 +13,6 @@ void AddLs(CLI::App& app, int* exit_code);
 void AddPrune(CLI::App& app, int* exit_code);
 void AddDiff(CLI::App& app, int* exit_code);
 void AddDemo(CLI::App& app, int* exit_code);
+void AddImport(CLI::App& app, int* exit_code);
 
 }  // namespace shardsafe::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   AddPrune(app, &exit_code);
   AddDiff(app, &exit_code);
   AddDemo(app, &exit_code);
+  AddImport(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -17,11 +17,14 @@ bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
-uint64_t DirBytes(FileSystem& fs, const std::string& dir) {
+// Sum of the sizes of a checkpoint's data files (*.safetensors).
+uint64_t DataBytes(FileSystem& fs, const std::string& dir) {
   uint64_t total = 0;
   auto entries = fs.ListDir(dir);
   if (!entries.ok()) return 0;
   for (const DirEntry& e : *entries) {
+    const std::string_view name = e.name;
+    if (name.size() < 12 || name.substr(name.size() - 12) != ".safetensors") continue;
     auto info = fs.Stat(JoinPath(dir, e.name));
     if (info.ok() && !info->is_dir) total += info->size;
   }
@@ -88,7 +91,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
   for (const DirEntry& e : entries) {
     const std::string dir = JoinPath(root, e.name);
     if (!e.is_dir || !ValidateTag(e.name).ok() || !IsCommitted(fs, dir)) continue;
-    CheckpointInfo info{e.name, dir, StepOfTag(e.name), DirBytes(fs, dir), 0, false};
+    CheckpointInfo info{e.name, dir, StepOfTag(e.name), DataBytes(fs, dir), 0, false};
     auto st = fs.Stat(JoinPath(dir, kIndexFileName));
     if (st.ok()) info.mtime_unix = st->mtime_seconds;
     out.push_back(std::move(info));

@@ -43,16 +43,15 @@ Status AddForeignFile(FileSystem& fs, const std::string& dir, const std::string&
   return Status();
 }
 
-// The shard files an HF index lists (sorted, unique), checked to be plain
-// names inside the directory.
-Result<std::vector<std::string>> HfIndexFiles(FileSystem& fs, const std::string& dir) {
-  const std::string path = JoinPath(dir, kHfIndexName);
+// An HF index's weight_map (tensor -> shard file), with every file checked
+// to be a plain .safetensors name inside the directory.
+Result<std::map<std::string, std::string>> ReadHfWeightMap(FileSystem& fs, const std::string& path) {
   SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, path, kMaxIndexBytes));
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return DataLossError(path + ": not a JSON object with a \"weight_map\" object");
   }
-  std::set<std::string> files;
+  std::map<std::string, std::string> map;
   for (const auto& [key, value] : j["weight_map"].items()) {
     if (!value.is_string()) return DataLossError(path + ": weight_map[\"" + key + "\"] is not a string");
     const std::string f = value.get<std::string>();
@@ -60,9 +59,24 @@ Result<std::vector<std::string>> HfIndexFiles(FileSystem& fs, const std::string&
         !EndsWith(f, ".safetensors")) {
       return DataLossError(path + ": weight_map[\"" + key + "\"] names a bad file \"" + f + "\"");
     }
-    files.insert(f);
+    map[key] = f;
   }
-  return std::vector<std::string>(files.begin(), files.end());
+  return map;
+}
+
+// Every tensor the weight_map promises must be in the file it names.
+Status CheckWeightMap(const CheckpointSource& src, const std::map<std::string, std::string>& map,
+                      const std::string& path) {
+  std::map<std::string, std::string> file_of;
+  for (const auto& [key, t] : src.index.tensors) file_of[key] = src.index.files[t.chunks[0].file].name;
+  for (const auto& [key, file] : map) {
+    auto it = file_of.find(key);
+    if (it == file_of.end() || it->second != file) {
+      return DataLossError(path + ": weight_map puts tensor \"" + key + "\" in " + file +
+                           ", which does not hold it");
+    }
+  }
+  return Status();
 }
 
 Result<CheckpointSource> OpenForeign(FileSystem& fs, const std::string& dir,
@@ -84,15 +98,37 @@ Result<std::vector<std::string>> SafetensorsFilesIn(FileSystem& fs, const std::s
   return names;
 }
 
+// True if every file is named like a shardsafe data file.
+bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
+  if (names.empty()) return false;
+  for (const std::string& n : names) {
+    if (n.rfind("data-", 0) != 0 || n.size() != std::string("data-00000-000.safetensors").size()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir) {
   if (IsCommitted(fs, dir)) return OpenNative(fs, dir);
-  if (fs.Stat(JoinPath(dir, kHfIndexName)).ok()) {
-    SS_ASSIGN_OR_RETURN(auto names, HfIndexFiles(fs, dir));
-    return OpenForeign(fs, dir, names, dir);
+  const std::string hf_index = JoinPath(dir, kHfIndexName);
+  if (fs.Stat(hf_index).ok()) {
+    SS_ASSIGN_OR_RETURN(auto map, ReadHfWeightMap(fs, hf_index));
+    std::set<std::string> files;
+    for (const auto& [key, file] : map) files.insert(file);
+    SS_ASSIGN_OR_RETURN(CheckpointSource src,
+                        OpenForeign(fs, dir, {files.begin(), files.end()}, dir));
+    SS_RETURN_IF_ERROR(CheckWeightMap(src, map, hf_index));
+    return src;
   }
   SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
   if (latest) return OpenNative(fs, JoinPath(dir, *latest));
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
+  if (LooksLikeUncommittedCheckpoint(names)) {
+    return FailedPreconditionError(dir + " holds shardsafe data files but no " +
+                                   std::string(kIndexFileName) +
+                                   ": an uncommitted or damaged checkpoint");
+  }
   if (!names.empty()) return OpenForeign(fs, dir, names, dir);
   return NotFoundError("no committed checkpoint, Hugging Face model or safetensors file in " + dir);
 }

@@ -1,0 +1,310 @@
+// Save and load across 4 real MPI ranks (plain program, not GoogleTest):
+//   mpirun -np 4 mpi_save_load_test
+// Saves a TP=2 x DP=2 layout (ZeRO flat optimizer shards, per-rank and
+// global blobs, JSON values), loads it back in another layout (TP=4 column
+// split, flat ranges, whole replicas) checked element by element against the
+// oracle, checks that overlapping shards fail on every rank with nothing
+// committed, and runs a CheckpointManager with keep_last=2 over 3 steps.
+// Prints "N passed, N failed" and exits non-zero on any failure.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/test_util.h"
+#include "shardsafe/checkpoint.h"
+#include "shardsafe/mpi_comm.h"
+
+namespace shardsafe {
+namespace {
+
+using testing::OracleShard;
+using testing::OwnedShard;
+
+int g_rank = 0;
+int g_passed = 0, g_failed = 0;
+
+// A collective check: passes only if it passed on every rank. Each rank
+// prints its own reason for failing.
+void Check(bool ok, const std::string& name, const std::string& why = "") {
+  if (!ok) std::fprintf(stderr, "[rank %d] FAIL %s: %s\n", g_rank, name.c_str(), why.c_str());
+  int local = ok ? 1 : 0, all = 0;
+  MPI_Allreduce(&local, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (all) {
+    ++g_passed;
+    if (g_rank == 0) std::printf("ok   %s\n", name.c_str());
+  } else {
+    ++g_failed;
+    if (g_rank == 0) std::printf("FAIL %s\n", name.c_str());
+  }
+  std::fflush(stdout);
+}
+
+Slice BoxSlice(std::vector<uint64_t> offset, std::vector<uint64_t> size) {
+  return {Box{std::move(offset), std::move(size)}, std::nullopt};
+}
+Slice FlatSlice(const Shape& s, uint64_t b, uint64_t e) { return {Box::Whole(s), FlatRange{b, e}}; }
+Slice WholeSlice(const Shape& s) { return {Box::Whole(s), std::nullopt}; }
+
+std::string StepKey(const std::string& key, int64_t step) {
+  return step == 0 ? key : key + "@" + std::to_string(step);
+}
+
+OwnedShard Shard(const std::string& key, DType dtype, const Shape& shape, const Slice& slice,
+                 int64_t step) {
+  return {key, dtype, shape, slice, OracleShard(StepKey(key, step), dtype, shape, slice)};
+}
+
+struct Target {
+  std::string key;
+  DType dtype;
+  Shape shape;
+  Slice slice;
+  std::vector<std::byte> buf;
+};
+
+Target MakeTarget(const std::string& key, DType dtype, const Shape& shape, const Slice& slice) {
+  Target t{key, dtype, shape, slice, {}};
+  t.buf.assign(*NumBytes(dtype, slice.NumElements()) + 1, std::byte{0xEE});
+  return t;
+}
+
+// "" if `t` holds step `step`'s bytes (and its guard byte is untouched).
+std::string Mismatch(const Target& t, int64_t step) {
+  auto want = OracleShard(StepKey(t.key, step), t.dtype, t.shape, t.slice);
+  if (want.size() + 1 != t.buf.size()) return t.key + ": wrong size";
+  if (!std::equal(want.begin(), want.end(), t.buf.begin())) return t.key + ": bytes differ";
+  if (t.buf.back() != std::byte{0xEE}) return t.key + ": wrote past the end";
+  return "";
+}
+
+const Shape kWq{16, 12};   // F32: TP rows on save, TP=4 columns on load
+const Shape kMlp{8, 20};   // BF16: TP columns on save, flat ranges on load
+const Shape kNorm{12};     // F32: replicated everywhere
+const Shape kStep{};       // I64 scalar, replicated
+const Shape kFlat{100};    // F64: ZeRO flat over all 4 ranks, uneven
+
+std::string RngBlob(int rank, int64_t step) {
+  return "rng of rank " + std::to_string(rank) + " at step " + std::to_string(step) +
+         std::string(static_cast<size_t>(rank) * 13, 'x');
+}
+const std::string kSampler = "global sampler position 123456";
+
+// This rank's part of the TP=2 x DP=2 training state (rank = dp * 2 + tp).
+struct RankState {
+  std::vector<OwnedShard> shards;
+  std::string rng;
+  SaveState state;
+};
+
+std::unique_ptr<RankState> TrainingState(int rank, int64_t step) {
+  auto rs = std::make_unique<RankState>();
+  const uint64_t tp = rank % 2, dp = rank / 2;
+  const uint64_t flat_cuts[] = {0, 30, 55, 80, 100};
+  auto& sh = rs->shards;
+  sh.push_back(Shard("attn.wq", DType::kF32, kWq, BoxSlice({tp * 8, 0}, {8, 12}), step));
+  sh.push_back(Shard("mlp.w", DType::kBF16, kMlp, BoxSlice({0, tp * 10}, {8, 10}), step));
+  sh.push_back(Shard("norm", DType::kF32, kNorm, WholeSlice(kNorm), step));
+  sh.push_back(Shard("step", DType::kI64, kStep, WholeSlice(kStep), step));
+  // ZeRO: each DP rank holds half of its TP shard's optimizer state, as a
+  // flat range of the TP box.
+  sh.push_back(Shard("opt.exp_avg.attn.wq", DType::kF32, kWq,
+                     {Box{{tp * 8, 0}, {8, 12}}, FlatRange{dp * 48, dp * 48 + 48}}, step));
+  sh.push_back(Shard("opt.exp_avg.mlp.w", DType::kF32, kMlp,
+                     {Box{{0, tp * 10}, {8, 10}}, FlatRange{dp * 40, dp * 40 + 40}}, step));
+  sh.push_back(Shard("opt.flat", DType::kF64, kFlat,
+                     FlatSlice(kFlat, flat_cuts[rank], flat_cuts[rank + 1]), step));
+  rs->rng = RngBlob(rank, step);
+  for (const auto& s : sh) rs->state.tensors.push_back(s.View());
+  rs->state.blobs.push_back({"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true});
+  rs->state.blobs.push_back({"sampler", kSampler.data(), kSampler.size(), false});
+  rs->state.values["step"] = step;
+  rs->state.values["config"] = {{"lr", 0.0003}, {"tp", 2}, {"dp", 2}};
+  rs->state.metadata = {{"run", "mpi-test"}};
+  rs->state.layout = {{"tp", 2}, {"dp", 2}};
+  return rs;
+}
+
+// The same tensors in a TP=4 layout with flat ranges and replicas.
+std::vector<Target> OtherLayout(int rank) {
+  const uint64_t r = static_cast<uint64_t>(rank);
+  std::vector<Target> t;
+  t.push_back(MakeTarget("attn.wq", DType::kF32, kWq, BoxSlice({0, 3 * r}, {16, 3})));
+  t.push_back(MakeTarget("mlp.w", DType::kBF16, kMlp, FlatSlice(kMlp, 40 * r, 40 * r + 40)));
+  t.push_back(MakeTarget("norm", DType::kF32, kNorm, WholeSlice(kNorm)));
+  t.push_back(MakeTarget("step", DType::kI64, kStep, WholeSlice(kStep)));
+  t.push_back(MakeTarget("opt.exp_avg.attn.wq", DType::kF32, kWq, BoxSlice({4 * r, 0}, {4, 12})));
+  t.push_back(MakeTarget("opt.exp_avg.mlp.w", DType::kF32, kMlp, BoxSlice({0, 5 * r}, {8, 5})));
+  t.push_back(MakeTarget("opt.flat", DType::kF64, kFlat, WholeSlice(kFlat)));
+  // An odd piece too: a box crossing every saved shard boundary.
+  t.push_back(MakeTarget("attn.wq", DType::kF32, kWq, BoxSlice({5, 1 + r}, {7, 6})));
+  return t;
+}
+
+LoadRequest RequestFor(std::vector<Target>& targets) {
+  LoadRequest req;
+  for (auto& t : targets) req.tensors.push_back({t.key, t.dtype, t.shape, t.slice, t.buf.data()});
+  return req;
+}
+
+// Checks a load result against step `step`; returns "" when all is well.
+std::string CheckLoaded(const Result<LoadResult>& res, const std::vector<Target>& targets,
+                        int64_t step) {
+  if (!res.ok()) return res.status().ToString();
+  std::string err;
+  for (const auto& t : targets) {
+    std::string m = Mismatch(t, step);
+    if (!m.empty()) err += m + "; ";
+  }
+  if (res->values.value("step", int64_t{-1}) != step) err += "values " + res->values.dump() + "; ";
+  if (res->values["config"]["tp"] != 2) err += "config lost; ";
+  if (res->saved_world_size != 4) err += "saved_world_size " + std::to_string(res->saved_world_size) + "; ";
+  auto rng = res->blobs.find("rng");
+  if (rng == res->blobs.end() || rng->second != RngBlob(g_rank, step)) err += "per-rank blob; ";
+  auto sampler = res->blobs.find("sampler");
+  if (sampler == res->blobs.end() || sampler->second != kSampler) err += "global blob; ";
+  if (res->chunks_verified == 0) err += "no chunk verified; ";
+  return err;
+}
+
+bool Exists(const std::string& path) { return std::filesystem::exists(path); }
+
+void Run(const std::string& root) {
+  auto comm = MakeMpiComm(MPI_COMM_WORLD);
+  Check(comm->size() == 4 && comm->rank() == g_rank, "comm has 4 ranks");
+
+  // 1. Save TP=2 x DP=2 and load as TP=4 / flat / replicas.
+  const std::string ckpt = root + "/tp2dp2";
+  {
+    auto rs = TrainingState(g_rank, 0);
+    SaveOptions opts;
+    opts.max_file_bytes = 256;  // several files per rank
+    auto saved = Save(rs->state, ckpt, *comm, opts);
+    Check(saved.ok(), "save TP=2 x DP=2", saved.status().ToString());
+    if (saved.ok()) {
+      Check(saved->files > 4, "save wrote several files",
+            std::to_string(saved->files) + " files");
+      Check(saved->held_bytes > saved->unique_bytes, "replicas counted once",
+            std::to_string(saved->held_bytes) + " held vs " + std::to_string(saved->unique_bytes));
+    }
+  }
+  {
+    auto targets = OtherLayout(g_rank);
+    auto res = Load(RequestFor(targets), ckpt, *comm, {});
+    const std::string err = CheckLoaded(res, targets, 0);
+    Check(err.empty(), "load in TP=4 / flat / replica layout", err);
+    if (res.ok()) {
+      Check(res->layout == Json({{"tp", 2}, {"dp", 2}}) && res->metadata["run"] == "mpi-test",
+            "layout and metadata round-trip", res->layout.dump());
+    }
+  }
+  {
+    // The same checkpoint through a comm that sends in tiny pieces.
+    auto small = MakeMpiComm(MPI_COMM_WORLD, 64);
+    auto targets = OtherLayout(g_rank);
+    auto res = Load(RequestFor(targets), ckpt, *small, {});
+    const std::string err = CheckLoaded(res, targets, 0);
+    Check(err.empty(), "load through 64-byte MPI pieces", err);
+  }
+
+  // 2. Overlapping shards: InvalidArgument everywhere, nothing committed.
+  {
+    const Shape s{8, 4};
+    const uint64_t r = static_cast<uint64_t>(g_rank);
+    // Rows [2r, 2r+3), cut at 8: rank r overlaps rank r+1 in one row.
+    const uint64_t end = std::min<uint64_t>(2 * r + 3, 8);
+    OwnedShard sh = Shard("x", DType::kF32, s, BoxSlice({2 * r, 0}, {end - 2 * r, 4}), 0);
+    SaveState state;
+    state.tensors.push_back(sh.View());
+    const std::string bad = root + "/overlap";
+    auto saved = Save(state, bad, *comm, {});
+    Check(!saved.ok() && saved.status().code() == StatusCode::kInvalidArgument,
+          "overlapping shards are InvalidArgument on every rank", saved.status().ToString());
+    Check(!saved.ok() && saved.status().message().find("overlap") != std::string::npos,
+          "the error says overlap", saved.status().message());
+    MPI_Barrier(MPI_COMM_WORLD);
+    bool clean = !Exists(bad);
+    for (auto& e : std::filesystem::directory_iterator(root)) {
+      if (e.path().filename().string().starts_with(".")) clean = false;
+    }
+    Check(clean, "nothing committed after overlap", "root has leftovers");
+  }
+
+  // 3. CheckpointManager, keep_last=2, over 3 steps.
+  {
+    const std::string mroot = root + "/managed";
+    CheckpointManager m(mroot, {.keep_last = 2});
+    for (int64_t step : {10, 20, 30}) {
+      auto rs = TrainingState(g_rank, step);
+      SaveOptions opts;
+      opts.max_file_bytes = 512;
+      auto saved = m.Save(step, rs->state, *comm, opts);
+      Check(saved.ok(), "manager save step " + std::to_string(step), saved.status().ToString());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto list = m.List();
+    std::string tags;
+    if (list.ok()) {
+      for (const auto& c : *list) tags += c.tag + (c.is_latest ? "* " : " ");
+    }
+    Check(list.ok() && tags == "step-00000020 step-00000030* ", "keep_last=2 keeps 20 and 30",
+          list.ok() ? tags : list.status().ToString());
+    auto latest = m.LatestStep();
+    Check(latest.ok() && *latest == std::optional<int64_t>(30), "latest is 30");
+    Check(!Exists(mroot + "/step-00000010"), "step 10 removed");
+    for (std::optional<int64_t> step : {std::optional<int64_t>(), std::optional<int64_t>(20)}) {
+      auto targets = OtherLayout(g_rank);
+      auto res = m.Load(RequestFor(targets), step, *comm, {});
+      const int64_t want = step.value_or(30);
+      const std::string err = CheckLoaded(res, targets, want);
+      Check(err.empty(), "manager load " + (step ? "step 20" : std::string("latest")), err);
+    }
+    auto targets = OtherLayout(g_rank);
+    auto gone = m.Load(RequestFor(targets), 10, *comm, {});
+    Check(!gone.ok() && gone.status().code() == StatusCode::kNotFound,
+          "pruned step 10 is NotFound", gone.status().ToString());
+  }
+}
+
+}  // namespace
+}  // namespace shardsafe
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &shardsafe::g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size != 4) {
+    if (shardsafe::g_rank == 0) std::fprintf(stderr, "run with mpirun -np 4 (got %d ranks)\n", size);
+    MPI_Finalize();
+    return 2;
+  }
+  // Rank 0 makes the shared temporary root and tells the others.
+  char root[4096] = {};
+  if (shardsafe::g_rank == 0) {
+    const char* base = std::getenv("TMPDIR");
+    std::snprintf(root, sizeof root, "%s/shardsafe-mpi-save-load-XXXXXX", base ? base : "/tmp");
+    if (mkdtemp(root) == nullptr) {
+      std::perror("mkdtemp");
+      root[0] = '\0';
+    }
+  }
+  MPI_Bcast(root, sizeof root, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (root[0] == '\0') {
+    MPI_Finalize();
+    return 2;
+  }
+  shardsafe::Run(root);  // destroys its comms before returning
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (shardsafe::g_rank == 0) {
+    std::filesystem::remove_all(root);
+    std::printf("%d passed, %d failed\n", shardsafe::g_passed, shardsafe::g_failed);
+  }
+  const int failed = shardsafe::g_failed;
+  MPI_Finalize();
+  return failed == 0 ? 0 : 1;
+}
