@@ -168,8 +168,8 @@ TEST_F(CrashTest, KilledSaveLeavesOnlyCompleteCheckpoints) {
   std::mt19937 rng(seed);
   constexpr int kIterations = 12;
   constexpr int kMaxDelayUs = 300'000;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(25);
-  int kills = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int kills = 0, mid_save = 0;
   for (int it = 0; it < kIterations && std::chrono::steady_clock::now() < deadline; ++it) {
     // Stratified: iteration i kills within its own slice of 0-300 ms.
     std::uniform_int_distribution<int> pick(it * kMaxDelayUs / kIterations,
@@ -207,6 +207,7 @@ TEST_F(CrashTest, KilledSaveLeavesOnlyCompleteCheckpoints) {
     auto list = ListCheckpoints(root_);
     ASSERT_TRUE(list.ok()) << list.status().ToString();
     ASSERT_FALSE(list->empty()) << "no committed checkpoint left";
+    for (const std::string& name : DirNames(root_)) mid_save += name.starts_with(".tmp-");
     std::string listed;
     for (const auto& c : *list) listed += c.tag + " ";
     SCOPED_TRACE("listed: " + listed + "| in root: " + ::testing::PrintToString(DirNames(root_)));
@@ -246,7 +247,9 @@ TEST_F(CrashTest, KilledSaveLeavesOnlyCompleteCheckpoints) {
     EXPECT_LE(after->size(), 2u) << "keep_last=2";
     if (HasFatalFailure()) return;
   }
-  EXPECT_GE(kills, 6);
+  RecordProperty("kills", kills);
+  RecordProperty("kills_leaving_a_partial_save", mid_save);
+  EXPECT_GE(kills, 4);
 }
 
 }  // namespace

@@ -146,13 +146,18 @@ Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Com
                         const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  // Rank 0 opens and validates; the others decode its broadcast.
+  Result<CheckpointSource> local_src = CheckpointSource();
   Result<std::string> opened = std::string();
   if (comm.rank() == 0) {
-    auto src = OpenSource(fs, path);
-    opened = src.ok() ? Result<std::string>(EncodeSource(*src)) : src.status();
+    local_src = OpenSource(fs, path);
+    opened = !local_src.ok()     ? Result<std::string>(local_src.status())
+             : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src))
+                               : Result<std::string>(std::string());
   }
   SS_ASSIGN_OR_RETURN(std::string msg, BroadcastOrFail(comm, 0, opened));
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, DecodeSource(msg));
+  if (comm.rank() != 0) local_src = DecodeSource(msg);
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, std::move(local_src));
 
   LoadResult result;
   result.path = src.path;

@@ -51,25 +51,50 @@ std::string Range(uint64_t begin, uint64_t end) {
   return std::to_string(begin) + ":" + std::to_string(end);
 }
 
+std::string Dump(const ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// A JSON object from (key, value) pairs that are already unique and in
+// order. Built as text: ordered_json looks keys up linearly, which would
+// make an index of N tensors cost O(N^2) to build.
+template <typename Map, typename ToJson>
+std::string ObjectText(const Map& map, ToJson to_json) {
+  std::string out = "{";
+  for (const auto& [key, value] : map) {
+    if (out.size() > 1) out += ',';
+    out += Dump(ordered_json(key));
+    out += ':';
+    out += Dump(to_json(value));
+  }
+  return out + "}";
+}
+
 }  // namespace
 
 std::string SerializeIndex(const CheckpointIndex& index) {
-  ordered_json j;
-  j["format"] = "shardsafe";
-  j["version"] = index.version;
-  j["tag"] = index.tag;
-  j["created_unix"] = index.created_unix;
-  j["world_size"] = index.world_size;
-  j["layout"] = ordered_json(index.layout);
-  j["metadata"] = ordered_json(index.metadata);
-  j["files"] = ordered_json::array();
-  for (const IndexFile& f : index.files) j["files"].push_back(FileJson(f));
-  j["tensors"] = ordered_json::object();
-  for (const auto& [key, t] : index.tensors) j["tensors"][key] = TensorJson(t);
-  j["values"] = ordered_json(index.values);
-  j["blobs"] = ordered_json::object();
-  for (const auto& [name, b] : index.blobs) j["blobs"][name] = BlobJson(b);
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  ordered_json files = ordered_json::array();
+  for (const IndexFile& f : index.files) files.push_back(FileJson(f));
+  std::string out = "{";
+  auto field = [&out](const char* name, const std::string& text) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    out += name;
+    out += "\":";
+    out += text;
+  };
+  field("format", "\"shardsafe\"");
+  field("version", std::to_string(index.version));
+  field("tag", Dump(ordered_json(index.tag)));
+  field("created_unix", std::to_string(index.created_unix));
+  field("world_size", std::to_string(index.world_size));
+  field("layout", Dump(ordered_json(index.layout)));
+  field("metadata", Dump(ordered_json(index.metadata)));
+  field("files", Dump(files));
+  field("tensors", ObjectText(index.tensors, TensorJson));
+  field("values", Dump(ordered_json(index.values)));
+  field("blobs", ObjectText(index.blobs, BlobJson));
+  return out + "}";
 }
 
 std::string ChunkEntryName(std::string_view key, const Slice& slice, const Shape& shape) {

@@ -1,9 +1,9 @@
 // ParseIndex: reads shardsafe.json from untrusted bytes (docs/format.md §3,
 // "Validation on read").
 //
-// Two passes. The first is nlohmann's DOM parser with a callback that
-// watches every object for a repeated key (nlohmann would silently keep the
-// last) and bounds nesting, after a byte pre-check for what nlohmann would
+// Two passes. The first builds a DOM through nlohmann's SAX interface,
+// rejecting a repeated key in any object (nlohmann would silently keep the
+// last) and bounding nesting, after a byte pre-check for what nlohmann would
 // otherwise let through (a leading BOM, which it skips, and NUL, which it
 // takes for the end of input). The second walks the DOM field by field;
 // every failure says where it is ("tensor "a": chunk 3: field "at": ...").
@@ -45,49 +45,84 @@ std::string Describe(const json& v) {
 
 // --- Pass 1: text to DOM -----------------------------------------------------
 
-// Parser callback state: the keys seen in each open object.
-class KeyChecker {
+// Builds the DOM through nlohmann's SAX interface, so that a repeated key
+// is caught (nlohmann's own parser would silently keep the last) with one
+// O(log n) lookup, and nesting is bounded. (A parse callback would do the
+// same but makes nlohmann rescan the parent object at every object end:
+// quadratic in the number of tensors.)
+class DomBuilder : public nlohmann::json_sax<json> {
  public:
-  bool OnEvent(json::parse_event_t event, const json& parsed);
+  json& root() { return root_; }
   const std::optional<std::string>& problem() const { return problem_; }
 
- private:
-  struct Level {
-    std::set<std::string> keys;
-    std::string last;
-  };
-  std::string Path() const;
+  bool null() override { return Put(json()); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(json::number_integer_t v) override { return Put(v); }
+  bool number_unsigned(json::number_unsigned_t v) override { return Put(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) override { return Put(v); }
+  bool string(json::string_t& v) override { return Put(std::move(v)); }
+  bool binary(json::binary_t&) override { return Fail("binary values are not JSON"); }
+  bool start_object(std::size_t) override { return Open(json::object()); }
+  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(json::string_t& k) override {
+    if (stack_.back()->contains(k)) return Fail("duplicate key \"" + k + "\" in " + Path());
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return Fail(std::string("invalid JSON: ") + e.what());
+  }
 
-  std::vector<Level> objects_;
-  int depth_ = 0;
+ private:
+  // Places `v` where the parser is and returns a pointer to it.
+  json* Place(json v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    path_.back() = key_;
+    return &(top[key_] = std::move(v));
+  }
+  bool Put(json v) {
+    Place(std::move(v));
+    return true;
+  }
+  bool Open(json container) {
+    if (stack_.size() >= kMaxNesting) {
+      return Fail("JSON nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    stack_.push_back(Place(std::move(container)));
+    path_.emplace_back();
+    return true;
+  }
+  bool Close() {
+    stack_.pop_back();
+    path_.pop_back();
+    return true;
+  }
+  bool Fail(std::string message) {
+    if (!problem_) problem_ = std::move(message);
+    return false;
+  }
+  std::string Path() const {
+    std::string path;
+    for (size_t i = 0; i + 1 < path_.size(); ++i) path += "/" + path_[i];
+    return path.empty() ? "the top-level object" : "object " + path;
+  }
+
+  json root_;
+  std::vector<json*> stack_;
+  std::vector<std::string> path_;  // the key each open container sits under
+  std::string key_;
   std::optional<std::string> problem_;
 };
-
-std::string KeyChecker::Path() const {
-  std::string path;
-  for (size_t i = 0; i + 1 < objects_.size(); ++i) path += "/" + objects_[i].last;
-  return path.empty() ? "the top-level object" : "object " + path;
-}
-
-bool KeyChecker::OnEvent(json::parse_event_t event, const json& parsed) {
-  using E = json::parse_event_t;
-  if (event == E::object_start || event == E::array_start) {
-    if (++depth_ > kMaxNesting && !problem_) {
-      problem_ = "JSON nested deeper than " + std::to_string(kMaxNesting) + " levels";
-    }
-    if (event == E::object_start) objects_.emplace_back();
-  } else if (event == E::object_end || event == E::array_end) {
-    --depth_;
-    if (event == E::object_end) objects_.pop_back();
-  } else if (event == E::key && !objects_.empty()) {
-    Level& level = objects_.back();
-    level.last = parsed.get<std::string>();
-    if (!level.keys.insert(level.last).second && !problem_) {
-      problem_ = "duplicate key \"" + level.last + "\" in " + Path();
-    }
-  }
-  return true;
-}
 
 Result<json> ParseJsonText(std::string_view text) {
   if (text.size() > kMaxIndexBytes) {
@@ -99,17 +134,11 @@ Result<json> ParseJsonText(std::string_view text) {
     return DataLossError("invalid JSON: NUL byte at offset " + std::to_string(nul));
   }
   if (text.starts_with("\xEF\xBB\xBF")) return DataLossError("invalid JSON: byte order mark");
-  KeyChecker checker;
-  json root;
-  try {
-    root = json::parse(
-        text.begin(), text.end(),
-        [&checker](int, json::parse_event_t e, json& parsed) { return checker.OnEvent(e, parsed); });
-  } catch (const json::exception& e) {
-    return DataLossError(std::string("invalid JSON: ") + e.what());
-  }
-  if (checker.problem()) return DataLossError(*checker.problem());
-  return root;
+  DomBuilder builder;
+  const bool ok = json::sax_parse(text.begin(), text.end(), &builder);
+  if (builder.problem()) return DataLossError(*builder.problem());
+  if (!ok) return DataLossError("invalid JSON");
+  return std::move(builder.root());
 }
 
 // --- Pass 2: typed fields ------------------------------------------------------
