@@ -91,11 +91,15 @@ struct SaveStats {
   uint64_t max_rank_bytes = 0; // payload of the busiest writer
   int files = 0;               // data files in the checkpoint
   double seconds = 0;          // wall time of the call on this rank
+  // Failures after the commit point (fsync of the root, replacing `latest`,
+  // retention): the checkpoint is committed and loadable, so the save
+  // succeeded, but these are worth a log line. Same on every rank.
+  std::vector<std::string> warnings;
 };
 
 // Saves `state` as the checkpoint directory `path` (its last component is
 // the tag: a safe name, docs/format.md §1). The directory appears only when
-// complete. AlreadyExists if `path` exists (unless overwrite); InvalidArgument
+// complete. Returns OK exactly when the checkpoint is committed. AlreadyExists if `path` exists (unless overwrite); InvalidArgument
 // for a bad tag or layout (dtype/shape disagreement, gaps, overlaps);
 // ResourceExhausted for a full disk; Unavailable for I/O errors.
 Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,

@@ -38,16 +38,40 @@ bool Older(const CheckpointInfo& a, const CheckpointInfo& b) {
   return a.tag < b.tag;
 }
 
-Result<std::optional<std::string>> ReadLatestFile(FileSystem& fs, const std::string& root) {
-  auto text = ReadFileToString(fs, JoinPath(root, kLatestFileName), 4096);
+struct LatestPointer {
+  std::string tag;
+  int64_t mtime_unix = 0;
+};
+
+Result<std::optional<LatestPointer>> ReadLatestFile(FileSystem& fs, const std::string& root) {
+  const std::string path = JoinPath(root, kLatestFileName);
+  auto text = ReadFileToString(fs, path, 4096);
   if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
+    if (text.status().code() == StatusCode::kNotFound) return std::optional<LatestPointer>();
     return text.status();
   }
   std::string tag = *text;
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r')) tag.pop_back();
-  if (!ValidateTag(tag).ok()) return std::optional<std::string>();
-  return std::optional<std::string>(tag);
+  if (!ValidateTag(tag).ok()) return std::optional<LatestPointer>();
+  auto info = fs.Stat(path);
+  return std::optional<LatestPointer>(LatestPointer{tag, info.ok() ? info->mtime_seconds : 0});
+}
+
+// Which checkpoint is the latest: the one `latest` names, unless a newer
+// checkpoint was committed no earlier than `latest` was written (a save
+// whose pointer update failed after its commit); then the newest. A
+// `latest` rewritten by hand later than every commit (a rollback) wins.
+void MarkLatest(std::vector<CheckpointInfo>& list, const std::optional<LatestPointer>& latest) {
+  if (list.empty()) return;
+  CheckpointInfo& newest = list.back();
+  for (auto& c : list) {
+    if (latest && c.tag == latest->tag &&
+        (&c == &newest || latest->mtime_unix > newest.mtime_unix)) {
+      c.is_latest = true;
+      return;
+    }
+  }
+  newest.is_latest = true;
 }
 
 }  // namespace
@@ -97,11 +121,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
     out.push_back(std::move(info));
   }
   std::sort(out.begin(), out.end(), Older);
-  bool marked = false;
-  for (auto& c : out) {
-    if (latest && c.tag == *latest) c.is_latest = marked = true;
-  }
-  if (!marked && !out.empty()) out.back().is_latest = true;
+  MarkLatest(out, latest);
   return out;
 }
 

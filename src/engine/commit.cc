@@ -25,11 +25,16 @@ Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex&
   return fs.SyncDir(dir);
 }
 
+void Warn(const Status& s, std::vector<std::string>* warnings) {
+  if (!s.ok()) warnings->push_back(s.message());
+}
+
 // Step 5 when a checkpoint with the same tag exists: swap, then drop the old.
-Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::string& final_dir) {
-  SS_RETURN_IF_ERROR(fs.RenameExchange(tmp_dir, final_dir));
-  SS_RETURN_IF_ERROR(fs.SyncDir(ParentDir(final_dir)));
-  fs.RemoveAll(tmp_dir).IgnoreError();  // now holds the old checkpoint
+Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::string& final_dir,
+                        std::vector<std::string>* warnings) {
+  SS_RETURN_IF_ERROR(fs.RenameExchange(tmp_dir, final_dir));  // the commit point
+  Warn(fs.SyncDir(ParentDir(final_dir)), warnings);
+  Warn(fs.RemoveAll(tmp_dir), warnings);  // now holds the old checkpoint
   return Status();
 }
 
@@ -101,17 +106,20 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
 }
 
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
-                  const CheckpointIndex& index, bool overwrite, bool update_latest) {
+                  const CheckpointIndex& index, bool overwrite, bool update_latest,
+                  std::vector<std::string>* warnings) {
   SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));  // step 4
   const std::string final_dir = JoinPath(root, index.tag);
   if (overwrite && fs.Stat(final_dir).ok()) {  // step 5
-    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir));
+    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir, warnings));
   } else {
-    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));
-    SS_RETURN_IF_ERROR(fs.SyncDir(root));
+    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));  // the commit point
+    Warn(fs.SyncDir(root), warnings);
   }
-  if (!update_latest) return Status();
-  return WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n");  // step 6
+  if (update_latest) {  // step 6
+    Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n"), warnings);
+  }
+  return Status();
 }
 
 void AbandonSave(FileSystem& fs, const std::string& tmp_dir) {

@@ -20,6 +20,10 @@
 //  6. Point (rank 0, manager saves only): replace ROOT/latest atomically
 //     (temporary file, fdatasync, rename, fsync ROOT).
 //
+// Save reports success exactly when step 5 happened: a failure in step 5's
+// root fsync or in step 6 comes back as a warning (the checkpoint is
+// committed and loads; a retry would only hit AlreadyExists).
+//
 // What a crash between two steps leaves behind:
 //  - before 5: a .tmp-* directory that readers never look at and the next
 //    save removes; `latest` and every committed checkpoint untouched.
@@ -49,9 +53,12 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const SaveState& state, const std::string& tag,
                                    int world_size);
 
-// Steps 4-6.
+// Steps 4-6. A failure before the commit point is returned (nothing is
+// committed); failures after it are appended to `warnings` and the result
+// is OK, because the checkpoint is committed.
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
-                  const CheckpointIndex& index, bool overwrite, bool update_latest);
+                  const CheckpointIndex& index, bool overwrite, bool update_latest,
+                  std::vector<std::string>* warnings);
 
 // Best-effort removal of a failed save's temporary directory.
 void AbandonSave(FileSystem& fs, const std::string& tmp_dir);

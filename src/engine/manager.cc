@@ -24,9 +24,16 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
   if (!options.fs) options.fs = options_.fs;
   SS_ASSIGN_OR_RETURN(SaveStats stats, SaveToRoot(state, root_, StepTag(step), comm, options,
                                                   /*update_latest=*/true));
-  Status pruned;
-  if (comm.rank() == 0 && options_.keep_last > 0) pruned = Prune(options_.keep_last).status();
-  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, pruned).WithContext("retention after save"));
+  // Retention runs after the commit: a failure there is a warning, not a
+  // failed save. Rank 0 prunes and tells the others what went wrong, if
+  // anything.
+  Result<std::string> pruned = std::string();
+  if (comm.rank() == 0 && options_.keep_last > 0) {
+    Status s = Prune(options_.keep_last).status();
+    if (!s.ok()) pruned = "retention after save: " + s.message();
+  }
+  SS_ASSIGN_OR_RETURN(std::string warning, BroadcastOrFail(comm, 0, pruned));
+  if (!warning.empty()) stats.warnings.push_back(warning);
   return stats;
 }
 

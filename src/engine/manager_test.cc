@@ -77,10 +77,24 @@ TEST_F(ManagerTest, DanglingLatestFallsBackToNewestCommitted) {
   EXPECT_EQ(LoadedStep(m, std::nullopt), 6);
 }
 
+TEST_F(ManagerTest, StaleLatestDoesNotHideANewerCommit) {
+  CheckpointManager m(root_, {});
+  ASSERT_TRUE(SaveStep(m, 1).ok());
+  ASSERT_TRUE(SaveStep(m, 2).ok());
+  // As if the save of step 2 had failed to replace `latest` after its commit.
+  std::ofstream(root_ + "/latest") << "step-00000001\n";
+  std::filesystem::last_write_time(root_ + "/latest", std::filesystem::file_time_type::clock::now() -
+                                                         std::chrono::seconds(5));
+  EXPECT_EQ(**m.LatestStep(), 2);
+}
+
 TEST_F(ManagerTest, PruneNeverRemovesTheLatest) {
   CheckpointManager m(root_, {});
   for (int64_t step : {1, 2, 3}) ASSERT_TRUE(SaveStep(m, step).ok());
-  std::ofstream(root_ + "/latest") << "step-00000001\n";  // latest points at the oldest
+  // A rollback: `latest` rewritten by hand, after every commit, to the oldest.
+  std::ofstream(root_ + "/latest") << "step-00000001\n";
+  std::filesystem::last_write_time(root_ + "/latest", std::filesystem::file_time_type::clock::now() +
+                                                         std::chrono::seconds(5));
   auto removed = m.Prune(1);
   ASSERT_TRUE(removed.ok());
   // Neither the one `latest` names nor the newest committed one goes.

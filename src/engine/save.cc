@@ -45,6 +45,42 @@ Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, C
   return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
 }
 
+// Steps 4-6 (rank 0): the index from every rank's report, then the commit.
+// Returns the post-commit warnings, one per line.
+Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
+                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::string& root, const std::string& tag,
+                                   const std::string& tmp_dir, int world_size, bool overwrite,
+                                   bool update_latest) {
+  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  Status s;
+  for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
+    auto decoded = DecodeWritten(reports[r]);
+    s = decoded.status();
+    if (decoded.ok()) by_rank[r] = std::move(*decoded);
+  }
+  auto index = s.ok() ? BuildIndex(plan, by_rank, state, tag, world_size) : Result<CheckpointIndex>(s);
+  std::vector<std::string> warnings;
+  s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, overwrite, update_latest, &warnings)
+                 : index.status();
+  if (!s.ok()) {
+    AbandonSave(fs, tmp_dir);
+    return s;
+  }
+  std::string joined;
+  for (const auto& w : warnings) joined += w + "\n";
+  return joined;
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  return lines;
+}
+
 SaveStats StatsOf(const SavePlan& plan, int rank) {
   SaveStats s;
   s.bytes_written = plan.bytes_per_rank[rank];
@@ -87,28 +123,16 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     return reports.status().WithContext("saving " + JoinPath(root, tag));
   }
 
-  // Steps 4-6 on rank 0, then everyone learns the outcome.
+  // Steps 4-6 on rank 0, then everyone learns the outcome and warnings.
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
-  Status committed;
-  if (leader) {
-    std::vector<std::vector<WrittenFile>> by_rank(reports->size());
-    for (size_t r = 0; r < reports->size() && committed.ok(); ++r) {
-      auto decoded = DecodeWritten((*reports)[r]);
-      committed = decoded.status();
-      if (decoded.ok()) by_rank[r] = std::move(*decoded);
-    }
-    auto index = committed.ok() ? BuildIndex(plan, by_rank, state, tag, comm.size())
-                                : Result<CheckpointIndex>(committed);
-    committed = index.ok() ? CommitSave(fs, tmp_dir, root, *index, options.overwrite, update_latest)
-                           : index.status();
-    if (!committed.ok()) AbandonSave(fs, tmp_dir);
-  }
-  SS_RETURN_IF_ERROR(
-      BroadcastOrFail(comm, 0, committed.ok() ? Result<std::string>(std::string()) : committed)
-          .status()
-          .WithContext("committing " + JoinPath(root, tag)));
+  Result<std::string> committed = std::string();
+  if (leader) committed = CommitOnLeader(fs, plan, *reports, state, root, tag, tmp_dir, comm.size(),
+                                         options.overwrite, update_latest);
+  auto outcome = BroadcastOrFail(comm, 0, committed);
+  if (!outcome.ok()) return outcome.status().WithContext("committing " + JoinPath(root, tag));
 
   SaveStats stats = StatsOf(plan, comm.rank());
+  stats.warnings = SplitLines(*outcome);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
