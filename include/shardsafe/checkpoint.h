@@ -79,6 +79,8 @@ struct SaveOptions {
   uint64_t max_file_bytes = uint64_t{2} << 30;  // payload cap per data file
   bool direct_io = true;  // O_DIRECT data files (buffered fallback on tmpfs)
   int io_threads = 4;     // files written in parallel per rank
+  size_t io_buffer_bytes = 16 << 20;  // bytes per write request (direct I/O)
+  int io_depth = 4;       // write requests in flight per file (direct I/O)
   bool overwrite = false; // replace an existing checkpoint at the path
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only

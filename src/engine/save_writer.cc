@@ -52,6 +52,8 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
   WriteOptions wopts;
   wopts.direct = options.direct_io;
   wopts.size_hint = layout.file_size;
+  wopts.buffer_bytes = options.io_buffer_bytes;
+  wopts.queue_depth = std::max(options.io_depth, 1);
   const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
   SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
   SS_RETURN_IF_ERROR(out->Append(layout.header.data(), layout.header.size()));
