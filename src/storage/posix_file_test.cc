@@ -187,6 +187,28 @@ TEST_P(PosixFileRoundTripTest, ReadsAlignedAndUnalignedRanges) {
   }
 }
 
+TEST_P(PosixFileRoundTripTest, LargeUnalignedReadsGoThroughTheBounceBuffer) {
+  // Over 8 MiB, so the bounced path needs several pieces, and an odd size.
+  const std::string path = dir_.File("bounce");
+  const std::string data = RandomBytes((19 << 20) + 777, 5);
+  WriteInPieces(path, data, Options(), {data.size()});
+  ReadOptions ro;
+  ro.direct = GetParam().direct;
+  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
+  ASSERT_TRUE(file.ok());
+  std::vector<char> buf(data.size() + 1);
+  const std::pair<uint64_t, size_t> ranges[] = {
+      {1, 300000}, {4095, 9 << 20}, {777, data.size() - 777}, {0, data.size()},
+      {data.size() - 300001, 300001}};
+  for (auto [offset, n] : ranges) {
+    SCOPED_TRACE(offset);
+    ASSERT_TRUE((*file)->ReadAt(offset, buf.data() + 1, n).ok());
+    EXPECT_TRUE(std::string(buf.data() + 1, n) == data.substr(offset, n));
+  }
+  Status s = (*file)->ReadAt(data.size() - 300000, buf.data() + 1, 300001);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+}
+
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
   const std::string path = dir_.File("short");
   WriteInPieces(path, RandomBytes(10000, 1), Options(), {10000});
