@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "format/index.h"
 #include "layout/load_planner.h"
 #include "layout/save_planner.h"
 #include "layout/simulated_layouts.h"
@@ -75,6 +76,48 @@ void PrintSave(const simulated::TransformerLayout& m, size_t shards, const SaveP
               ideal / 1048576.0, static_cast<double>(max_rank) / ideal);
 }
 
+// The index a save with this plan would commit (offsets and checksums
+// synthesized), to measure its size and how long it takes to write and read.
+CheckpointIndex IndexOf(const SavePlan& plan) {
+  CheckpointIndex index;
+  index.tag = "step-00000001";
+  index.world_size = static_cast<int>(plan.bytes_per_rank.size());
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    index.files.push_back({"data-" + std::to_string(plan.files[f].rank) + ".safetensors",
+                           plan.files[f].payload_bytes + 4096, plan.files[f].rank});
+  }
+  std::vector<uint32_t> file_of(plan.chunks.size());
+  std::vector<uint64_t> offset(plan.files.size(), 4096);
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    for (uint32_t c : plan.files[f].chunks) file_of[c] = static_cast<uint32_t>(f);
+  }
+  for (const PlannedTensor& t : plan.tensors) {
+    IndexTensor& it = index.tensors[t.key];
+    it.dtype = t.dtype;
+    it.shape = t.shape;
+    for (uint32_t c : t.chunks) {
+      const PlannedChunk& chunk = plan.chunks[c];
+      it.chunks.push_back({chunk.slice, file_of[c], offset[file_of[c]], chunk.bytes,
+                           static_cast<uint32_t>(c * 2654435761u)});
+      offset[file_of[c]] += chunk.bytes;
+    }
+  }
+  return index;
+}
+
+void PrintIndex(const SavePlan& plan) {
+  const CheckpointIndex index = IndexOf(plan);
+  auto start = Clock::now();
+  const std::string text = SerializeIndex(index);
+  const double write_s = Seconds(start);
+  start = Clock::now();
+  auto parsed = ParseIndex(text, "simulated");
+  const double read_s = Seconds(start);
+  std::printf("  index               %.1f MB (%.0f bytes per chunk), write %.3f s, parse %.3f s%s\n",
+              text.size() / 1e6, static_cast<double>(text.size()) / plan.chunks.size(), write_s,
+              read_s, parsed.ok() ? "" : " FAILED");
+}
+
 int Run(int argc, char** argv) {
   simulated::TransformerLayout save_layout;  // tp 8, pp 4, dp 32, ZeRO-1
   simulated::TransformerLayout load_layout = save_layout;
@@ -103,6 +146,7 @@ int Run(int argc, char** argv) {
     }
   }
   PrintSave(save_layout, shards, *plan, best);
+  PrintIndex(*plan);
 
   const std::vector<SavedTensor> saved = SavedFromPlan(*plan);
   std::printf("load: into tp %d, pp %d, dp %d\n", load_layout.tp, load_layout.pp, load_layout.dp);
