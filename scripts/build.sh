@@ -2,7 +2,7 @@
 # Configures and builds one flavour of shardsafe.
 #   scripts/build.sh            release build in build/ (with MPI)
 #   scripts/build.sh asan       ASan+UBSan build in build-asan/ (no MPI)
-#   scripts/build.sh tsan       TSan build in build-tsan/ (threaded modules only)
+#   scripts/build.sh tsan       TSan build in build-tsan/ (thread pool, comm, storage tests)
 #   scripts/build.sh fuzz       clang libFuzzer targets in build-fuzz/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ case "$flavour" in
   tsan)
     cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHARDSAFE_MPI=OFF \
       -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_SANITIZE=thread >/dev/null
-    ninja -C build-tsan -j"$jobs" ss_base_test ss_comm_test ss_storage_test ss_engine_test ;;
+    ninja -C build-tsan -j"$jobs" ss_base_test ss_comm_test ss_storage_test ;;
   fuzz)
     cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSHARDSAFE_FUZZ=ON \
       -DSHARDSAFE_TESTS=OFF -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_MPI=OFF >/dev/null

@@ -23,9 +23,9 @@ step "ASan + UBSan"
 bash scripts/build.sh asan
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j2 --timeout 1800)
 
-step "TSan (thread pool, comm, storage, engine)"
+step "TSan (thread pool, comm, storage)"
 bash scripts/build.sh tsan
-for t in ss_base_test ss_comm_test ss_storage_test ss_engine_test; do
+for t in ss_base_test ss_comm_test ss_storage_test; do
   TSAN_OPTIONS=halt_on_error=1 build-tsan/$t --gtest_brief=1
 done
 
