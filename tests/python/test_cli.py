@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -359,8 +360,21 @@ def make_root_with_steps(run, tmp_path, steps, latest):
     for s in steps:
         proc = run("import", src, root / f"step-{s:08d}")
         assert proc.returncode == EXIT_OK, describe(proc)
-    (root / "latest").write_text(f"step-{latest:08d}\n")
+    # `latest` rewritten by hand after every commit (a deliberate choice, e.g. a
+    # rollback): make it visibly later than the commits, as it would be.
+    pointer = root / "latest"
+    pointer.write_text(f"step-{latest:08d}\n")
+    later = time.time() + 5
+    os.utime(pointer, (later, later))
     return root
+
+
+def test_ls_stale_latest_does_not_hide_newer_commit(run, tmp_path):
+    root = make_root_with_steps(run, tmp_path, [1, 2], latest=1)
+    earlier = time.time() - 60  # as if the save of step 2 failed to replace it
+    os.utime(root / "latest", (earlier, earlier))
+    listing = run.json("ls", root)
+    assert [(e["step"], e["latest"]) for e in listing] == [(1, False), (2, True)]
 
 
 def test_prune_keep_1_removes_older_keeps_latest(run, tmp_path):
