@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -179,6 +180,9 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root,
                                                     FileSystem* fs = nullptr);
 
 // Checkpoints in ROOT/step-NNNNNNNN, a `latest` pointer, and retention.
+class AsyncSaver;
+class AsyncSaveHandle;
+
 class CheckpointManager {
  public:
   struct Options {
@@ -186,6 +190,7 @@ class CheckpointManager {
     FileSystem* fs = nullptr;
   };
   CheckpointManager(std::string root, Options options);
+  ~CheckpointManager();  // waits for an async save in flight
 
   const std::string& root() const { return root_; }
 
@@ -193,6 +198,13 @@ class CheckpointManager {
   // checkpoints beyond keep_last (never the newest committed one).
   Result<SaveStats> Save(int64_t step, const SaveState& state, Comm& comm,
                          SaveOptions options);
+  // The same in the background (shardsafe/async_save.h): returns once this
+  // rank's state is staged; `latest` and retention follow the commit. A
+  // failure of the previous async save is returned here, on every rank.
+  Result<std::shared_ptr<AsyncSaveHandle>> AsyncSave(int64_t step, const SaveState& state,
+                                                     Comm& comm, SaveOptions options);
+  // Waits for the async save in flight, if any; its outcome.
+  Status WaitForAsyncSave();
   // Step of the checkpoint `latest` names (or the newest committed one);
   // nullopt for an empty root.
   Result<std::optional<int64_t>> LatestStep();
@@ -210,6 +222,7 @@ class CheckpointManager {
  private:
   std::string root_;
   Options options_;
+  std::unique_ptr<AsyncSaver> saver_;  // created by the first AsyncSave
 };
 
 // The tag rules of docs/format.md §1. InvalidArgument naming the problem.

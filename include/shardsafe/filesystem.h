@@ -53,6 +53,11 @@ class WritableFile {
   // after its Append returned; the error is reported by the next Append,
   // Sync or Close, and every call after a failure returns it again.
   virtual Status Append(const void* data, size_t n) = 0;
+  // Like Append, but the caller promises that `data` stays valid and
+  // unchanged until the next Sync or Close, so the file may write it
+  // without copying (O_DIRECT straight from 4 KiB-aligned memory, several
+  // requests in flight). The default copies like Append.
+  virtual Status AppendStable(const void* data, size_t n) { return Append(data, n); }
   // Writes out everything appended so far and makes it durable (fdatasync).
   virtual Status Sync() = 0;
   // Writes out what is buffered and closes. Does not sync. Idempotent. The

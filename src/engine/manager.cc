@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "engine/agree.h"
+#include "shardsafe/async_save.h"
 #include "engine/checkpoint_dir.h"
 #include "engine/save_internal.h"
 
@@ -11,6 +12,23 @@ namespace shardsafe {
 
 CheckpointManager::CheckpointManager(std::string root, Options options)
     : root_(std::move(root)), options_(options) {}
+
+CheckpointManager::~CheckpointManager() = default;
+
+Result<std::shared_ptr<AsyncSaveHandle>> CheckpointManager::AsyncSave(int64_t step,
+                                                                      const SaveState& state,
+                                                                      Comm& comm,
+                                                                      SaveOptions options) {
+  if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
+  if (!options.fs) options.fs = options_.fs;
+  if (!saver_) saver_ = std::make_unique<AsyncSaver>();
+  return saver_->Save(state, root_, StepTag(step), comm, options, /*update_latest=*/true,
+                      options_.keep_last);
+}
+
+Status CheckpointManager::WaitForAsyncSave() {
+  return saver_ ? saver_->WaitForPending() : Status();
+}
 
 std::string CheckpointManager::StepTag(int64_t step) {
   char buf[32];
@@ -22,6 +40,10 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
                                           SaveOptions options) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
   if (!options.fs) options.fs = options_.fs;
+  // Saves of one manager happen in order: an async save in flight first
+  // finishes; its failure, if any, fails this call on every rank.
+  Status previous = WaitForAsyncSave();
+  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, previous.WithContext("previous async save")));
   SS_ASSIGN_OR_RETURN(SaveStats stats, SaveToRoot(state, root_, StepTag(step), comm, options,
                                                   /*update_latest=*/true));
   // Retention runs after the commit: a failure there is a warning, not a

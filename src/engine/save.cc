@@ -30,8 +30,8 @@ Status CheckLocalState(const SaveState& state) {
 // Protocol step 0: gather every rank's holdings and plan, identically on
 // every rank.
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
-                               const SaveOptions& options) {
-  Status local = CheckLocalState(state);
+                               const SaveOptions& options, const Status& pending) {
+  Status local = pending.ok() ? CheckLocalState(state) : pending;
   SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, HoldingsOf(state))));
   std::vector<RankHoldings> holdings(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
@@ -45,8 +45,22 @@ Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, C
   return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
 }
 
-// Steps 4-6 (rank 0): the index from every rank's report, then the commit.
-// Returns the post-commit warnings, one per line.
+}  // namespace
+
+Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
+                                    const std::string& tag, Comm& comm,
+                                    const SaveOptions& options, const Status& pending) {
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  SS_RETURN_IF_ERROR(ValidateTag(tag));
+  PreparedSave prepared;
+  SS_ASSIGN_OR_RETURN(prepared.plan, GatherAndPlan(state, tag, comm, options, pending));
+  // Step 1: rank 0 prepares the temporary directory; everyone learns it.
+  Result<std::string> tmp = comm.rank() == 0 ? PrepareSave(fs, root, tag, options.overwrite)
+                                             : Result<std::string>(std::string());
+  SS_ASSIGN_OR_RETURN(prepared.tmp_dir, BroadcastOrFail(comm, 0, tmp));
+  return prepared;
+}
+
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const SaveState& state,
                                    const std::string& root, const std::string& tag,
@@ -91,8 +105,6 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
   return s;
 }
 
-}  // namespace
-
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
                              bool update_latest) {
@@ -103,13 +115,9 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     if (options.progress) options.progress({phase, done, total});
   };
   report("plan", 0, 0);
-  SS_RETURN_IF_ERROR(ValidateTag(tag));
-  SS_ASSIGN_OR_RETURN(SavePlan plan, GatherAndPlan(state, tag, comm, options));
-
-  // Step 1: rank 0 prepares the temporary directory; everyone learns it.
-  Result<std::string> prepared = leader ? PrepareSave(fs, root, tag, options.overwrite)
-                                        : Result<std::string>(std::string());
-  SS_ASSIGN_OR_RETURN(std::string tmp_dir, BroadcastOrFail(comm, 0, prepared));
+  SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options, {}));
+  const SavePlan& plan = prepared.plan;
+  const std::string& tmp_dir = prepared.tmp_dir;
 
   // Step 2: every rank writes its files.
   std::atomic<uint64_t> progress{0};

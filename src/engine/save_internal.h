@@ -3,9 +3,35 @@
 
 #include <string>
 
+#include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {
+
+struct PreparedSave {
+  SavePlan plan;
+  std::string tmp_dir;
+};
+
+// Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
+// every rank's holdings, plan identically everywhere, and have rank 0
+// create the temporary directory. `pending` is a failure this rank must
+// still report (its previous async save's): it fails the call on every rank.
+Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
+                                    const std::string& tag, Comm& comm,
+                                    const SaveOptions& options, const Status& pending);
+
+// Steps 4-6 on rank 0: builds the index from every rank's encoded report
+// and commits. Returns the post-commit warnings, one per line; on failure
+// the temporary directory is removed.
+Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
+                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::string& root, const std::string& tag,
+                                   const std::string& tmp_dir, int world_size, bool overwrite,
+                                   bool update_latest);
+
+std::vector<std::string> SplitLines(const std::string& text);
+SaveStats StatsOf(const SavePlan& plan, int rank);
 
 // Saves `state` as ROOT/TAG; when `update_latest`, points ROOT/latest at it.
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,

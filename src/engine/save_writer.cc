@@ -10,11 +10,6 @@
 namespace shardsafe {
 namespace {
 
-struct Payload {
-  const void* data;
-  uint64_t bytes;
-};
-
 const std::map<std::string, std::string> kHfMetadata = {{"format", "pt"}};
 
 Shape EntryShape(const Slice& slice) {
@@ -22,61 +17,64 @@ Shape EntryShape(const Slice& slice) {
   return slice.box.size;
 }
 
-// The header entries of one planned file and where each one's bytes are.
-void DescribeFile(const SavePlan& plan, const PlannedFile& file, const SaveState& state,
-                  std::vector<EntrySpec>* specs, std::vector<Payload>* payloads) {
-  for (uint32_t c : file.chunks) {
-    const PlannedChunk& chunk = plan.chunks[c];
-    const PlannedTensor& tensor = plan.tensors[chunk.tensor];
-    specs->push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
-                      EntryShape(chunk.slice), chunk.bytes});
-    payloads->push_back({state.tensors[chunk.writer_shard].data, chunk.bytes});
-  }
-  for (uint32_t b : file.blobs) {
-    const PlannedBlob& blob = plan.blobs[b];
-    const auto rank = blob.per_rank ? std::optional<int>(blob.rank) : std::nullopt;
-    specs->push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
-    payloads->push_back({state.blobs[blob.writer_blob].data, blob.bytes});
-  }
-}
-
 Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const SaveState& state,
                               const std::string& dir, FileSystem& fs, const SaveOptions& options,
                               std::atomic<uint64_t>* progress) {
   const PlannedFile& planned = plan.files[file_index];
-  std::vector<EntrySpec> specs;
-  std::vector<Payload> payloads;
-  DescribeFile(plan, planned, state, &specs, &payloads);
-  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, BuildSafetensorsHeader(specs, kHfMetadata));
-
+  SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, file_index, state));
   WriteOptions wopts;
   wopts.direct = options.direct_io;
-  wopts.size_hint = layout.file_size;
+  wopts.size_hint = image.layout.file_size;
   wopts.buffer_bytes = options.io_buffer_bytes;
   wopts.queue_depth = std::max(options.io_depth, 1);
   const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
   SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
-  SS_RETURN_IF_ERROR(out->Append(layout.header.data(), layout.header.size()));
-
-  std::vector<uint32_t> crcs(specs.size());
-  for (uint32_t i : layout.order) {
-    const Payload& p = payloads[i];
+  SS_RETURN_IF_ERROR(out->Append(image.layout.header.data(), image.layout.header.size()));
+  std::vector<uint32_t> crcs(image.payloads.size());
+  for (uint32_t i : image.layout.order) {
+    const Payload& p = image.payloads[i];
     crcs[i] = Crc32c(p.data, p.bytes);
     SS_RETURN_IF_ERROR(out->Append(p.data, p.bytes));
     progress->fetch_add(p.bytes, std::memory_order_relaxed);
   }
   SS_RETURN_IF_ERROR(out->Sync());
   SS_RETURN_IF_ERROR(out->Close());
-
-  WrittenFile written{file_index, layout.file_size, {}, {}};
-  for (size_t i = 0; i < specs.size(); ++i) {
-    auto& list = i < planned.chunks.size() ? written.chunks : written.blobs;
-    list.push_back({layout.offsets[i], crcs[i]});
-  }
-  return written;
+  return ReportOf(plan, file_index, image, crcs);
 }
 
 }  // namespace
+
+Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state) {
+  const PlannedFile& planned = plan.files[file];
+  std::vector<EntrySpec> specs;
+  FileImage image;
+  for (uint32_t c : planned.chunks) {
+    const PlannedChunk& chunk = plan.chunks[c];
+    const PlannedTensor& tensor = plan.tensors[chunk.tensor];
+    specs.push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
+                     EntryShape(chunk.slice), chunk.bytes});
+    image.payloads.push_back({state.tensors[chunk.writer_shard].data, chunk.bytes});
+  }
+  for (uint32_t b : planned.blobs) {
+    const PlannedBlob& blob = plan.blobs[b];
+    const auto rank = blob.per_rank ? std::optional<int>(blob.rank) : std::nullopt;
+    specs.push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
+    image.payloads.push_back({state.blobs[blob.writer_blob].data, blob.bytes});
+  }
+  SS_ASSIGN_OR_RETURN(image.layout, BuildSafetensorsHeader(specs, kHfMetadata));
+  return image;
+}
+
+WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,
+                     const std::vector<uint32_t>& crcs) {
+  const PlannedFile& planned = plan.files[file];
+  WrittenFile written{file, image.layout.file_size, {}, {}};
+  for (size_t i = 0; i < image.payloads.size(); ++i) {
+    auto& list = i < planned.chunks.size() ? written.chunks : written.blobs;
+    list.push_back({image.layout.offsets[i], crcs[i]});
+  }
+  return written;
+}
 
 std::string DataFileName(int rank, uint32_t number) {
   char buf[64];

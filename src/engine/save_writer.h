@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "format/safetensors.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
 
@@ -27,6 +28,25 @@ struct WrittenFile {
 
 // "data-00003-001.safetensors"
 std::string DataFileName(int rank, uint32_t number);
+
+// The bytes of one entry of a data file, in the caller's memory.
+struct Payload {
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// What one planned file holds: its header and, per entry (input order of
+// layout.offsets), where the bytes are.
+struct FileImage {
+  SafetensorsLayout layout;
+  std::vector<Payload> payloads;  // chunks first, then blobs (PlannedFile order)
+};
+
+Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state);
+
+// The report of a written file from its image and the entries' checksums.
+WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,
+                     const std::vector<uint32_t>& crcs);
 
 // The holdings a rank announces for `state` (shard i = state.tensors[i],
 // blob j = state.blobs[j]).

@@ -17,6 +17,10 @@ class FaultInjectingFile final : public WritableFile {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
     return base_->Append(data, n);
   }
+  Status AppendStable(const void* data, size_t n) override {
+    SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
+    return base_->AppendStable(data, n);
+  }
   Status Sync() override {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kSync));
     return base_->Sync();

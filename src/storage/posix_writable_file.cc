@@ -131,10 +131,13 @@ class DirectWritableFile final : public PosixWritableFile {
   ~DirectWritableFile() override { Close().IgnoreError(); }
 
   Status Append(const void* data, size_t n) override;
+  Status AppendStable(const void* data, size_t n) override;
   Status Sync() override;
   Status Close() override;
 
  private:
+  // Schedules a pwrite of caller memory that stays valid until Drain.
+  void SubmitStable(const char* data, size_t n, uint64_t offset);
   // A file known to be small gets one small buffer instead of several large.
   static size_t BufferCapacity(const WriteOptions& options) {
     uint64_t cap = AlignUp(std::max<size_t>(options.buffer_bytes, kDirectIoAlignment));
@@ -177,6 +180,46 @@ Status DirectWritableFile::Append(const void* data, size_t n) {
     if (fill_ == capacity_) SubmitCurrent();
   }
   return Status();
+}
+
+// Aligned caller memory at an aligned file offset (nothing buffered) is
+// written in place, queue_depth requests of capacity_ bytes in flight; the
+// unaligned tail goes through a buffer as usual.
+Status DirectWritableFile::AppendStable(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  if (current_ >= 0 || !IsAligned(size_) || !IsAligned(reinterpret_cast<uintptr_t>(p))) {
+    return Append(data, n);
+  }
+  SS_RETURN_IF_ERROR(CheckUsable());
+  if (io_failed_.load(std::memory_order_acquire)) return Drain();
+  const size_t body = n / kDirectIoAlignment * kDirectIoAlignment;
+  for (size_t done = 0; done < body;) {
+    const size_t len = std::min(capacity_, body - done);
+    SubmitStable(p + done, len, size_ + done);
+    done += len;
+  }
+  size_ += body;
+  current_offset_ = size_;
+  return Append(p + body, n - body);
+}
+
+void DirectWritableFile::SubmitStable(const char* data, size_t n, uint64_t offset) {
+  if (!io_) io_ = std::make_unique<ThreadPool>(queue_depth_);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return in_flight_ < queue_depth_; });
+    ++in_flight_;
+  }
+  io_->Schedule([this, data, n, offset] {
+    Status s = PwriteAll(fd_, data, n, offset, path_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && io_error_.ok()) {
+      io_error_ = s;
+      io_failed_.store(true, std::memory_order_release);
+    }
+    --in_flight_;
+    cv_.notify_all();
+  });
 }
 
 // Makes an idle buffer current: a recycled one, a new one while fewer than

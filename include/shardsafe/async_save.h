@@ -1,0 +1,86 @@
+// Asynchronous save: the caller is blocked only while its state is copied
+// into reusable staging memory; writing, syncing and the commit run in the
+// background.
+//
+//   shardsafe::AsyncSaver saver;                      // one per rank, long-lived
+//   auto handle = saver.Save(state, root, "step-100", *comm, {});
+//   // ... the caller may modify its tensors right away and keep training ...
+//   auto stats = (*handle)->Wait();                   // committed, or the failure
+//
+// The call itself is collective, like Save: every rank calls it at the same
+// point of its program, and it plans the save and creates the temporary
+// directory with collectives. The background completion uses no
+// collectives at all (docs/design.md, "Async save"): each rank writes its
+// files from staging, syncs them and leaves a completion marker in the
+// temporary directory; rank 0's background thread commits once it has seen
+// every marker, and the other ranks' handles complete when they see the
+// committed index (or rank 0's abort marker). So the training thread never
+// has to enter a collective at a particular moment.
+//
+// Memory: one staging arena per saver, sized to the files this rank writes
+// (headers included, each file image 4 KiB aligned), allocated once,
+// pre-faulted, grown when a save needs more, reused across saves. Checksums
+// are computed during the copy.
+//
+// At most one save is in flight per saver: a new Save first waits for the
+// previous one. A background failure commits nothing; it is reported by the
+// handle and, on every rank, by the next Save call (which then starts
+// nothing).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+// The outcome of one asynchronous save. Thread-safe.
+class AsyncSaveHandle {
+ public:
+  virtual ~AsyncSaveHandle() = default;
+  // True once the save has committed or failed.
+  virtual bool Done() const = 0;
+  // Blocks until committed (returns the stats) or failed (the error).
+  virtual Result<SaveStats> Wait() = 0;
+  // Seconds the Save call blocked the caller.
+  virtual double blocked_seconds() const = 0;
+};
+
+struct AsyncSaveOptions {
+  // How long a rank's background thread waits for the other ranks (their
+  // completion markers, or rank 0's commit) before failing the save.
+  std::chrono::seconds peer_timeout{3600};
+};
+
+class AsyncSaver {
+ public:
+  explicit AsyncSaver(AsyncSaveOptions options = {});
+  ~AsyncSaver();  // waits for the save in flight
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+
+  // Collective. Saves `state` as ROOT/TAG in the background; when
+  // `update_latest`, points ROOT/latest at it after the commit; then, when
+  // `keep_last` > 0, removes older checkpoints (CheckpointManager rules).
+  // Returns once this rank's data is staged. Errors as Save (the plan is
+  // checked before returning), plus the failure of the previous save.
+  // options.overwrite is not supported (InvalidArgument).
+  Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
+                                                const std::string& tag, Comm& comm,
+                                                const SaveOptions& options,
+                                                bool update_latest = false, int keep_last = 0);
+
+  // Waits for the save in flight, if any; returns its outcome (OK if none).
+  Status WaitForPending();
+
+  // Bytes of staging memory held (for tests and benchmarks).
+  size_t staging_bytes() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardsafe

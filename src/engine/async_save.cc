@@ -1,0 +1,362 @@
+// AsyncSaver: the save protocol of commit.h with steps 2-6 moved to a
+// background thread and the step-3 collective replaced by files.
+//
+// Foreground (collective, on the caller's thread):
+//   a. wait for this saver's previous save; a failure of it is sent through
+//      the planning all-gather, so every rank fails this call alike;
+//   b. plan and create the temporary directory (PlanAndPrepare);
+//   c. copy this rank's file images (header + chunks + blobs) into the
+//      staging arena, computing each entry's CRC-32C during the copy.
+// Background (no collectives):
+//   d. write the images from staging (O_DIRECT, in place, several requests
+//      in flight), fdatasync each file;
+//   e. leave a marker in the temporary directory: `done-RRRRR` holding this
+//      rank's report (offsets and checksums), or `failed-RRRRR` with the
+//      error; markers appear atomically (temporary file + rename);
+//   f. rank 0 waits for all markers. All done: it removes them, commits
+//      (index, rename, `latest`) and applies retention. Any failed (or a
+//      timeout): it writes `aborted` and commits nothing;
+//   g. ranks other than 0 wait until the committed index appears (success),
+//      or `aborted` appears or the temporary directory vanishes (failure).
+//
+// Crash analysis: before f commits, everything lives in .tmp-TAG.NONCE,
+// which readers ignore and the next save removes; f's commit is the same
+// rename as a synchronous save's, with the same guarantees after it.
+#include "shardsafe/async_save.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "engine/checkpoint_dir.h"
+#include "engine/save_internal.h"
+#include "engine/save_messages.h"
+#include "engine/save_writer.h"
+#include "storage/aligned_buffer.h"
+
+namespace shardsafe {
+namespace {
+
+constexpr std::string_view kAbortedMarker = "aborted";
+
+std::string RankMarker(std::string_view prefix, int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*s%05d", static_cast<int>(prefix.size()), prefix.data(), rank);
+  return buf;
+}
+
+class Handle final : public AsyncSaveHandle {
+ public:
+  explicit Handle(double blocked) : blocked_(blocked) {}
+  bool Done() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  Result<SaveStats> Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    if (!status_.ok()) return status_;
+    return stats_;
+  }
+  double blocked_seconds() const override { return blocked_; }
+  void Finish(Status status, SaveStats stats) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+    stats_ = std::move(stats);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const double blocked_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  SaveStats stats_;
+};
+
+// One staged data file: its image lives at `offset` in the arena.
+struct StagedFile {
+  uint32_t plan_file = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  WrittenFile report;
+};
+
+// Everything the background thread needs; owned by it.
+struct Job {
+  SavePlan plan;
+  std::string root, tag, tmp_dir;
+  int rank = 0, world = 1;
+  SaveState meta;  // values, metadata and layout only (for rank 0's index)
+  std::vector<StagedFile> files;
+  const char* arena = nullptr;
+  SaveOptions options;
+  AsyncSaveOptions async_options;
+  bool update_latest = false;
+  int keep_last = 0;
+  std::chrono::steady_clock::time_point start;
+};
+
+FileSystem& FsOf(const SaveOptions& o) { return o.fs ? *o.fs : *DefaultFileSystem(); }
+
+// Step d for one file.
+Status WriteStaged(const Job& job, const StagedFile& f) {
+  FileSystem& fs = FsOf(job.options);
+  const PlannedFile& planned = job.plan.files[f.plan_file];
+  WriteOptions wopts;
+  wopts.direct = job.options.direct_io;
+  wopts.size_hint = f.size;
+  wopts.buffer_bytes = job.options.io_buffer_bytes;
+  wopts.queue_depth = std::max(job.options.io_depth, 1);
+  const std::string path = JoinPath(job.tmp_dir, DataFileName(planned.rank, planned.number));
+  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
+  SS_RETURN_IF_ERROR(out->AppendStable(job.arena + f.offset, f.size));
+  SS_RETURN_IF_ERROR(out->Sync());
+  return out->Close();
+}
+
+Status WriteAllStaged(const Job& job) {
+  ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), job.files.size()));
+  TaskGroup group(&pool);
+  for (const StagedFile& f : job.files) group.Add([&job, &f] { return WriteStaged(job, f); });
+  return group.Wait();
+}
+
+// Polls until `ready` returns a value, with a growing pause, up to the
+// peer timeout.
+template <typename Fn>
+auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready)
+    -> decltype(ready()) {
+  auto pause = std::chrono::milliseconds(1);
+  const auto deadline = std::chrono::steady_clock::now() + job.async_options.peer_timeout;
+  for (;;) {
+    auto r = ready();
+    if (r.has_value()) return r;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return decltype(ready())(UnavailableError("timed out waiting for " + std::string(waiting_for)));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+// Step f, waiting part: every rank's report, or the first failure.
+Result<std::vector<std::string>> GatherMarkers(const Job& job) {
+  FileSystem& fs = FsOf(job.options);
+  std::vector<std::string> reports(job.world);
+  std::vector<bool> seen(job.world, false);
+  using R = std::optional<Result<std::vector<std::string>>>;
+  auto outcome = PollUntil(job, "the other ranks' completion markers", [&]() -> R {
+    for (int r = 0; r < job.world; ++r) {
+      if (seen[r]) continue;
+      auto failed = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("failed-", r)), 1 << 20);
+      if (failed.ok()) return R(Status(StatusCode::kUnavailable, "rank " + std::to_string(r) + ": " + *failed));
+      auto done = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("done-", r)), uint64_t{1} << 30);
+      if (!done.ok()) return std::nullopt;
+      reports[r] = std::move(*done);
+      seen[r] = true;
+    }
+    return R(reports);
+  });
+  if (!outcome.has_value()) return InternalError("no outcome");
+  return *outcome;
+}
+
+// Steps f (rank 0): commit when every rank is done, else leave `aborted`.
+Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
+  FileSystem& fs = FsOf(job.options);
+  auto reports = GatherMarkers(job);
+  if (!reports.ok()) {
+    WriteFileAtomically(fs, JoinPath(job.tmp_dir, kAbortedMarker), reports.status().message())
+        .IgnoreError();
+    return reports.status();
+  }
+  for (int r = 0; r < job.world; ++r) {
+    SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.tmp_dir, RankMarker("done-", r))));
+  }
+  SS_ASSIGN_OR_RETURN(std::string warnings,
+                      CommitOnLeader(fs, job.plan, *reports, job.meta, job.root, job.tag,
+                                     job.tmp_dir, job.world, false, job.update_latest));
+  std::vector<std::string> lines = SplitLines(warnings);
+  if (job.keep_last > 0) {
+    CheckpointManager manager(job.root, {.keep_last = 0, .fs = job.options.fs});
+    Status pruned = manager.Prune(job.keep_last).status();
+    if (!pruned.ok()) lines.push_back("retention after save: " + pruned.message());
+  }
+  return lines;
+}
+
+// Step g (ranks other than 0).
+Status AwaitCommit(const Job& job) {
+  FileSystem& fs = FsOf(job.options);
+  const std::string index = JoinPath(JoinPath(job.root, job.tag), "shardsafe.json");
+  using R = std::optional<Status>;
+  auto outcome = PollUntil(job, "rank 0 to commit", [&]() -> R {
+    if (fs.Stat(index).ok()) return R(Status());
+    auto aborted = ReadFileToString(fs, JoinPath(job.tmp_dir, kAbortedMarker), 1 << 20);
+    if (aborted.ok()) return R(UnavailableError("save aborted by rank 0: " + *aborted));
+    if (!fs.Stat(job.tmp_dir).ok() && !fs.Stat(index).ok()) {
+      return R(UnavailableError("save abandoned by rank 0 (its commit failed)"));
+    }
+    return std::nullopt;
+  });
+  return outcome.has_value() ? *outcome : InternalError("no outcome");
+}
+
+// The whole background part for one rank. `staged` is the outcome of the
+// foreground copy: a failure there still goes through the markers, so that
+// rank 0 aborts and nobody waits for this rank.
+Status RunBackground(const Job& job, const Status& staged, std::vector<std::string>* warnings) {
+  FileSystem& fs = FsOf(job.options);
+  Status written = staged.ok() ? WriteAllStaged(job) : staged;
+  if (written.ok()) {
+    std::vector<WrittenFile> reports;
+    for (const StagedFile& f : job.files) reports.push_back(f.report);
+    written = WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("done-", job.rank)),
+                                  EncodeWritten(reports));
+  }
+  if (!written.ok()) {
+    WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("failed-", job.rank)),
+                        written.message())
+        .IgnoreError();
+    if (job.rank != 0) return written;
+  }
+  if (job.rank != 0) return AwaitCommit(job);
+  SS_ASSIGN_OR_RETURN(*warnings, CommitWhenAllDone(job));
+  return written;
+}
+
+}  // namespace
+
+class AsyncSaver::Impl {
+ public:
+  explicit Impl(AsyncSaveOptions options) : options_(options) {}
+  ~Impl() { WaitForPending().IgnoreError(); }
+
+  Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
+                                                const std::string& tag, Comm& comm,
+                                                const SaveOptions& options, bool update_latest,
+                                                int keep_last);
+
+  Status WaitForPending() {
+    if (worker_.joinable()) worker_.join();
+    if (!pending_) return Status();
+    auto result = pending_->Wait();
+    pending_.reset();
+    return result.status();
+  }
+
+  size_t staging_bytes() const { return arena_.capacity(); }
+
+ private:
+  Status Stage(const SavePlan& plan, int rank, const SaveState& state, Job* job);
+
+  AsyncSaveOptions options_;
+  AlignedBuffer arena_;
+  std::thread worker_;
+  std::shared_ptr<Handle> pending_;
+  std::string pending_tag_;
+};
+
+// Step c: the images of this rank's files, each 4 KiB aligned in the arena.
+Status AsyncSaver::Impl::Stage(const SavePlan& plan, int rank, const SaveState& state, Job* job) {
+  std::vector<FileImage> images;
+  uint64_t total = 0;
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    if (plan.files[f].rank != rank) continue;
+    SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state));
+    job->files.push_back({f, total, image.layout.file_size, {}});
+    total += AlignUp(image.layout.file_size);
+    images.push_back(std::move(image));
+  }
+  if (arena_.capacity() < total) {
+    arena_ = AlignedBuffer();  // release first: peak is one arena, not two
+    arena_ = AcquireAlignedBuffer(total);
+  }
+  for (size_t i = 0; i < images.size(); ++i) {
+    char* base = arena_.data() + job->files[i].offset;
+    const FileImage& image = images[i];
+    std::memcpy(base, image.layout.header.data(), image.layout.header.size());
+    std::vector<uint32_t> crcs(image.payloads.size());
+    for (size_t e = 0; e < image.payloads.size(); ++e) {
+      const Payload& p = image.payloads[e];
+      crcs[e] = CopyWithCrc32c(base + image.layout.offsets[e], p.data, p.bytes, 0);
+    }
+    job->files[i].report = ReportOf(plan, job->files[i].plan_file, image, crcs);
+  }
+  job->arena = arena_.data();
+  return Status();
+}
+
+Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
+    const SaveState& state, const std::string& root, const std::string& tag, Comm& comm,
+    const SaveOptions& options, bool update_latest, int keep_last) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.overwrite) return InvalidArgumentError("async save cannot overwrite a checkpoint");
+  // a. The previous save's failure fails this call on every rank.
+  Status previous = WaitForPending();
+  if (!previous.ok()) previous = previous.WithContext("previous async save of " + pending_tag_);
+  // b.
+  SS_ASSIGN_OR_RETURN(PreparedSave prepared,
+                      PlanAndPrepare(state, root, tag, comm, options, previous));
+  // c.
+  auto job = std::make_unique<Job>();
+  job->rank = comm.rank();
+  job->world = comm.size();
+  job->meta.values = state.values;
+  job->meta.metadata = state.metadata;
+  job->meta.layout = state.layout;
+  Status staged;
+  try {
+    staged = Stage(prepared.plan, job->rank, state, job.get());
+  } catch (const std::bad_alloc&) {
+    staged = ResourceExhaustedError("no memory for the staging copy of this rank's data");
+  }
+  job->plan = std::move(prepared.plan);
+  job->root = root;
+  job->tag = tag;
+  job->tmp_dir = std::move(prepared.tmp_dir);
+  job->options = options;
+  job->async_options = options_;
+  job->update_latest = update_latest;
+  job->keep_last = keep_last;
+  job->start = start;
+  const double blocked =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto handle = std::make_shared<Handle>(blocked);
+  pending_ = handle;
+  pending_tag_ = tag;
+  worker_ = std::thread([job = std::move(job), handle, staged] {
+    std::vector<std::string> warnings;
+    Status s = RunBackground(*job, staged, &warnings);
+    SaveStats stats = StatsOf(job->plan, job->rank);
+    stats.warnings = std::move(warnings);
+    stats.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+    handle->Finish(s.WithContext("saving " + JoinPath(job->root, job->tag)), std::move(stats));
+  });
+  return std::shared_ptr<AsyncSaveHandle>(handle);
+}
+
+AsyncSaver::AsyncSaver(AsyncSaveOptions options) : impl_(std::make_unique<Impl>(options)) {}
+AsyncSaver::~AsyncSaver() = default;
+
+Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Save(const SaveState& state,
+                                                          const std::string& root,
+                                                          const std::string& tag, Comm& comm,
+                                                          const SaveOptions& options,
+                                                          bool update_latest, int keep_last) {
+  return impl_->Save(state, root, tag, comm, options, update_latest, keep_last);
+}
+
+Status AsyncSaver::WaitForPending() { return impl_->WaitForPending(); }
+
+size_t AsyncSaver::staging_bytes() const { return impl_->staging_bytes(); }
+
+}  // namespace shardsafe

@@ -1,0 +1,201 @@
+#include "shardsafe/async_save.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine/test_util.h"
+#include "storage/fault_injection.h"
+
+namespace shardsafe {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeShard;
+using testing::MakeTarget;
+using testing::MatchesOracle;
+using testing::OwnedShard;
+using testing::OwnedTarget;
+using testing::RunRanks;
+
+constexpr int kRanks = 4;
+const Shape kShape{64, 48};
+
+// Rank r holds rows [16r, 16r+16) of "w" and a flat quarter of "m", plus a
+// per-rank blob.
+struct RankState {
+  std::vector<OwnedShard> shards;
+  std::string rng;
+  SaveState state;
+};
+
+std::unique_ptr<RankState> MakeState(int r, int64_t step) {
+  auto s = std::make_unique<RankState>();
+  const uint64_t n = kShape[0] * kShape[1];
+  s->shards.push_back(MakeShard("w", DType::kF32, kShape, {Box{{16u * r, 0}, {16, 48}}, std::nullopt}));
+  s->shards.push_back(
+      MakeShard("m", DType::kBF16, kShape, {Box::Whole(kShape), FlatRange{n * r / 4, n * (r + 1) / 4}}));
+  s->rng = "rng-" + std::to_string(r) + "-" + std::to_string(step);
+  for (auto& sh : s->shards) s->state.tensors.push_back(sh.View());
+  s->state.blobs.push_back({"rng", s->rng.data(), s->rng.size(), true});
+  s->state.values["step"] = step;
+  return s;
+}
+
+class AsyncSaveTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = testing::MakeTempDir("async"); }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // Every rank loads "w" as column halves and checks it and the step.
+  void ExpectLoads(std::optional<int64_t> step, int64_t expect_step) {
+    RunRanks(2, [&](int r, Comm& comm) {
+      CheckpointManager m(root_, {});
+      OwnedTarget t = MakeTarget("w", DType::kF32, kShape, {Box{{0, 24u * r}, {64, 24}}, std::nullopt});
+      LoadRequest req;
+      req.tensors.push_back(t.target);
+      auto res = m.Load(req, step, comm, {});
+      ASSERT_TRUE(res.ok()) << res.status().ToString();
+      EXPECT_TRUE(MatchesOracle(t));
+      EXPECT_EQ(res->values["step"], expect_step);
+      EXPECT_EQ(res->blobs["rng"], "rng-" + std::to_string(r) + "-" + std::to_string(expect_step));
+    });
+  }
+
+  std::string root_;
+};
+
+TEST_F(AsyncSaveTest, CallerMayOverwriteItsStateOnceTheCallReturns) {
+  std::vector<std::shared_ptr<AsyncSaveHandle>> handles(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    CheckpointManager m(root_, {});
+    auto state = MakeState(r, 7);
+    auto handle = m.AsyncSave(7, state->state, comm, {});
+    ASSERT_TRUE(handle.ok()) << handle.status().ToString();
+    // Scribble over the caller's buffers while the save runs.
+    for (auto& sh : state->shards) std::fill(sh.bytes.begin(), sh.bytes.end(), std::byte{0x55});
+    state->rng.assign(state->rng.size(), 'x');
+    auto stats = (*handle)->Wait();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_GT(stats->bytes_written, 0u);
+    EXPECT_LE((*handle)->blocked_seconds(), stats->seconds);
+    handles[r] = *handle;
+  });
+  for (auto& h : handles) EXPECT_TRUE(h->Done());
+  ExpectLoads(std::nullopt, 7);
+  EXPECT_THAT(std::filesystem::exists(root_ + "/step-00000007/done-00000"), false);
+}
+
+TEST_F(AsyncSaveTest, BackToBackSavesRunInOrderWithRetentionAndReuseStaging) {
+  std::vector<size_t> staging(kRanks), staging_after(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    for (int64_t step : {1, 2, 3}) {
+      auto state = MakeState(r, step);
+      auto h = saver.Save(state->state, root_, CheckpointManager::StepTag(step), comm, {},
+                          /*update_latest=*/true, /*keep_last=*/2);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      if (step == 1) staging[r] = saver.staging_bytes();
+      // No wait: the next Save waits for this one.
+    }
+    staging_after[r] = saver.staging_bytes();
+    ASSERT_TRUE(saver.WaitForPending().ok());
+  });
+  auto list = ListCheckpoints(root_);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[1].tag, "step-00000003");
+  EXPECT_TRUE((*list)[1].is_latest);
+  ExpectLoads(std::nullopt, 3);
+  ExpectLoads(2, 2);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(staging[r], staging_after[r]) << "staging reallocated on rank " << r;
+  }
+}
+
+TEST_F(AsyncSaveTest, StagingHoldsOneCopyOfWhatTheRankWrites) {
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    auto state = MakeState(r, 1);
+    auto h = saver.Save(state->state, root_, "one", comm, {});
+    ASSERT_TRUE(h.ok());
+    auto stats = (*h)->Wait();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    // Headers and 4 KiB alignment of each file image are the only extra.
+    EXPECT_LE(saver.staging_bytes(), stats->bytes_written * 11 / 10 + 2 * 4096) << r;
+  });
+}
+
+TEST_F(AsyncSaveTest, BackgroundWriteFailureCommitsNothingAndIsReportedNextCallOnEveryRank) {
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  faulty.FailNth(OpKind::kAppend, 2, ResourceExhaustedError("no space left on device (injected)"));
+  std::vector<Status> waited(kRanks), next(kRanks), after(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    CheckpointManager m(root_, {.keep_last = 0, .fs = &faulty});
+    auto state = MakeState(r, 1);
+    auto h = m.AsyncSave(1, state->state, comm, {});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    waited[r] = (*h)->Wait().status();
+    auto state2 = MakeState(r, 2);
+    next[r] = m.AsyncSave(2, state2->state, comm, {}).status();  // reports the failure
+    auto h3 = m.AsyncSave(3, state2->state, comm, {});              // then proceeds
+    after[r] = h3.ok() ? (*h3)->Wait().status() : h3.status();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_FALSE(waited[r].ok()) << r;
+    EXPECT_FALSE(next[r].ok()) << r;
+    EXPECT_THAT(next[r].message(), HasSubstr("previous async save of step-00000001")) << r;
+    EXPECT_TRUE(after[r].ok()) << r << ": " << after[r].ToString();
+  }
+  EXPECT_THAT(waited[0].message(), HasSubstr("no space left"));
+  auto list = ListCheckpoints(root_);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);  // step 1 never committed, step 2 never started
+  EXPECT_EQ((*list)[0].tag, "step-00000003");
+  for (const auto& e : std::filesystem::directory_iterator(root_)) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp-", 0), 0u) << "leftover " << e.path();
+  }
+}
+
+TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  // Renames 0-3 publish the ranks' completion markers; #4 is the commit.
+  faulty.FailNth(OpKind::kRename, kRanks, UnavailableError("injected rename failure"));
+  std::vector<Status> waited(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    auto state = MakeState(r, 1);
+    SaveOptions opts;
+    opts.fs = &faulty;
+    auto h = saver.Save(state->state, root_, "ck", comm, opts);
+    ASSERT_TRUE(h.ok());
+    waited[r] = (*h)->Wait().status();
+  });
+  EXPECT_EQ(faulty.injected_failures(), 1);
+  EXPECT_THAT(waited[0].message(), HasSubstr("injected rename failure"));
+  for (int r = 1; r < kRanks; ++r) {
+    EXPECT_THAT(waited[r].message(), HasSubstr("abandoned by rank 0")) << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/ck"));
+}
+
+TEST_F(AsyncSaveTest, LayoutErrorsAreReportedByTheCall) {
+  std::vector<Status> st(2);
+  RunRanks(2, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    OwnedShard sh = MakeShard("w", DType::kF32, {8, 4}, {Box{{r * 3u, 0}, {5, 4}}, std::nullopt});
+    SaveState state;
+    state.tensors.push_back(sh.View());
+    st[r] = saver.Save(state, root_, "bad", comm, {}).status();
+  });
+  for (const Status& s : st) EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  SaveOptions over;
+  over.overwrite = true;
+  auto comm = MakeSingleProcessComm();
+  AsyncSaver saver;
+  EXPECT_EQ(saver.Save({}, root_, "x", *comm, over).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace shardsafe
