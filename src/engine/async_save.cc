@@ -109,13 +109,8 @@ FileSystem& FsOf(const SaveOptions& o) { return o.fs ? *o.fs : *DefaultFileSyste
 Status WriteStaged(const Job& job, const StagedFile& f) {
   FileSystem& fs = FsOf(job.options);
   const PlannedFile& planned = job.plan.files[f.plan_file];
-  WriteOptions wopts;
-  wopts.direct = job.options.direct_io;
-  wopts.size_hint = f.size;
-  wopts.buffer_bytes = job.options.io_buffer_bytes;
-  wopts.queue_depth = std::max(job.options.io_depth, 1);
   const std::string path = JoinPath(job.tmp_dir, DataFileName(planned.rank, planned.number));
-  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
+  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, DataFileOptions(job.options, f.size)));
   SS_RETURN_IF_ERROR(out->AppendStable(job.arena + f.offset, f.size));
   SS_RETURN_IF_ERROR(out->Sync());
   return out->Close();

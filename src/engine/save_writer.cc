@@ -22,13 +22,9 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
                               std::atomic<uint64_t>* progress) {
   const PlannedFile& planned = plan.files[file_index];
   SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, file_index, state));
-  WriteOptions wopts;
-  wopts.direct = options.direct_io;
-  wopts.size_hint = image.layout.file_size;
-  wopts.buffer_bytes = options.io_buffer_bytes;
-  wopts.queue_depth = std::max(options.io_depth, 1);
   const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
-  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, wopts));
+  SS_ASSIGN_OR_RETURN(auto out,
+                      fs.NewWritableFile(path, DataFileOptions(options, image.layout.file_size)));
   SS_RETURN_IF_ERROR(out->Append(image.layout.header.data(), image.layout.header.size()));
   std::vector<uint32_t> crcs(image.payloads.size());
   for (uint32_t i : image.layout.order) {
@@ -63,6 +59,15 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
   }
   SS_ASSIGN_OR_RETURN(image.layout, BuildSafetensorsHeader(specs, kHfMetadata));
   return image;
+}
+
+WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size) {
+  WriteOptions w;
+  w.direct = options.direct_io;
+  w.size_hint = size;
+  w.buffer_bytes = options.io_buffer_bytes;
+  w.queue_depth = std::max(options.io_depth, 1);
+  return w;
 }
 
 WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,

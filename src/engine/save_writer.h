@@ -44,6 +44,9 @@ struct FileImage {
 
 Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state);
 
+// How a data file of `size` bytes is opened for writing under `options`.
+WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size);
+
 // The report of a written file from its image and the entries' checksums.
 WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,
                      const std::vector<uint32_t>& crcs);
