@@ -80,8 +80,11 @@ struct SaveOptions {
   uint64_t max_file_bytes = uint64_t{2} << 30;  // payload cap per data file
   bool direct_io = true;  // O_DIRECT data files (buffered fallback on tmpfs)
   int io_threads = 4;     // files written in parallel per rank
-  size_t io_buffer_bytes = 16 << 20;  // bytes per write request (direct I/O)
-  int io_depth = 4;       // write requests in flight per file (direct I/O)
+  // Direct I/O staging of a synchronous save: each file in flight holds
+  // io_depth + 1 buffers of io_buffer_bytes, so at the defaults a rank uses
+  // at most 4 files x 4 x 16 MiB = 256 MiB extra, whatever the state size.
+  size_t io_buffer_bytes = 16 << 20;  // bytes per write request
+  int io_depth = 3;       // write requests in flight per file
   bool overwrite = false; // replace an existing checkpoint at the path
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
