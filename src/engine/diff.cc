@@ -9,6 +9,13 @@
 namespace shardsafe {
 namespace {
 
+TensorDiff Verdict(const std::string& key, const char* status) {
+  TensorDiff d;
+  d.key = key;
+  d.status = status;
+  return d;
+}
+
 bool IsFloat(DType d) {
   return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32 || d == DType::kF64;
 }
@@ -54,9 +61,9 @@ Result<TensorDiff> CompareTensor(const CheckpointSource& a, const CheckpointSour
                                  FileSystem& fs, const std::string& key, uint64_t piece_bytes) {
   const IndexTensor& ta = a.index.tensors.at(key);
   const IndexTensor& tb = b.index.tensors.at(key);
-  TensorDiff diff{key, "equal"};
-  if (ta.shape != tb.shape) return TensorDiff{key, "shape differs"};
-  if (ta.dtype != tb.dtype) return TensorDiff{key, "dtype differs"};
+  TensorDiff diff = Verdict(key, "equal");
+  if (ta.shape != tb.shape) return Verdict(key, "shape differs");
+  if (ta.dtype != tb.dtype) return Verdict(key, "dtype differs");
   SS_ASSIGN_OR_RETURN(diff.elements, NumElements(ta.shape));
   // Pieces of a multiple of 8 elements keep sub-byte dtypes on byte boundaries.
   const uint64_t step = std::max<uint64_t>(8, piece_bytes / std::max(1, DTypeBits(ta.dtype) / 8) / 8 * 8);
@@ -90,14 +97,14 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, F
   report.values_equal = sa.index.values == sb.index.values;
   for (const auto& [key, t] : sa.index.tensors) {
     if (!sb.index.tensors.count(key)) {
-      report.tensors.push_back({key, "only in A"});
+      report.tensors.push_back(Verdict(key, "only in A"));
       continue;
     }
     SS_ASSIGN_OR_RETURN(TensorDiff d, CompareTensor(sa, sb, fs, key, piece_bytes));
     report.tensors.push_back(std::move(d));
   }
   for (const auto& [key, t] : sb.index.tensors) {
-    if (!sa.index.tensors.count(key)) report.tensors.push_back({key, "only in B"});
+    if (!sa.index.tensors.count(key)) report.tensors.push_back(Verdict(key, "only in B"));
   }
   std::sort(report.tensors.begin(), report.tensors.end(),
             [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });

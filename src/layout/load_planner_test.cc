@@ -96,14 +96,18 @@ void CheckPlan(const Checkpoint& ck, const std::vector<Want>& wants, const LoadP
       }
       for (size_t s = 0; s < read.segments.size(); ++s) {
         const Segment& seg = read.segments[s];
-        if (s > 0) ASSERT_LE(read.segments[s - 1].src_byte, seg.src_byte);
+        if (s > 0) {
+          ASSERT_LE(read.segments[s - 1].src_byte, seg.src_byte);
+        }
         ASSERT_LT(seg.want, wants.size());
         const DType dtype = ck.tensors[wants[seg.want].tensor].dtype;
         const uint64_t bytes = Bytes(dtype, seg.count);
         ASSERT_GT(seg.count, 0u);
         ASSERT_LE(seg.src_byte + bytes, read.length);
         ASSERT_LE(seg.dst_elem + seg.count, cover[seg.want].size());
-        if (long_read) ASSERT_EQ(bytes, read.length);
+        if (long_read) {
+          ASSERT_EQ(bytes, read.length);
+        }
         std::memcpy(dest[seg.want].data() + Bytes(dtype, seg.dst_elem), buf + seg.src_byte, bytes);
         for (uint64_t e = 0; e < seg.count; ++e) cover[seg.want][seg.dst_elem + e]++;
       }

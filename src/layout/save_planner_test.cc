@@ -67,8 +67,12 @@ void CheckInvariants(std::span<const RankHoldings> holdings, const SavePlan& pla
     const PlannedFile& file = plan.files[f];
     const bool first_of_rank = f == 0 || plan.files[f - 1].rank != file.rank;
     ASSERT_EQ(file.number, first_of_rank ? 0u : plan.files[f - 1].number + 1);
-    if (!first_of_rank) ASSERT_EQ(plan.files[f - 1].rank, file.rank);
-    if (f > 0) ASSERT_LE(plan.files[f - 1].rank, file.rank);
+    if (!first_of_rank) {
+      ASSERT_EQ(plan.files[f - 1].rank, file.rank);
+    }
+    if (f > 0) {
+      ASSERT_LE(plan.files[f - 1].rank, file.rank);
+    }
     uint64_t payload = 0;
     for (uint32_t c : file.chunks) {
       ASSERT_EQ(plan.chunks[c].writer, file.rank);
@@ -81,7 +85,9 @@ void CheckInvariants(std::span<const RankHoldings> holdings, const SavePlan& pla
       blob_seen[b]++;
     }
     ASSERT_EQ(payload, file.payload_bytes);
-    if (file.chunks.size() + file.blobs.size() > 1) ASSERT_LE(payload, options.max_file_bytes);
+    if (file.chunks.size() + file.blobs.size() > 1) {
+      ASSERT_LE(payload, options.max_file_bytes);
+    }
   }
   for (int n : chunk_seen) ASSERT_EQ(n, 1);
   for (int n : blob_seen) ASSERT_EQ(n, 1);
