@@ -123,18 +123,18 @@ Status WriteAllStaged(const Job& job) {
   return group.Wait();
 }
 
-// Polls until `ready` returns a value, with a growing pause, up to the
-// peer timeout.
+// Polls until `ready` returns a value (an optional Status or Result), with
+// a growing pause; Unavailable once the peer timeout has passed.
 template <typename Fn>
-auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready)
-    -> decltype(ready()) {
+auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready) ->
+    typename decltype(ready())::value_type {
   auto pause = std::chrono::milliseconds(1);
   const auto deadline = std::chrono::steady_clock::now() + job.async_options.peer_timeout;
   for (;;) {
     auto r = ready();
-    if (r.has_value()) return r;
+    if (r.has_value()) return *std::move(r);
     if (std::chrono::steady_clock::now() > deadline) {
-      return decltype(ready())(UnavailableError("timed out waiting for " + std::string(waiting_for)));
+      return UnavailableError("timed out waiting for " + std::string(waiting_for));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -147,7 +147,7 @@ Result<std::vector<std::string>> GatherMarkers(const Job& job) {
   std::vector<std::string> reports(job.world);
   std::vector<bool> seen(job.world, false);
   using R = std::optional<Result<std::vector<std::string>>>;
-  auto outcome = PollUntil(job, "the other ranks' completion markers", [&]() -> R {
+  return PollUntil(job, "the other ranks' completion markers", [&]() -> R {
     for (int r = 0; r < job.world; ++r) {
       if (seen[r]) continue;
       auto failed = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("failed-", r)), 1 << 20);
@@ -159,8 +159,6 @@ Result<std::vector<std::string>> GatherMarkers(const Job& job) {
     }
     return R(reports);
   });
-  if (!outcome.has_value()) return InternalError("no outcome");
-  return *outcome;
 }
 
 // Steps f (rank 0): commit when every rank is done, else leave `aborted`.
@@ -192,7 +190,7 @@ Status AwaitCommit(const Job& job) {
   FileSystem& fs = FsOf(job.options);
   const std::string index = JoinPath(JoinPath(job.root, job.tag), "shardsafe.json");
   using R = std::optional<Status>;
-  auto outcome = PollUntil(job, "rank 0 to commit", [&]() -> R {
+  return PollUntil(job, "rank 0 to commit", [&]() -> R {
     if (fs.Stat(index).ok()) return R(Status());
     auto aborted = ReadFileToString(fs, JoinPath(job.tmp_dir, kAbortedMarker), 1 << 20);
     if (aborted.ok()) return R(UnavailableError("save aborted by rank 0: " + *aborted));
@@ -201,7 +199,6 @@ Status AwaitCommit(const Job& job) {
     }
     return std::nullopt;
   });
-  return outcome.has_value() ? *outcome : InternalError("no outcome");
 }
 
 // The whole background part for one rank. `staged` is the outcome of the

@@ -198,11 +198,23 @@ TEST_F(SaveLoadTest, ExistingCheckpointIsNotOverwrittenUnlessAsked) {
   save[0].push_back(MakeShard("x", DType::kU8, s, Whole(s)));
   ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
   EXPECT_EQ(SaveFromRanks(save, Path("ck"))[0].code(), StatusCode::kAlreadyExists);
+  // The overwrite holds another tensor: the new checkpoint must be the one
+  // in place, the old one gone, and nothing else left in the root.
+  std::vector<std::vector<OwnedShard>> replacement(1);
+  replacement[0].push_back(MakeShard("y", DType::kU8, s, Whole(s)));
   SaveOptions over;
   over.overwrite = true;
-  Status st = SaveFromRanks(save, Path("ck"), over)[0];
+  Status st = SaveFromRanks(replacement, Path("ck"), over)[0];
   EXPECT_TRUE(st.ok()) << st.ToString();
   EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("ck"));
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("y", DType::kU8, s, Whole(s)));
+  LoadOptions partial;
+  partial.allow_partial = true;
+  std::vector<LoadResult> results;
+  ASSERT_TRUE(LoadToRanks(load, Path("ck"), partial, &results)[0].ok());
+  EXPECT_TRUE(MatchesOracle(load[0][0]));
+  EXPECT_TRUE(results[0].unexpected.empty()) << "old tensor \"x\" still there";
 }
 
 TEST_F(SaveLoadTest, BadTagsAreRejected) {
