@@ -1,0 +1,35 @@
+"""shardsafe: crash-safe, resharding checkpoints for PyTorch, on a C++ engine.
+
+    import shardsafe
+    shardsafe.save({"model": model, "optim": optim, "step": step}, "/ckpt/step-100")
+    shardsafe.load({"model": model, "optim": optim, "step": 0}, "/ckpt/step-100")
+
+Tensors and DTensors (Shard / Replicate on 1-D and 2-D meshes) are saved by
+pointer and loaded in place into any other layout; see README.md, "Python".
+"""
+
+from ._api import CheckpointManager, LoadResult, async_save, load, save
+from ._C import describe as _describe
+from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                     DTypeMismatchError, InvalidStateError, KeyMismatchError, ShapeMismatchError,
+                     ShardsafeError, StorageError)
+
+__all__ = [
+    "save", "async_save", "load", "CheckpointManager", "LoadResult", "describe",
+    "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",
+    "ShapeMismatchError", "DTypeMismatchError", "InvalidStateError", "KeyMismatchError",
+    "StorageError",
+]
+__version__ = "0.1.0"
+
+
+def describe(path) -> dict:
+    """What a checkpoint (or safetensors file / HF directory) holds, without
+    reading tensor data: {"path", "tag", "tensors": {key: (dtype, shape)}, ...}."""
+    import json
+    import os
+
+    d = _describe(os.fspath(path))
+    d["values"] = json.loads(d["values"])
+    d["metadata"] = json.loads(d["metadata"])
+    return d

@@ -1,0 +1,403 @@
+"""save / async_save / load / CheckpointManager over the C++ engine."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._comm import TorchComm, resolve
+from ._state import (DTYPE_NAMES, PICKLE_PREFIX, Flat, decode_value, encode_values, flatten,
+                     rebuild, to_json)
+from .errors import CheckpointNotFoundError, InvalidStateError, KeyMismatchError, ShardsafeError
+
+try:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+except ImportError:  # torch without distributed support
+    DTensor = None
+
+
+# ------------------------------------------------------------ tensor boxes --
+
+@dataclass
+class _Box:
+    local: torch.Tensor  # the tensor holding this rank's part
+    shape: tuple[int, ...]  # global
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+
+
+def _box(key: str, t: torch.Tensor) -> _Box:
+    """The part of the global tensor that `t` holds on this rank."""
+    if DTensor is not None and isinstance(t, DTensor):
+        for p in t.placements:
+            # _StridedShard subclasses Shard but its local part is not one box.
+            if not (type(p) is Shard or isinstance(p, Replicate)):
+                raise InvalidStateError(
+                    f"tensor {key!r}: placement {p} is not supported (only Shard and Replicate); "
+                    f"redistribute it first")
+        size, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        local = t._local_tensor
+        if tuple(local.shape) != tuple(size):
+            raise InvalidStateError(f"tensor {key!r}: local shard has shape {tuple(local.shape)}, "
+                                    f"its placements imply {tuple(size)}")
+        return _Box(local, tuple(t.shape), tuple(offset), tuple(size))
+    shape = tuple(t.shape)
+    return _Box(t, shape, (0,) * len(shape), shape)
+
+
+def _dtype_name(key: str, t: torch.Tensor) -> str:
+    name = DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        raise InvalidStateError(f"tensor {key!r}: dtype {t.dtype} cannot be stored in safetensors")
+    if t.is_sparse or t.layout != torch.strided:
+        raise InvalidStateError(f"tensor {key!r}: layout {t.layout} is not supported; "
+                                f"convert it to a dense tensor")
+    return name
+
+
+class _HostStaging:
+    """Pinned host memory for device tensors, allocated once and grown when
+    a call needs more, reused across calls (CUDA copies run from it at full
+    speed, and it is never re-faulted)."""
+
+    ALIGN = 64
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    def views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A host view per tensor (same shape and dtype), contiguous, backed
+        by the pinned buffer. The caller holds the buffer until it is done."""
+        offsets, total = [], 0
+        for t in tensors:
+            offsets.append(total)
+            total += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
+        if self._buf is None or self._buf.numel() < total:
+            self._buf = torch.empty(total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        out = []
+        for t, off in zip(tensors, offsets):
+            n = t.numel() * t.element_size()
+            out.append(self._buf[off:off + n].view(t.dtype).view(t.shape))
+        return out
+
+
+_STAGING = _HostStaging()
+
+
+# ---------------------------------------------------------- agreement -----
+
+def _agree(comm: TorchComm | None, error: BaseException | None, extra: Any = None) -> list[Any]:
+    """Every rank learns whether any rank failed before a collective engine
+    call (so no rank is left waiting in it), and what each rank reported in
+    `extra`. Re-raises this rank's own error, or names the failed rank."""
+    if comm is None:
+        if error is not None:
+            raise error
+        return [extra]
+    mine = json.dumps({"error": None if error is None else str(error), "extra": extra})
+    reports = [json.loads(r) for r in comm.all_gather(mine.encode())]
+    if error is not None:
+        raise error
+    for rank, r in enumerate(reports):
+        if r["error"] is not None:
+            raise ShardsafeError(f"rank {rank} failed: {r['error']}")
+    return [r["extra"] for r in reports]
+
+
+# ------------------------------------------------------------------- save --
+
+@dataclass
+class _SaveArgs:
+    specs: list[tuple] = field(default_factory=list)
+    blobs: list[tuple] = field(default_factory=list)
+    values: str = "{}"
+    metadata: str = ""
+    keep: list[torch.Tensor] = field(default_factory=list)  # alive until the engine returns
+
+
+def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool) -> _SaveArgs:
+    flat = flatten(state)
+    args = _SaveArgs()
+    values, args.blobs = encode_values(flat.values, unsafe_pickle)
+    args.values = json.dumps(values, allow_nan=False)
+    if metadata is not None:
+        args.metadata = json.dumps(to_json(metadata, "metadata"), allow_nan=False)
+    boxes = []
+    for leaf in flat.tensors:
+        b = _box(leaf.key, leaf.tensor)
+        name = _dtype_name(leaf.key, b.local)
+        if b.local.numel() == 0 and math.prod(b.shape) != 0:
+            continue  # an empty shard of a non-empty tensor holds nothing
+        boxes.append((leaf.key, name, b))
+    on_device = [i for i, (_, _, b) in enumerate(boxes) if b.local.device.type != "cpu"]
+    if on_device:
+        hosts = _STAGING.views([boxes[i][2].local for i in on_device])
+        for i, h in zip(on_device, hosts):
+            h.copy_(boxes[i][2].local.detach(), non_blocking=True)
+            boxes[i][2].local = h
+        torch.cuda.synchronize()
+    for key, name, b in boxes:
+        local = b.local.detach().resolve_conj().resolve_neg().contiguous()
+        args.keep.append(local)
+        args.specs.append((key, name, b.shape, b.offset, b.size, local.data_ptr()))
+    return args
+
+
+def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool) -> _SaveArgs:
+    args, error = None, None
+    try:
+        args = _prepare_save(state, metadata, unsafe_pickle)
+    except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
+        error = e
+    _agree(comm, error)
+    return args
+
+
+def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
+         metadata: Any = None, unsafe_pickle: bool = False, **options: Any) -> dict:
+    """Saves `state_dict` as the checkpoint directory `path`; collective over
+    `process_group` (default: the world when torch.distributed is initialised).
+
+    Returns when the checkpoint is committed and durable, with statistics
+    (bytes_written, unique_bytes, files, seconds, warnings). Engine options
+    (max_file_bytes, direct_io, io_threads, overwrite, ...) pass through.
+    """
+    comm = resolve(process_group)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle)
+    return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
+                   options)
+
+
+_SAVER_LOCK = threading.Lock()
+_SAVER: _C.AsyncSaver | None = None
+
+
+def _saver() -> _C.AsyncSaver:
+    global _SAVER
+    with _SAVER_LOCK:
+        if _SAVER is None:
+            _SAVER = _C.AsyncSaver()
+            atexit.register(_SAVER.wait_pending)
+        return _SAVER
+
+
+def _future(handle: _C.AsyncHandle, result: Any) -> Future:
+    """A Future completed (from a helper thread) when `handle` is durable."""
+    fut: Future = Future()
+    fut.set_running_or_notify_cancel()
+    fut.blocked_seconds = handle.blocked_seconds  # type: ignore[attr-defined]
+
+    def wait() -> None:
+        try:
+            handle.wait()
+            fut.set_result(result)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+
+    threading.Thread(target=wait, name="shardsafe-async-wait", daemon=True).start()
+    return fut
+
+
+def async_save(state_dict: Any, path: str | os.PathLike, *,
+               process_group: dist.ProcessGroup | None = None, metadata: Any = None,
+               unsafe_pickle: bool = False, **options: Any) -> Future:
+    """Like save, but returns once this rank's state is staged in host memory:
+    the caller may change its tensors right away. Writing, syncing and the
+    commit run in the background; the returned Future's result is the path
+    once the checkpoint is durable (or the exception). One save is in flight
+    per process: a new call first waits for the previous one, and a previous
+    background failure is raised here."""
+    comm = resolve(process_group)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle)
+    path = os.path.abspath(os.fspath(path))
+    root, tag = os.path.split(path)
+    handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag, comm,
+                           options)
+    return _future(handle, path)
+
+
+# ------------------------------------------------------------------- load --
+
+@dataclass
+class LoadResult:
+    """What load did: the checkpoint it read and the keys that did not match."""
+
+    path: str
+    tag: str
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    metadata: Any
+    bytes_read: int
+    seconds: float
+
+
+@dataclass
+class _Target:
+    key: str
+    box: _Box  # box.local is where the data must end up
+    dest: torch.Tensor | None  # where the engine writes it: box.local when it can
+
+
+def _targets(flat: Flat, saved: dict[str, tuple]) -> tuple[list[_Target], list[str]]:
+    """The load targets of this rank's tensors, and its missing tensor keys."""
+    targets, missing = [], []
+    for leaf in flat.tensors:
+        if leaf.key not in saved:
+            missing.append(leaf.key)
+            continue
+        b = _box(leaf.key, leaf.tensor)
+        _dtype_name(leaf.key, b.local)
+        direct = b.local.device.type == "cpu" and b.local.is_contiguous()
+        targets.append(_Target(leaf.key, b, b.local if direct else None))
+    return targets, missing
+
+
+def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
+         process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
+         **options: Any) -> LoadResult:
+    """Loads a checkpoint into `state_dict` in place, resharding as needed:
+    each tensor (or DTensor shard) gets its part of the saved tensor, values
+    are replaced by the saved ones, stateful objects get load_state_dict.
+    `path`: a checkpoint directory, a root of step checkpoints (its latest),
+    a .safetensors file or a Hugging Face model directory. Collective.
+
+    strict=True raises KeyMismatchError (before changing anything) when a
+    key is missing from the checkpoint or a saved key is wanted by no rank;
+    strict=False loads what matches and reports both lists. Options:
+    verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes.
+    """
+    comm = resolve(process_group)
+    flat = targets = desc = None
+    error, report = None, None
+    try:
+        desc = _C.describe(os.fspath(path))
+        flat = flatten(state_dict)
+        saved = desc["tensors"]
+        values = json.loads(desc["values"] or "{}") or {}
+        targets, missing = _targets(flat, saved)
+        pickled = {b[len(PICKLE_PREFIX):] for b in desc["blobs"] if b.startswith(PICKLE_PREFIX)}
+        missing += [k for k in flat.values if k not in values and k not in pickled]
+        wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
+        unexpected = sorted(k for k in [*saved, *values, *pickled] if k not in wanted)
+        report = {"path": desc["path"], "missing": missing, "unexpected": unexpected}
+    except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
+        error = e
+    reports = _agree(comm, error, report)
+    if any(r["path"] != desc["path"] for r in reports):
+        raise ShardsafeError(f"ranks resolved {path} to different checkpoints: "
+                             f"{sorted({r['path'] for r in reports})}")
+    missing = sorted({k for r in reports for k in r["missing"]})
+    unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
+    if strict and (missing or unexpected):
+        raise KeyMismatchError(missing, unexpected, desc["path"])
+
+    result = _read(targets, desc["path"], comm, options)
+    _finish(state_dict, flat, json.loads(result["values"]) or {}, result["blobs"], unsafe_pickle)
+    return LoadResult(desc["path"], desc["tag"], missing, unexpected,
+                      json.loads(result["metadata"]), result["bytes_read"], result["seconds"])
+
+
+def _read(targets: list[_Target], path: str, comm: TorchComm | None, options: dict) -> dict:
+    """Runs the engine load into each target's dest (staging those that
+    cannot take the data directly)."""
+    staged = [t for t in targets if t.dest is None]
+    for t, h in zip(staged, _STAGING.views([t.box.local for t in staged])):
+        t.dest = h
+    specs = []
+    for t in targets:
+        b = t.box
+        if t.dest.numel() == 0 and math.prod(b.shape) != 0:
+            continue
+        specs.append((t.key, DTYPE_NAMES[t.dest.dtype], b.shape, b.offset, b.size,
+                      t.dest.data_ptr()))
+    result = _C.load(specs, path, comm, options)
+    with torch.no_grad():
+        for t in staged:
+            t.box.local.copy_(t.dest, non_blocking=t.box.local.device.type != "cpu")
+    if any(t.box.local.device.type == "cuda" for t in staged):
+        torch.cuda.synchronize()
+    return result
+
+
+def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool) -> None:
+    """Puts the saved values into the state and hands state dicts back."""
+
+    def value(key: str, old: Any) -> Any:
+        try:
+            return decode_value(key, old, values, blobs, unsafe_pickle)
+        except KeyError:
+            return old  # missing (strict=False): left as it was
+
+    rebuild(state, flat, lambda key, t: None, value)
+
+
+# ------------------------------------------------------ step-tagged roots --
+
+class CheckpointManager:
+    """Checkpoints under ROOT/step-NNNNNNNN with a `latest` pointer and
+    retention of the newest `keep_last` (0 keeps all).
+
+        mgr = shardsafe.CheckpointManager("/ckpt", keep_last=3)
+        mgr.async_save(step, {"model": model, "optim": optim, "step": step})
+        ...
+        step = mgr.latest_step()  # None for an empty root
+        mgr.load({"model": model, "optim": optim, "step": 0})
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
+                 process_group: dist.ProcessGroup | None = None):
+        self.root = os.path.abspath(os.fspath(root))
+        self._m = _C.CheckpointManager(self.root, keep_last)
+        self._group = process_group
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.root, _C.step_tag(step))
+
+    def save(self, step: int, state: Any, *, metadata: Any = None, unsafe_pickle: bool = False,
+             **options: Any) -> dict:
+        """Saves as step `step`, moves `latest`, applies retention."""
+        comm = resolve(self._group)
+        args = _prepared(state, comm, metadata, unsafe_pickle)
+        return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm, options)
+
+    def async_save(self, step: int, state: Any, *, metadata: Any = None,
+                   unsafe_pickle: bool = False, **options: Any) -> Future:
+        """save in the background; the Future's result is the checkpoint path."""
+        comm = resolve(self._group)
+        args = _prepared(state, comm, metadata, unsafe_pickle)
+        handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
+                                    comm, options)
+        return _future(handle, self.path(step))
+
+    def wait(self) -> None:
+        """Waits for the async save in flight; raises its failure."""
+        self._m.wait_async()
+
+    def latest_step(self) -> int | None:
+        return self._m.latest_step()
+
+    def load(self, state: Any, step: int | None = None, **kwargs: Any) -> LoadResult:
+        """Loads step `step`, or the latest; keyword arguments as load()."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
+        return load(state, self.path(step), process_group=self._group, **kwargs)
+
+    def list(self) -> list[dict]:
+        return self._m.list()
+
+    def prune(self, keep: int) -> list[str]:
+        return self._m.prune(keep)

@@ -1,0 +1,65 @@
+"""The engine's collectives over a torch.distributed process group.
+
+The C++ engine calls these methods (with the GIL re-acquired) from the thread
+that called save or load, so every rank enters them in the same order. Byte
+payloads travel as uint8 tensors: on the CPU for gloo, on the current CUDA
+device for nccl.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class TorchComm:
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        backend = str(dist.get_backend(group)).lower()
+        if "nccl" in backend:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+
+    def _tensor(self, data: bytes, length: int) -> torch.Tensor:
+        t = torch.zeros(max(length, 1), dtype=torch.uint8)
+        if data:
+            t[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return t.to(self.device)
+
+    def all_gather(self, data: bytes) -> list[bytes]:
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty_like(size) for _ in range(self.size)]
+        dist.all_gather(sizes, size, group=self.group)
+        lengths = [int(s.item()) for s in sizes]
+        mine = self._tensor(data, max(lengths))
+        parts = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(parts, mine, group=self.group)
+        return [p[:n].cpu().numpy().tobytes() for p, n in zip(parts, lengths)]
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        src = dist.get_global_rank(self.group, root)
+        size = torch.tensor([len(data) if self.rank == root else 0], dtype=torch.int64,
+                            device=self.device)
+        dist.broadcast(size, src=src, group=self.group)
+        n = int(size.item())
+        buf = self._tensor(data if self.rank == root else b"", n)
+        dist.broadcast(buf, src=src, group=self.group)
+        return buf[:n].cpu().numpy().tobytes()
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+
+def resolve(process_group: dist.ProcessGroup | None) -> TorchComm | None:
+    """The Comm for a call: the given group, else the default group when
+    torch.distributed is initialised; None (one process) otherwise."""
+    if process_group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        process_group = dist.group.WORLD
+    if dist.get_world_size(process_group) == 1:
+        return None
+    return TorchComm(process_group)

@@ -1,0 +1,222 @@
+"""State dicts as the engine sees them: flat tensor keys, boxes, JSON values.
+
+A state is walked depth first. Keys are the path of names joined by ".":
+``{"model": {"layer.weight": t}}`` saves ``model.layer.weight``; list and
+tuple items use their index. What each node becomes:
+
+- ``torch.Tensor``: a tensor. A DTensor (Shard / Replicate placements on any
+  device mesh) contributes the box its local shard covers; a plain tensor is
+  the whole tensor (held identically by every rank that passes it).
+- an object with ``state_dict()`` / ``load_state_dict()`` (module, optimizer,
+  scheduler, any Stateful): its state dict, walked in its place; loading
+  fills that state dict and hands it back through ``load_state_dict``.
+- a dict, list or tuple holding tensors somewhere below: walked.
+- anything else (numbers, strings, None, containers of those): one JSON
+  value under its key. Non-finite floats are kept (tagged objects in the
+  JSON). A value JSON cannot hold is an error naming its key, unless the
+  caller passes ``unsafe_pickle=True``: it is then pickled into a blob, and
+  loading it needs the same opt-in.
+
+Loading follows the structure of the target state: tensors are filled in
+place, values are replaced by the saved ones (converted back to tuples,
+integer dict keys and namedtuples where the target has them).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .errors import InvalidStateError
+
+# safetensors dtype names (docs/format.md §2) of every torch dtype we store.
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint64: "U64", torch.uint32: "U32", torch.uint16: "U16", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.complex64: "C64",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fnuz: "F8_E4M3FNUZ", torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
+    torch.float8_e8m0fnu: "F8_E8M0",
+}
+TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+
+PICKLE_PREFIX = "pickle/"  # blob names of values stored with unsafe_pickle
+_FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
+
+
+def join(prefix: str, name: Any) -> str:
+    return f"{prefix}.{name}" if prefix else str(name)
+
+
+def is_stateful(x: Any) -> bool:
+    return callable(getattr(x, "state_dict", None)) and callable(getattr(x, "load_state_dict", None))
+
+
+def holds_tensors(x: Any) -> bool:
+    if isinstance(x, torch.Tensor) or is_stateful(x):
+        return True
+    if isinstance(x, Mapping):
+        return any(holds_tensors(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(holds_tensors(v) for v in x)
+    return False
+
+
+@dataclass
+class TensorLeaf:
+    key: str
+    tensor: torch.Tensor  # as found in the state (plain tensor or DTensor)
+
+
+@dataclass
+class Flat:
+    """A state walked once: its tensors, its values, its stateful objects."""
+
+    tensors: list[TensorLeaf] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)  # key -> Python value
+    state_dicts: dict[int, Any] = field(default_factory=dict)  # id(obj) -> obj.state_dict()
+
+
+def flatten(state: Any) -> Flat:
+    """Walks `state` (see the module doc) and records what it holds."""
+    flat = Flat()
+    seen: set[str] = set()
+
+    def visit(node: Any, key: str) -> None:
+        if isinstance(node, torch.Tensor):
+            add(key)
+            flat.tensors.append(TensorLeaf(key, node))
+        elif is_stateful(node) and not isinstance(node, Mapping):
+            sd = flat.state_dicts.setdefault(id(node), node.state_dict())
+            visit(sd, key)
+        elif not holds_tensors(node):
+            add(key)
+            flat.values[key] = node
+        elif isinstance(node, Mapping):
+            for k, v in node.items():
+                visit(v, join(key, k))
+        else:  # list or tuple
+            for i, v in enumerate(node):
+                visit(v, join(key, i))
+
+    def add(key: str) -> None:
+        if not key:
+            raise InvalidStateError("the state must be a dict (or an object with state_dict()), "
+                                    "not a bare tensor or value")
+        if key in seen:
+            raise InvalidStateError(f"key {key!r} appears twice in the state (names joined "
+                                    f"with '.' collide)")
+        seen.add(key)
+
+    visit(state, "")
+    return flat
+
+
+def rebuild(state: Any, flat: Flat, tensor_fn: Callable[[str, torch.Tensor], None],
+            value_fn: Callable[[str, Any], Any]) -> Any:
+    """Walks `state` again in the order of `flatten`, calling `tensor_fn` for
+    each tensor and replacing each value by `value_fn(key, old)`; mutable
+    containers are updated in place, tuples rebuilt, stateful objects given
+    their state dict back through load_state_dict. Returns the new root."""
+
+    def visit(node: Any, key: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensor_fn(key, node)
+            return node
+        if is_stateful(node) and not isinstance(node, Mapping):
+            sd = visit(flat.state_dicts[id(node)], key)
+            node.load_state_dict(sd)
+            return node
+        if not holds_tensors(node):
+            return value_fn(key, node)
+        if isinstance(node, Mapping):
+            for k in list(node.keys()):
+                node[k] = visit(node[k], join(key, k))
+            return node
+        items = [visit(v, join(key, i)) for i, v in enumerate(node)]
+        if isinstance(node, list):
+            node[:] = items
+            return node
+        return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
+
+    return visit(state, "")
+
+
+# ------------------------------------------------------------ JSON values --
+
+def to_json(value: Any, key: str) -> Any:
+    """`value` as JSON-able data; InvalidStateError naming `key` if it is not."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise InvalidStateError(f"value at {key!r}: integer {value} does not fit in 64 bits")
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else {_FLOAT_TAG: repr(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v, join(key, i)) for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise InvalidStateError(f"value at {key!r}: dict key {k!r} is not a str or int")
+            out[str(k)] = to_json(v, join(key, k))
+        return out
+    raise InvalidStateError(
+        f"value at {key!r} of type {type(value).__name__} cannot be stored as JSON; convert it, "
+        f"or pass unsafe_pickle=True to store it with pickle (loading then runs pickle too)")
+
+
+def from_json(stored: Any, like: Any) -> Any:
+    """Saved JSON data back as Python, shaped after `like` (the target's value)."""
+    if isinstance(stored, dict) and set(stored) == {_FLOAT_TAG}:
+        return float(stored[_FLOAT_TAG])
+    if isinstance(stored, list):
+        likes = like if isinstance(like, (list, tuple)) and len(like) == len(stored) else None
+        items = [from_json(s, likes[i] if likes is not None else None) for i, s in enumerate(stored)]
+        if isinstance(like, tuple) and likes is not None:
+            return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
+        return items
+    if isinstance(stored, dict):
+        like_keys = {str(k): k for k in like} if isinstance(like, Mapping) else {}
+        out = {}
+        for k, v in stored.items():
+            orig = like_keys.get(k, k)
+            out[orig] = from_json(v, like[orig] if orig in like_keys.values() else None)
+        return out
+    if isinstance(like, float) and isinstance(stored, int) and not isinstance(stored, bool):
+        return float(stored)
+    return stored
+
+
+def encode_values(values: dict[str, Any], unsafe_pickle: bool) -> tuple[dict, list]:
+    """Splits values into JSON data and pickled blobs (only with unsafe_pickle)."""
+    data, blobs = {}, []
+    for key, value in values.items():
+        try:
+            data[key] = to_json(value, key)
+        except InvalidStateError:
+            if not unsafe_pickle:
+                raise
+            blobs.append((PICKLE_PREFIX + key, pickle.dumps(value), False))
+    return data, blobs
+
+
+def decode_value(key: str, like: Any, values: dict, blobs: dict, unsafe_pickle: bool) -> Any:
+    """The saved value for `key`; KeyError if there is none."""
+    if key in values:
+        return from_json(values[key], like)
+    blob = blobs.get(PICKLE_PREFIX + key)
+    if blob is None:
+        raise KeyError(key)
+    if not unsafe_pickle:
+        raise InvalidStateError(f"value at {key!r} was saved with pickle; loading it runs "
+                                f"arbitrary code, pass unsafe_pickle=True if you trust the file")
+    return pickle.loads(blob)

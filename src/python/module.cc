@@ -1,0 +1,372 @@
+// shardsafe._C: the engine's API for the Python package (python/shardsafe).
+//
+// The Python side turns state dicts into flat lists of tensor specs,
+// (key, dtype, global shape, box offset, box size, data pointer), and JSON
+// text for plain values; this file turns those into engine calls and runs
+// them with the GIL released. Data is passed by pointer: nothing is copied
+// here. Collectives go through the Comm object the caller passes (a
+// python/shardsafe/_comm.py adapter over torch.distributed, or None for one
+// process). A failed Status raises the matching shardsafe.errors class.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/source.h"
+#include "python/py_comm.h"
+#include "shardsafe/async_save.h"
+#include "shardsafe/checkpoint.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace shardsafe::python {
+namespace {
+
+// A failed Status on its way to Python.
+struct StatusError : std::exception {
+  explicit StatusError(Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return status.message().c_str(); }
+  Status status;
+};
+
+void Check(const Status& s) {
+  if (!s.ok()) throw StatusError(s);
+}
+template <typename T>
+T Unwrap(Result<T> r) {
+  Check(r.status());
+  return std::move(r).value();
+}
+
+// (key, dtype, global shape, box offset, box size, data address)
+using Spec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t>;
+
+Slice BoxSlice(const Shape& offset, const Shape& size) { return Slice{Box{offset, size}, {}}; }
+
+Json ParseJson(const std::string& text, const char* what) {
+  try {
+    return text.empty() ? Json() : Json::parse(text);
+  } catch (const Json::exception& e) {
+    throw StatusError(InvalidArgumentError(std::string(what) + ": not valid JSON: " + e.what()));
+  }
+}
+
+// The state of one save. `blobs` holds (name, bytes, per_rank) tuples; the
+// caller keeps that list alive for the call, so the bytes stay valid.
+SaveState MakeState(const std::vector<Spec>& tensors, nb::list blobs,
+                    const std::string& values_json, const std::string& metadata_json) {
+  SaveState state;
+  for (const auto& [key, dtype, shape, offset, size, ptr] : tensors) {
+    state.tensors.push_back({key, Unwrap(ParseDType(dtype)), shape, BoxSlice(offset, size),
+                             reinterpret_cast<const void*>(ptr)});
+  }
+  for (nb::handle item : blobs) {
+    auto [name, data, per_rank] = nb::cast<std::tuple<std::string, nb::bytes, bool>>(item);
+    state.blobs.push_back({name, data.c_str(), data.size(), per_rank});
+  }
+  state.values = ParseJson(values_json, "values");
+  if (state.values.is_null()) state.values = Json::object();
+  state.metadata = ParseJson(metadata_json, "metadata");
+  return state;
+}
+
+LoadRequest MakeRequest(const std::vector<Spec>& targets) {
+  LoadRequest request;
+  for (const auto& [key, dtype, shape, offset, size, ptr] : targets) {
+    request.tensors.push_back({key, Unwrap(ParseDType(dtype)), shape, BoxSlice(offset, size),
+                               reinterpret_cast<void*>(ptr)});
+  }
+  return request;
+}
+
+// Options come as a dict of keyword arguments; an unknown key is an error so
+// a typo does not silently fall back to a default.
+template <typename Options>
+class OptionReader {
+ public:
+  explicit OptionReader(nb::dict d) : d_(d) {}
+  template <typename T>
+  OptionReader& Get(const char* name, T Options::*field) {
+    if (d_.contains(name)) {
+      options_.*field = nb::cast<T>(d_[name]);
+      ++used_;
+    }
+    return *this;
+  }
+  Options Done() {
+    if (used_ != d_.size()) {
+      std::string names;
+      for (auto [k, v] : d_) names += " " + nb::cast<std::string>(k);
+      throw StatusError(InvalidArgumentError("unknown option among:" + names));
+    }
+    return options_;
+  }
+
+ private:
+  nb::dict d_;
+  Options options_;
+  size_t used_ = 0;
+};
+
+SaveOptions ParseSaveOptions(nb::dict d) {
+  return OptionReader<SaveOptions>(d)
+      .Get("max_file_bytes", &SaveOptions::max_file_bytes)
+      .Get("direct_io", &SaveOptions::direct_io)
+      .Get("io_threads", &SaveOptions::io_threads)
+      .Get("io_buffer_bytes", &SaveOptions::io_buffer_bytes)
+      .Get("io_depth", &SaveOptions::io_depth)
+      .Get("overwrite", &SaveOptions::overwrite)
+      .Done();
+}
+
+LoadOptions ParseLoadOptions(nb::dict d) {
+  LoadOptions o = OptionReader<LoadOptions>(d)
+                      .Get("verify_checksums", &LoadOptions::verify_checksums)
+                      .Get("convert_dtypes", &LoadOptions::convert_dtypes)
+                      .Get("io_threads", &LoadOptions::io_threads)
+                      .Get("scratch_bytes", &LoadOptions::scratch_bytes)
+                      .Get("direct_io", &LoadOptions::direct_io)
+                      .Done();
+  o.allow_partial = true;  // the Python layer reports missing keys itself
+  return o;
+}
+
+nb::dict ToDict(const SaveStats& s) {
+  nb::dict d;
+  d["bytes_written"] = s.bytes_written;
+  d["unique_bytes"] = s.unique_bytes;
+  d["held_bytes"] = s.held_bytes;
+  d["max_rank_bytes"] = s.max_rank_bytes;
+  d["files"] = s.files;
+  d["seconds"] = s.seconds;
+  d["warnings"] = s.warnings;
+  return d;
+}
+
+nb::dict ToDict(const LoadResult& r) {
+  nb::dict d;
+  d["path"] = r.path;
+  d["tag"] = r.tag;
+  d["values"] = r.values.dump();
+  d["metadata"] = r.metadata.dump();
+  d["saved_world_size"] = r.saved_world_size;
+  nb::dict blobs;
+  for (const auto& [name, data] : r.blobs) blobs[name.c_str()] = nb::bytes(data.data(), data.size());
+  d["blobs"] = blobs;
+  d["missing"] = r.missing;
+  d["unexpected"] = r.unexpected;
+  d["bytes_needed"] = r.bytes_needed;
+  d["bytes_read"] = r.bytes_read;
+  d["chunks_verified"] = r.chunks_verified;
+  d["seconds"] = r.seconds;
+  return d;
+}
+
+nb::dict ToDict(const CheckpointInfo& c) {
+  nb::dict d;
+  d["tag"] = c.tag;
+  d["path"] = c.path;
+  d["step"] = c.step;
+  d["bytes"] = c.bytes;
+  d["mtime_unix"] = c.mtime_unix;
+  d["is_latest"] = c.is_latest;
+  return d;
+}
+
+// What a checkpoint (or safetensors file, or HF directory) holds, without
+// reading tensor data: {path, tag, native, values, metadata, blobs,
+// tensors: {key: (dtype, shape)}}.
+nb::dict Describe(const std::string& path) {
+  CheckpointSource source;
+  {
+    nb::gil_scoped_release release;
+    source = Unwrap(OpenSource(*DefaultFileSystem(), path));
+  }
+  nb::dict d;
+  d["path"] = source.path;
+  d["tag"] = source.index.tag;
+  d["native"] = source.native;
+  d["values"] = source.index.values.dump();
+  d["metadata"] = source.index.metadata.dump();
+  std::vector<std::string> blobs;
+  for (const auto& [name, blob] : source.index.blobs) blobs.push_back(name);
+  d["blobs"] = blobs;
+  nb::dict tensors;
+  for (const auto& [key, t] : source.index.tensors) {
+    tensors[key.c_str()] = nb::make_tuple(std::string(DTypeName(t.dtype)), t.shape);
+  }
+  d["tensors"] = tensors;
+  return d;
+}
+
+class Handle {
+ public:
+  explicit Handle(std::shared_ptr<AsyncSaveHandle> h) : h_(std::move(h)) {}
+  bool done() const { return h_->Done(); }
+  double blocked_seconds() const { return h_->blocked_seconds(); }
+  nb::dict wait() {
+    Result<SaveStats> r = [&] {
+      nb::gil_scoped_release release;
+      return h_->Wait();
+    }();
+    return ToDict(Unwrap(std::move(r)));
+  }
+
+ private:
+  std::shared_ptr<AsyncSaveHandle> h_;
+};
+
+// Runs `fn` (an engine call) with the GIL released and unwraps its result.
+template <typename Fn>
+auto Released(Fn&& fn) {
+  auto r = [&] {
+    nb::gil_scoped_release release;
+    return fn();
+  }();
+  return Unwrap(std::move(r));
+}
+
+void RegisterErrors() {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      nb::object make = nb::module_::import_("shardsafe.errors").attr("from_status");
+      nb::object exc = make(std::string(StatusCodeName(e.status.code())), e.status.message());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace shardsafe::python
+
+NB_MODULE(_C, m) {
+  using namespace shardsafe;
+  using namespace shardsafe::python;
+  m.doc() = "shardsafe engine bindings; use the `shardsafe` package, not this module";
+  RegisterErrors();
+
+  m.def("save",
+        [](const std::vector<Spec>& tensors, nb::list blobs, const std::string& values,
+           const std::string& metadata, const std::string& path, nb::handle comm,
+           nb::dict options) {
+          SaveState state = MakeState(tensors, blobs, values, metadata);
+          SaveOptions o = ParseSaveOptions(options);
+          std::unique_ptr<Comm> c = MakeComm(comm);
+          return ToDict(Released([&] { return Save(state, path, *c, o); }));
+        },
+        "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "path"_a, "comm"_a.none(),
+        "options"_a);
+
+  m.def("load",
+        [](const std::vector<Spec>& targets, const std::string& path, nb::handle comm,
+           nb::dict options) {
+          LoadRequest request = MakeRequest(targets);
+          LoadOptions o = ParseLoadOptions(options);
+          std::unique_ptr<Comm> c = MakeComm(comm);
+          return ToDict(Released([&] { return Load(request, path, *c, o); }));
+        },
+        "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
+
+  m.def("describe", &Describe, "path"_a);
+
+  nb::class_<Handle>(m, "AsyncHandle")
+      .def("done", &Handle::done)
+      .def("wait", &Handle::wait)
+      .def_prop_ro("blocked_seconds", &Handle::blocked_seconds);
+
+  nb::class_<AsyncSaver>(m, "AsyncSaver")
+      .def(nb::init<>())
+      .def("save",
+           [](AsyncSaver& saver, const std::vector<Spec>& tensors, nb::list blobs,
+              const std::string& values, const std::string& metadata, const std::string& root,
+              const std::string& tag, nb::handle comm, nb::dict options) {
+             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveOptions o = ParseSaveOptions(options);
+             std::unique_ptr<Comm> c = MakeComm(comm);
+             return Handle(Released([&] { return saver.Save(state, root, tag, *c, o); }));
+           },
+           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
+           "comm"_a.none(), "options"_a)
+      .def("wait_pending", [](AsyncSaver& saver) {
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = saver.WaitForPending();
+        }
+        Check(s);
+      })
+      .def_prop_ro("staging_bytes", &AsyncSaver::staging_bytes);
+
+  nb::class_<CheckpointManager>(m, "CheckpointManager")
+      .def("__init__",
+           [](CheckpointManager* self, const std::string& root, int keep_last) {
+             new (self) CheckpointManager(root, {.keep_last = keep_last});
+           },
+           "root"_a, "keep_last"_a)
+      .def_prop_ro("root", &CheckpointManager::root)
+      .def("save",
+           [](CheckpointManager& m, int64_t step, const std::vector<Spec>& tensors,
+              nb::list blobs, const std::string& values, const std::string& metadata,
+              nb::handle comm, nb::dict options) {
+             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveOptions o = ParseSaveOptions(options);
+             std::unique_ptr<Comm> c = MakeComm(comm);
+             return ToDict(Released([&] { return m.Save(step, state, *c, o); }));
+           },
+           "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
+           "options"_a)
+      .def("async_save",
+           [](CheckpointManager& m, int64_t step, const std::vector<Spec>& tensors,
+              nb::list blobs, const std::string& values, const std::string& metadata,
+              nb::handle comm, nb::dict options) {
+             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveOptions o = ParseSaveOptions(options);
+             std::unique_ptr<Comm> c = MakeComm(comm);
+             return Handle(Released([&] { return m.AsyncSave(step, state, *c, o); }));
+           },
+           "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
+           "options"_a)
+      .def("wait_async", [](CheckpointManager& m) {
+        Status s;
+        {
+          nb::gil_scoped_release release;
+          s = m.WaitForAsyncSave();
+        }
+        Check(s);
+      })
+      .def("latest_step",
+           [](CheckpointManager& m) { return Released([&] { return m.LatestStep(); }); })
+      .def("load",
+           [](CheckpointManager& m, const std::vector<Spec>& targets, std::optional<int64_t> step,
+              nb::handle comm, nb::dict options) {
+             LoadRequest request = MakeRequest(targets);
+             LoadOptions o = ParseLoadOptions(options);
+             std::unique_ptr<Comm> c = MakeComm(comm);
+             return ToDict(Released([&] { return m.Load(request, step, *c, o); }));
+           },
+           "targets"_a, "step"_a.none(), "comm"_a.none(), "options"_a)
+      .def("list",
+           [](CheckpointManager& m) {
+             std::vector<nb::dict> out;
+             for (const CheckpointInfo& c : Released([&] { return m.List(); })) {
+               out.push_back(ToDict(c));
+             }
+             return out;
+           })
+      .def("prune", [](CheckpointManager& m, int keep) {
+        return Released([&] { return m.Prune(keep); });
+      });
+
+  m.def("step_tag", &CheckpointManager::StepTag, "step"_a);
+}

@@ -1,0 +1,74 @@
+#include "python/py_comm.h"
+
+#include <nanobind/stl/string.h>
+
+namespace nb = nanobind;
+
+namespace shardsafe::python {
+namespace {
+
+Status PythonFailure(std::string_view op, const nb::python_error& e) {
+  return UnavailableError("torch.distributed " + std::string(op) + " failed: " + e.what());
+}
+
+std::string ToString(nb::handle bytes) {
+  nb::bytes b = nb::borrow<nb::bytes>(bytes);
+  return std::string(b.c_str(), b.size());
+}
+
+}  // namespace
+
+PyComm::PyComm(nb::object impl)
+    : impl_(std::move(impl)),
+      rank_(nb::cast<int>(impl_.attr("rank"))),
+      size_(nb::cast<int>(impl_.attr("size"))) {}
+
+PyComm::~PyComm() {
+  nb::gil_scoped_acquire gil;
+  impl_.reset();
+}
+
+Result<std::vector<std::string>> PyComm::AllGather(std::string_view mine) {
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::object parts = impl_.attr("all_gather")(nb::bytes(mine.data(), mine.size()));
+    std::vector<std::string> out;
+    for (nb::handle part : parts) out.push_back(ToString(part));
+    if (static_cast<int>(out.size()) != size_) {
+      return InternalError("all_gather returned " + std::to_string(out.size()) +
+                           " parts for a group of " + std::to_string(size_));
+    }
+    return out;
+  } catch (const nb::python_error& e) {
+    return PythonFailure("all_gather", e);
+  }
+}
+
+Result<std::string> PyComm::Broadcast(std::string_view data, int root) {
+  if (root < 0 || root >= size_) {
+    return InvalidArgumentError("broadcast root " + std::to_string(root) + " outside group");
+  }
+  nb::gil_scoped_acquire gil;
+  try {
+    return ToString(impl_.attr("broadcast")(nb::bytes(data.data(), data.size()), root));
+  } catch (const nb::python_error& e) {
+    return PythonFailure("broadcast", e);
+  }
+}
+
+Status PyComm::Barrier() {
+  nb::gil_scoped_acquire gil;
+  try {
+    impl_.attr("barrier")();
+    return Status::Ok();
+  } catch (const nb::python_error& e) {
+    return PythonFailure("barrier", e);
+  }
+}
+
+std::unique_ptr<Comm> MakeComm(nb::handle impl) {
+  if (impl.is_none()) return MakeSingleProcessComm();
+  return std::make_unique<PyComm>(nb::borrow(impl));
+}
+
+}  // namespace shardsafe::python

@@ -1,0 +1,36 @@
+// PyComm: a Comm backed by a Python object, so the engine coordinates over
+// the caller's torch.distributed process group (python/shardsafe/_comm.py).
+//
+// The object provides `rank`, `size`, `all_gather(bytes) -> list[bytes]`,
+// `broadcast(bytes, root) -> bytes` and `barrier()`. Each call takes the GIL
+// for its duration, so engine calls that use a PyComm run with the GIL
+// released. A Python exception becomes Unavailable naming the operation.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "shardsafe/comm.h"
+
+namespace shardsafe::python {
+
+class PyComm : public Comm {
+ public:
+  explicit PyComm(nanobind::object impl);  // call with the GIL held
+  ~PyComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override;
+  Result<std::string> Broadcast(std::string_view data, int root) override;
+  Status Barrier() override;
+
+ private:
+  nanobind::object impl_;
+  int rank_;
+  int size_;
+};
+
+// A PyComm over `impl`, or a single-process Comm when `impl` is None.
+std::unique_ptr<Comm> MakeComm(nanobind::handle impl);
+
+}  // namespace shardsafe::python
