@@ -1,0 +1,291 @@
+"""The Python API in one process: round trips, values, errors, async, manager.
+
+Every test goes through the installed package (`pip install .`): the C++
+engine writes real files with fsync, and loads read them back.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import shardsafe
+from shardsafe._state import DTYPE_NAMES
+from test_interop import SUPPORTED, assert_bit_identical, random_tensor
+
+STORABLE = {n: dt for n, dt in SUPPORTED.items() if dt in DTYPE_NAMES}
+Point = collections.namedtuple("Point", "x y")
+
+
+def zeros_like_state(state: dict) -> dict:
+    return {k: torch.zeros_like(v) for k, v in state.items()}
+
+
+def every_dtype_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, dt in sorted(STORABLE.items()):
+        for label, shape in {"mat": (3, 5), "vec": (7,), "scalar": (), "empty": (0, 4)}.items():
+            out[f"{name.lower()}.{label}"] = random_tensor(dt, shape, gen)
+    return out
+
+
+def test_every_safetensors_dtype_round_trips_bit_exact(tmp_path):
+    assert {"F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "I64", "U8", "BOOL"} <= set(STORABLE)
+    state = every_dtype_state()
+    shardsafe.save(state, tmp_path / "step-1")
+    got = zeros_like_state(state)
+    shardsafe.load(got, tmp_path / "step-1")
+    assert_bit_identical(got, state)
+
+
+def test_nested_state_with_module_optimizer_and_values(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.8, 0.95))
+    model(torch.randn(4, 6)).square().sum().backward()
+    optim.step()
+    values = {"step": 12, "best": float("inf"), "worst": float("-inf"), "nan": math.nan,
+              "pair": (1, 2.5), "point": Point(3, "a"), "ids": {0: "zero", 7: None},
+              "note": "ünïcode", "flag": True, "big": 2**63 + 5, "lr_list": [1e-3, 2e-4]}
+    state = {"model": model, "optim": optim, "extra": {"buf": [torch.arange(5), {"x": 1.5}]},
+             **values}
+    shardsafe.save(state, tmp_path / "step-12")
+
+    model2 = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    optim2 = torch.optim.AdamW(model2.parameters(), lr=1.0)
+    model2(torch.randn(4, 6)).sum().backward()
+    optim2.step()  # so its state has the tensors to fill
+    target = {"model": model2, "optim": optim2, "extra": {"buf": [torch.zeros(5, dtype=torch.int64),
+                                                                  {"x": 0.0}]},
+              "step": 0, "best": 0.0, "worst": 0.0, "nan": 0.0, "pair": (0, 0.0),
+              "point": Point(0, ""), "ids": {0: "", 7: ""}, "note": "", "flag": False, "big": 0,
+              "lr_list": []}
+    result = shardsafe.load(target, tmp_path / "step-12")
+    assert result.missing_keys == [] and result.unexpected_keys == []
+
+    for (k, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), k
+    sd1, sd2 = optim.state_dict(), optim2.state_dict()
+    assert sd1["param_groups"] == sd2["param_groups"]
+    assert isinstance(sd2["param_groups"][0]["betas"], tuple)
+    for i in sd1["state"]:
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(sd1["state"][i][name], sd2["state"][i][name]), (i, name)
+    assert torch.equal(target["extra"]["buf"][0], torch.arange(5))
+    assert target["extra"]["buf"][1] == {"x": 1.5}
+    for key, want in values.items():
+        got = target[key]
+        if key == "nan":
+            assert math.isnan(got)
+        else:
+            assert got == want and type(got) is type(want), key
+    assert target["ids"] == {0: "zero", 7: None}
+
+
+def test_non_contiguous_sources_and_targets(tmp_path):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = {"t": base.t(), "every_other": base[:, ::2], "conj": torch.randn(3, dtype=torch.complex64).conj()}
+    shardsafe.save(state, tmp_path / "c")
+    got = {"t": torch.zeros(4, 6).t(), "every_other": torch.zeros(4, 6)[:, ::2],
+           "conj": torch.zeros(3, dtype=torch.complex64)}
+    shardsafe.load(got, tmp_path / "c")
+    for k in state:
+        assert torch.equal(got[k], state[k].resolve_conj()), k
+    assert not got["t"].is_contiguous()
+
+
+def test_value_that_is_not_json_names_its_key(tmp_path):
+    state = {"w": torch.ones(2), "sched": {"fn": object()}}
+    with pytest.raises(shardsafe.InvalidStateError, match=r"'sched.fn'.*unsafe_pickle"):
+        shardsafe.save(state, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_unsafe_pickle_is_an_explicit_opt_in_on_both_sides(tmp_path):
+    state = {"w": torch.ones(2), "obj": {1, 2, 3}}
+    shardsafe.save(state, tmp_path / "p", unsafe_pickle=True)
+    target = {"w": torch.zeros(2), "obj": None}
+    with pytest.raises(shardsafe.InvalidStateError, match=r"'obj'.*pickle"):
+        shardsafe.load(target, tmp_path / "p")
+    shardsafe.load(target, tmp_path / "p", unsafe_pickle=True)
+    assert target["obj"] == {1, 2, 3}
+
+
+def test_missing_key_raises_before_changing_anything(tmp_path):
+    shardsafe.save({"a": torch.ones(3)}, tmp_path / "s")
+    target = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    with pytest.raises(shardsafe.KeyMismatchError, match=r"missing keys \['b'\]") as info:
+        shardsafe.load(target, tmp_path / "s")
+    assert info.value.missing_keys == ["b"]
+    assert isinstance(info.value, KeyError)
+    assert torch.equal(target["a"], torch.zeros(3)), "strict failure must not load anything"
+
+
+def test_non_strict_reports_missing_and_unexpected_and_loads_the_rest(tmp_path):
+    shardsafe.save({"a": torch.ones(3), "old": torch.ones(1), "epoch": 4}, tmp_path / "s")
+    target = {"a": torch.zeros(3), "new": torch.zeros(2), "lr": 0.5}
+    with pytest.raises(shardsafe.KeyMismatchError, match="unexpected keys"):
+        shardsafe.load(target, tmp_path / "s")
+    result = shardsafe.load(target, tmp_path / "s", strict=False)
+    assert result.missing_keys == ["lr", "new"]
+    assert result.unexpected_keys == ["epoch", "old"]
+    assert torch.equal(target["a"], torch.ones(3))
+    assert torch.equal(target["new"], torch.zeros(2)) and target["lr"] == 0.5
+
+
+def test_shape_mismatch_names_key_and_both_shapes(tmp_path):
+    shardsafe.save({"w": torch.ones(4, 3)}, tmp_path / "s")
+    with pytest.raises(shardsafe.ShapeMismatchError, match=r'"w".*\[4, 3\].*\[3, 4\]') as info:
+        shardsafe.load({"w": torch.zeros(3, 4)}, tmp_path / "s")
+    assert isinstance(info.value, ValueError)
+
+
+def test_dtype_mismatch_is_an_error_unless_conversion_is_asked_for(tmp_path):
+    w = torch.randn(4, 3)
+    shardsafe.save({"w": w}, tmp_path / "s")
+    with pytest.raises(shardsafe.DTypeMismatchError, match=r'"w".*F32.*BF16') as info:
+        shardsafe.load({"w": torch.zeros(4, 3, dtype=torch.bfloat16)}, tmp_path / "s")
+    assert isinstance(info.value, TypeError)
+    got = {"w": torch.zeros(4, 3, dtype=torch.bfloat16)}
+    shardsafe.load(got, tmp_path / "s", convert_dtypes=True)
+    assert torch.equal(got["w"], w.bfloat16())
+
+
+def test_corrupt_data_file_names_file_and_tensor(tmp_path):
+    shardsafe.save({"w": torch.arange(4096, dtype=torch.float32)}, tmp_path / "s")
+    data = next(p for p in (tmp_path / "s").iterdir() if p.suffix == ".safetensors")
+    raw = bytearray(data.read_bytes())
+    raw[-100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=rf"\"w\".*{data.name}: checksum mismatch"):
+        shardsafe.load({"w": torch.zeros(4096)}, tmp_path / "s")
+
+
+def test_truncated_data_file_is_a_clear_error(tmp_path):
+    shardsafe.save({"w": torch.arange(4096, dtype=torch.float32)}, tmp_path / "s")
+    data = next(p for p in (tmp_path / "s").iterdir() if p.suffix == ".safetensors")
+    os.truncate(data, data.stat().st_size // 2)
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=data.name):
+        shardsafe.load({"w": torch.zeros(4096)}, tmp_path / "s")
+
+
+def test_checkpoint_not_found(tmp_path):
+    with pytest.raises(shardsafe.CheckpointNotFoundError, match="nowhere") as info:
+        shardsafe.load({"w": torch.zeros(1)}, tmp_path / "nowhere")
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_save_refuses_to_replace_unless_overwrite(tmp_path):
+    shardsafe.save({"w": torch.ones(2)}, tmp_path / "s")
+    with pytest.raises(shardsafe.CheckpointExistsError):
+        shardsafe.save({"w": torch.zeros(2)}, tmp_path / "s")
+    shardsafe.save({"v": torch.full((2,), 7.0)}, tmp_path / "s", overwrite=True)
+    assert set(shardsafe.describe(tmp_path / "s")["tensors"]) == {"v"}
+
+
+def test_unknown_option_is_an_error(tmp_path):
+    with pytest.raises(shardsafe.InvalidStateError, match="io_thread"):
+        shardsafe.save({"w": torch.ones(2)}, tmp_path / "s", io_thread=3)
+
+
+def test_colliding_keys_are_an_error(tmp_path):
+    with pytest.raises(shardsafe.InvalidStateError, match="'a.b' appears twice"):
+        shardsafe.save({"a.b": torch.ones(1), "a": {"b": torch.ones(1)}}, tmp_path / "s")
+
+
+def test_async_save_snapshots_at_the_call(tmp_path):
+    w = torch.randn(1 << 20)
+    want = w.clone()
+    fut = shardsafe.async_save({"w": w, "step": 3}, tmp_path / "step-3")
+    w.mul_(-1)  # the caller trains on right away
+    assert fut.result(timeout=120) == str(tmp_path / "step-3")
+    assert fut.blocked_seconds >= 0
+    got = {"w": torch.zeros_like(w), "step": 0}
+    shardsafe.load(got, tmp_path / "step-3")
+    assert torch.equal(got["w"], want) and got["step"] == 3
+
+
+def test_async_save_error_at_the_call(tmp_path):
+    shardsafe.save({"w": torch.ones(2)}, tmp_path / "s")
+    with pytest.raises(shardsafe.ShardsafeError):
+        shardsafe.async_save({"w": torch.ones(2)}, tmp_path / "s").result(timeout=60)
+
+
+def test_checkpoint_manager_keeps_the_newest_and_loads_latest(tmp_path):
+    mgr = shardsafe.CheckpointManager(tmp_path / "root", keep_last=2)
+    assert mgr.latest_step() is None
+    with pytest.raises(shardsafe.CheckpointNotFoundError):
+        mgr.load({"w": torch.zeros(2)})
+    for step in range(1, 5):
+        state = {"w": torch.full((2,), float(step)), "step": step}
+        if step % 2:
+            mgr.save(step, state)
+        else:
+            assert mgr.async_save(step, state).result(timeout=120) == mgr.path(step)
+    assert mgr.latest_step() == 4
+    assert [c["step"] for c in mgr.list()] == [3, 4]
+    got = {"w": torch.zeros(2), "step": 0}
+    mgr.load(got)
+    assert got["step"] == 4 and torch.equal(got["w"], torch.full((2,), 4.0))
+    mgr.load(got, step=3)
+    assert got["step"] == 3
+
+
+def test_loads_a_safetensors_file_and_a_hugging_face_directory(tmp_path):
+    tensors = {"embed.weight": torch.randn(10, 4), "head.bias": torch.randn(10)}
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    got = zeros_like_state(tensors)
+    shardsafe.load(got, tmp_path / "model.safetensors")
+    assert_bit_identical(got, tensors)
+    got = zeros_like_state(tensors)
+    shardsafe.load(got, tmp_path)
+    assert_bit_identical(got, tensors)
+
+
+def test_metadata_round_trips(tmp_path):
+    shardsafe.save({"w": torch.ones(1)}, tmp_path / "s", metadata={"run": "abc", "tp": 2})
+    assert shardsafe.load({"w": torch.zeros(1)}, tmp_path / "s").metadata == {"run": "abc", "tp": 2}
+    assert json.dumps(shardsafe.describe(tmp_path / "s")["metadata"]) == '{"run": "abc", "tp": 2}'
+
+
+def test_resumed_training_follows_the_uninterrupted_loss_curve(tmp_path):
+    def make():
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.5)
+        return model, optim, sched
+
+    def step(model, optim, sched, i):
+        g = torch.Generator().manual_seed(100 + i)
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+        optim.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optim.step()
+        sched.step()
+        return loss.item()
+
+    model, optim, sched = make()
+    straight = [step(model, optim, sched, i) for i in range(8)]
+
+    model, optim, sched = make()
+    resumed = [step(model, optim, sched, i) for i in range(4)]
+    shardsafe.save({"model": model, "optim": optim, "sched": sched, "step": 4}, tmp_path / "step-4")
+    model, optim, sched = make()  # a fresh process would start here
+    state = {"model": model, "optim": optim, "sched": sched, "step": 0}
+    # An optimizer without state yet: its first step creates the tensors to fill.
+    model(torch.zeros(1, 8)).sum().backward()
+    optim.step()
+    optim.zero_grad()
+    shardsafe.load(state, tmp_path / "step-4")
+    resumed += [step(model, optim, sched, i) for i in range(state["step"], 8)]
+    assert resumed == straight
