@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test, from a fresh clone: dependencies, release build + CTest
-# (GoogleTest and 4-rank MPI tests), pytest interop and CLI tests, an
+# (GoogleTest and 4-rank MPI tests), `pip install .` and pytest (Python API
+# with multi-process gloo tests, interop and CLI tests), an
 # ASan+UBSan build running all unit tests, a TSan build of the threaded
 # modules, and a short libFuzzer run of each parser fuzzer.
 #   FUZZ_SECONDS  seconds per fuzzer (default 30)
@@ -16,8 +17,11 @@ step "release build + CTest"
 bash scripts/build.sh release
 (cd build && ctest --output-on-failure -j2 --timeout 900)
 
-step "pytest: interop with safetensors, command-line tool"
-SHARDSAFE_BIN="$PWD/build/shardsafe" python3 -m pytest -q tests/python
+step "Python package: pip install ."
+python3 -m pip install -q --disable-pip-version-check .
+
+step "pytest: Python API (1 and 4 gloo processes), DCP adapter, example, interop, CLI"
+SHARDSAFE_BIN="$PWD/build/shardsafe" python3 -m pytest -q -W ignore::UserWarning tests/python
 
 step "ASan + UBSan"
 bash scripts/build.sh asan
