@@ -283,7 +283,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     error, report = None, None
     try:
         desc = _C.describe(os.fspath(path))
-        flat = flatten(state_dict)
+        flat = flatten(state_dict, for_load=True)
         saved = desc["tensors"]
         values = json.loads(desc["values"] or "{}") or {}
         targets, missing = _targets(flat, saved)
@@ -361,6 +361,8 @@ class CheckpointManager:
         self.root = os.path.abspath(os.fspath(root))
         self._m = _C.CheckpointManager(self.root, keep_last)
         self._group = process_group
+        # An async save still in flight at exit is finished, not abandoned.
+        atexit.register(_C.CheckpointManager.wait_async, self._m)
 
     def path(self, step: int) -> str:
         return os.path.join(self.root, _C.step_tag(step))

@@ -83,8 +83,33 @@ class Flat:
     state_dicts: dict[int, Any] = field(default_factory=dict)  # id(obj) -> obj.state_dict()
 
 
-def flatten(state: Any) -> Flat:
-    """Walks `state` (see the module doc) and records what it holds."""
+def init_optimizer_state(optim: torch.optim.Optimizer) -> None:
+    """Creates the per-parameter state of an optimizer that has not stepped
+    yet (so a load has tensors to fill): one step with zero gradients and a
+    zero learning rate, leaving parameters and gradients as they were."""
+    if optim.state:
+        return
+    params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
+    grads = [p.grad for p in params]
+    lrs = [g.get("lr") for g in optim.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for g in optim.param_groups:
+            if "lr" in g:
+                g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+        optim.step()
+    finally:
+        for p, grad in zip(params, grads):
+            p.grad = grad
+        for g, lr in zip(optim.param_groups, lrs):
+            if lr is not None:
+                g["lr"] = lr
+
+
+def flatten(state: Any, for_load: bool = False) -> Flat:
+    """Walks `state` (see the module doc) and records what it holds. For a
+    load, optimizers that have not stepped yet get their state created."""
     flat = Flat()
     seen: set[str] = set()
 
@@ -93,6 +118,8 @@ def flatten(state: Any) -> Flat:
             add(key)
             flat.tensors.append(TensorLeaf(key, node))
         elif is_stateful(node) and not isinstance(node, Mapping):
+            if for_load and isinstance(node, torch.optim.Optimizer):
+                init_optimizer_state(node)
             sd = flat.state_dicts.setdefault(id(node), node.state_dict())
             visit(sd, key)
         elif not holds_tensors(node):

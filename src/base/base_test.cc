@@ -61,6 +61,18 @@ TEST(Crc32cTest, ExtendEqualsWhole) {
   }
 }
 
+TEST(Crc32cTest, CombineEqualsWhole) {
+  std::vector<unsigned char> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+  const uint32_t whole = Crc32c(data.data(), data.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4096}, size_t{65537}, data.size()}) {
+    const uint32_t a = Crc32c(data.data(), cut);
+    const uint32_t b = Crc32c(data.data() + cut, data.size() - cut);
+    EXPECT_EQ(Crc32cCombine(a, b, data.size() - cut), whole) << "cut at " << cut;
+  }
+  EXPECT_EQ(Crc32cCombine(Crc32c("1234", 4), Crc32c("56789", 5), 5), 0xE3069283u);
+}
+
 TEST(Crc32cTest, CopyWithCrcCopiesAndChecksums) {
   std::vector<char> src(1 << 20), dst(1 << 20);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i ^ (i >> 8));

@@ -22,6 +22,43 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   return ~reg;
 }
 
+namespace {
+
+// CRC-32C arithmetic on polynomials over GF(2) modulo the Castagnoli
+// polynomial P, in the reflected bit order the checksum uses: bit 31 holds
+// the coefficient of x^0, bit 0 that of x^31.
+constexpr uint32_t kReflectedPoly = 0x82F63B78;
+constexpr uint32_t kOne = 0x80000000;  // the polynomial 1 (x^0)
+
+// a * b mod P.
+uint32_t MulModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {  // a's terms, x^0 upwards
+    if (a & bit) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kReflectedPoly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+// x^(8 * n) mod P: appending n zero bytes multiplies a checksum by this.
+uint32_t ShiftBytes(uint64_t n) {
+  uint32_t result = kOne;
+  uint32_t power = kOne >> 8;  // x^8
+  for (; n != 0; n >>= 1) {
+    if (n & 1) result = MulModP(result, power);
+    power = MulModP(power, power);
+  }
+  return result;
+}
+
+}  // namespace
+
+// The checksum is linear: the pre- and post-inversions of A's and B's
+// computations cancel, leaving crc(A) shifted past B's bytes, plus crc(B).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
+  return MulModP(crc_a, ShiftBytes(len_b)) ^ crc_b;
+}
+
 uint32_t CopyWithCrc32c(void* dst, const void* src, size_t n, uint32_t crc) {
   // 256 KiB blocks: the copied block is still in L2 when the checksum reads it.
   constexpr size_t kBlock = 256 * 1024;

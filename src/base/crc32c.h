@@ -21,6 +21,10 @@ inline uint32_t Crc32c(std::span<const std::byte> data) {
   return Crc32cExtend(0, data.data(), data.size());
 }
 
+// The checksum of A followed by B, from Crc32c(A), Crc32c(B) and B's length:
+// lets pieces of one chunk be checksummed on different threads.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 // Copies `n` bytes from `src` to `dst` (non-overlapping) and returns the
 // checksum of the bytes, extending `crc`. Interleaves copy and checksum in
 // cache-sized blocks so the data is read from memory once.

@@ -60,9 +60,7 @@ def test_nested_state_with_module_optimizer_and_values(tmp_path):
     shardsafe.save(state, tmp_path / "step-12")
 
     model2 = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
-    optim2 = torch.optim.AdamW(model2.parameters(), lr=1.0)
-    model2(torch.randn(4, 6)).sum().backward()
-    optim2.step()  # so its state has the tensors to fill
+    optim2 = torch.optim.AdamW(model2.parameters(), lr=1.0)  # no state yet: created by load
     target = {"model": model2, "optim": optim2, "extra": {"buf": [torch.zeros(5, dtype=torch.int64),
                                                                   {"x": 0.0}]},
               "step": 0, "best": 0.0, "worst": 0.0, "nan": 0.0, "pair": (0, 0.0),
@@ -282,10 +280,22 @@ def test_resumed_training_follows_the_uninterrupted_loss_curve(tmp_path):
     shardsafe.save({"model": model, "optim": optim, "sched": sched, "step": 4}, tmp_path / "step-4")
     model, optim, sched = make()  # a fresh process would start here
     state = {"model": model, "optim": optim, "sched": sched, "step": 0}
-    # An optimizer without state yet: its first step creates the tensors to fill.
-    model(torch.zeros(1, 8)).sum().backward()
-    optim.step()
-    optim.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
     shardsafe.load(state, tmp_path / "step-4")
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     resumed += [step(model, optim, sched, i) for i in range(state["step"], 8)]
     assert resumed == straight
+
+
+def test_loading_into_a_fresh_optimizer_creates_its_state_without_touching_parameters(tmp_path):
+    from shardsafe._state import init_optimizer_state
+
+    torch.manual_seed(3)
+    model = torch.nn.Linear(5, 4)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+    model.weight.grad = torch.ones_like(model.weight)
+    before = [p.detach().clone() for p in model.parameters()]
+    init_optimizer_state(optim)
+    assert len(optim.state) == 2 and optim.param_groups[0]["lr"] == 0.1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert torch.equal(model.weight.grad, torch.ones_like(model.weight)) and model.bias.grad is None
