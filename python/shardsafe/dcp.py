@@ -7,34 +7,37 @@
 
 The contract:
 
-- A checkpoint written by `Writer` is an ordinary shardsafe checkpoint: one
-  tensor per DCP FQN (plain tensors, DTensor and ShardedTensor shards, each
-  box written once), committed atomically by one collective shardsafe save
-  inside `write_data`. Non-tensor values (DCP's BYTE_IO items) are stored
-  as global blobs "dcp/<FQN>" holding DCP's own bytes (torch.save), so DCP
-  gets back exactly what it wrote; those that JSON can hold are also stored
-  as shardsafe values under their FQN, so `shardsafe.load` of the same state
-  structure reads the checkpoint too (with strict=True). DCP's flattening
-  map (planner_data) is kept in the global blob "dcp.planner_data".
-- `Reader` reads any checkpoint shardsafe can (a checkpoint directory, a
-  root: its latest, a .safetensors file, a Hugging Face directory). Its DCP
-  `Metadata` has one whole-tensor chunk per tensor (shardsafe serves any
-  box, so DCP's resharding reads become direct box loads) and a bytes entry
-  per value. Values saved by `shardsafe.save` are served to DCP as
-  torch.save bytes of the JSON value, shaped after the target's (tuples and
-  integer dict keys come back); pickled values need unsafe_pickle=True.
+- A checkpoint written by `Writer` is an ordinary shardsafe checkpoint,
+  committed atomically by one collective shardsafe save inside `write_data`:
+  one tensor per DCP FQN (plain tensors, DTensor and ShardedTensor shards,
+  each box written once). Each non-tensor value (a DCP BYTE_IO item) is the
+  global blob "dcp/<FQN>" holding DCP's own bytes, so DCP gets back exactly
+  what it wrote. The values JSON can hold are also shardsafe values, nested
+  back under the keys `shardsafe.save` would use for the same state (DCP
+  splits dicts that shardsafe keeps whole, such as optimizer param_groups),
+  so `shardsafe.load` of that state reads the checkpoint with strict=True.
+  DCP's flattening map is the global blob "dcp.planner_data" (JSON).
+- `Reader` reads any checkpoint shardsafe can: a checkpoint directory, a
+  root (its latest), a .safetensors file, a Hugging Face directory. Its DCP
+  Metadata has one whole-tensor chunk per tensor (shardsafe serves any box,
+  so DCP's resharding reads become box loads straight into the targets) and
+  a bytes entry per value, split the way DCP splits the target state. Values
+  saved by `shardsafe.save` reach DCP as torch.save bytes shaped after the
+  target's value (tuples, integer dict keys); pickled ones need
+  unsafe_pickle=True.
 - The save is collective over the Writer's `process_group` (default: the
   world when torch.distributed is initialised): pass the group given to
   dcp.save. When DCP plans for one process (no_dist=True, or
-  use_collectives=False), each process saves alone, so each needs its own
-  path. Loads need no collective: each rank reads its boxes itself.
-- `finish` (on DCP's coordinator) checks that the committed checkpoint holds
-  every item of DCP's metadata; the commit itself is already done.
-- Errors are shardsafe.errors classes: a missing checkpoint raises
-  CheckpointNotFoundError when the Reader is given its path (constructor or
-  checkpoint_id), a bad tag InvalidStateError when the Writer is. Errors
-  inside DCP's planning or writing steps reach the caller wrapped in DCP's
-  CheckpointException, as for any storage.
+  use_collectives=False) each process saves alone, so each needs its own
+  path. Loads are not collective: each rank reads its own boxes; DCP's
+  coordinator checks that all ranks resolved the same checkpoint.
+- `finish` (DCP's coordinator, after the commit) checks that the committed
+  checkpoint holds every item of DCP's metadata.
+- Errors are shardsafe.errors classes. A missing checkpoint raises
+  CheckpointNotFoundError as soon as the Reader gets its path (constructor,
+  or checkpoint_id= of dcp.load), a bad tag InvalidStateError as soon as the
+  Writer gets it. Errors inside DCP's plan / write / read steps reach the
+  caller wrapped in DCP's CheckpointException, as for any storage.
 """
 
 from __future__ import annotations
@@ -46,23 +49,25 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint._traverse import set_element, traverse_state_dict
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
-                                                   Metadata, StorageMeta,
-                                                   TensorProperties, TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
-                                                  SavePlanner, WriteItem, WriteItemType)
+                                                   Metadata, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, ReadItem,
+                                                  SavePlan, SavePlanner, WriteItem,
+                                                  WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
 from . import _C
 from ._api import _agree, _dtype_name
 from ._comm import TorchComm, resolve
-from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, to_json
+from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, from_json, to_json
 from .errors import InvalidStateError, ShardsafeError
 
 try:
@@ -72,10 +77,12 @@ except ImportError:  # torch without distributed support
 
 __all__ = ["Writer", "Reader"]
 
-BYTES_PREFIX = "dcp/"  # blob name of a DCP BYTE_IO item: "dcp/" + FQN
-PLANNER_DATA_BLOB = "dcp.planner_data"  # JSON {FQN: path}: DCP's flattening map
+BYTES_PREFIX = "dcp/"  # blob of a DCP BYTE_IO item: "dcp/" + FQN
+PLANNER_DATA_BLOB = "dcp.planner_data"  # JSON {FQN: object path}; marks a Writer checkpoint
 
 _TAG = re.compile(r"[A-Za-z0-9._+=-]{1,200}")
+
+Path = tuple  # a DCP object path: dict keys (str) and list indices (int)
 
 
 def _check_tag(path: str) -> None:
@@ -83,12 +90,7 @@ def _check_tag(path: str) -> None:
     tag = os.path.basename(os.path.normpath(path))
     if not _TAG.fullmatch(tag) or tag.startswith(".") or tag == "latest":
         raise InvalidStateError(f"{path}: tag {tag!r} is not 1-200 characters of "
-                                f"[A-Za-z0-9._+=-] not starting with '.' (nor 'latest')")
-
-
-def _no_path(what: str) -> InvalidStateError:
-    return InvalidStateError(f"shardsafe.dcp.{what} has no checkpoint path: pass one to it, or "
-                             f"checkpoint_id= to dcp.{'save' if what == 'Writer' else 'load'}")
+                                f"[A-Za-z0-9._+=-] (not starting with '.', not 'latest')")
 
 
 def _done(value: Any) -> Future:
@@ -103,18 +105,72 @@ def _done(value: Any) -> Future:
 class _PlanInfo:
     """What the coordinator tells every rank in its plan's storage_data."""
 
-    world: int  # how many ranks DCP planned for
+    world: int  # how many ranks DCP planned the save for
+
+
+@dataclass
+class _Layout:
+    """The coordinator's view of the whole state, from all ranks' plans."""
+
+    planner_data: dict[str, list] = field(default_factory=dict)  # FQN -> object path
+    homes: dict[str, list] = field(default_factory=dict)  # value FQN -> [shardsafe key, rest]
+
+
+def _paths(plans: list[SavePlan]) -> dict[str, Path] | None:
+    """DCP's flattening maps of all ranks, or None when a planner keeps
+    something else in planner_data."""
+    merged: dict[str, Path] = {}
+    for p in plans:
+        if p.planner_data is None:
+            continue
+        if not isinstance(p.planner_data, Mapping):
+            return None
+        for fqn, path in p.planner_data.items():
+            if not isinstance(path, (tuple, list)) or not all(
+                    type(x) in (str, int) for x in path):
+                return None
+            merged[str(fqn)] = tuple(path)
+    return merged
+
+
+def _layout(plans: list[SavePlan]) -> _Layout:
+    """Where each value goes among shardsafe's values: under the shortest
+    prefix of its object path that holds no tensor (shardsafe's key for
+    it), at the rest of the path."""
+    paths = _paths(plans) or {}
+    items = [item for p in plans for item in p.items]
+    holders: set[Path] = set()  # path prefixes with a tensor below
+    for item in items:
+        if item.type != WriteItemType.BYTE_IO:
+            path = paths.get(item.index.fqn, (item.index.fqn,))
+            holders.update(path[:i] for i in range(1, len(path) + 1))
+    layout = _Layout(planner_data={k: list(v) for k, v in paths.items()})
+    for item in items:
+        if item.type == WriteItemType.BYTE_IO:
+            path = paths.get(item.index.fqn, (item.index.fqn,))
+            i = next(i for i in range(1, len(path) + 1) if path[:i] not in holders)
+            layout.homes[item.index.fqn] = [".".join(map(str, path[:i])), list(path[i:])]
+    return layout
+
+
+def _nest(values: dict[str, Any], homes: dict[str, list]) -> dict[str, Any]:
+    """shardsafe's values from DCP's per-FQN values (JSON data)."""
+    out: dict[str, Any] = {}
+    for fqn, value in values.items():
+        key, rest = homes.get(fqn, [fqn, []])
+        set_element(out, (key, *rest), value)
+    return out
 
 
 @dataclass
 class _Staged:
     """One rank's part of the save, ready for the engine."""
 
-    specs: list[tuple] = dataclasses.field(default_factory=list)
-    blobs: list[tuple] = dataclasses.field(default_factory=list)
-    values: dict[str, Any] = dataclasses.field(default_factory=dict)  # FQN -> JSON data
-    results: list[WriteResult] = dataclasses.field(default_factory=list)
-    keep: list[torch.Tensor] = dataclasses.field(default_factory=list)  # alive for the engine
+    specs: list[tuple] = field(default_factory=list)
+    blobs: list[tuple] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)  # FQN -> JSON data
+    results: list[WriteResult] = field(default_factory=list)
+    keep: list[torch.Tensor] = field(default_factory=list)  # alive until the engine returns
 
 
 def _local(item: WriteItem, data: Any) -> torch.Tensor:
@@ -137,8 +193,8 @@ _NOT_JSON = object()
 
 
 def _json_copy(key: str, blob: bytes) -> Any:
-    """The value as JSON data for plain shardsafe.load, or _NOT_JSON when
-    JSON cannot hold it (it is then only in its blob)."""
+    """A value as JSON data, or _NOT_JSON when JSON cannot hold it (it is
+    then only in its blob, for DCP)."""
     try:
         return to_json(torch.load(io.BytesIO(blob), weights_only=True), key)
     except Exception:  # noqa: BLE001 - any value weights_only or JSON refuses
@@ -160,8 +216,7 @@ def _stage(items: list[WriteItem], planner: SavePlanner) -> _Staged:
             continue
         local = _local(item, data)
         chunk, shape = item.tensor_data.chunk, tuple(item.tensor_data.size)
-        nbytes = local.numel() * local.element_size()
-        staged.results.append(WriteResult(item.index, nbytes, key))
+        staged.results.append(WriteResult(item.index, local.numel() * local.element_size(), key))
         if local.numel() == 0 and math.prod(shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
         staged.keep.append(local)
@@ -172,9 +227,10 @@ def _stage(items: list[WriteItem], planner: SavePlanner) -> _Staged:
 
 class Writer(StorageWriter):
     """A DCP StorageWriter that saves one shardsafe checkpoint at `path` (or
-    at the checkpoint_id given to dcp.save). `metadata` (JSON-able) is saved
-    as the checkpoint's metadata; engine save options (overwrite,
-    max_file_bytes, io_threads, direct_io, ...) pass through."""
+    at the checkpoint_id given to dcp.save). The save is collective over
+    `process_group` (give it the group given to dcp.save). `metadata`
+    (JSON-able) is saved as the checkpoint's metadata; engine save options
+    (overwrite, max_file_bytes, io_threads, direct_io, ...) pass through."""
 
     def __init__(self, path: str | os.PathLike | None = None, *,
                  process_group: dist.ProcessGroup | None = None, metadata: Any = None,
@@ -184,7 +240,8 @@ class Writer(StorageWriter):
         self.process_group = process_group
         self.metadata = metadata
         self.options = options
-        self._planner_data: dict | None = None
+        self._is_coordinator = False
+        self._layout: _Layout | None = None  # on the coordinator
         self.reset(path)
 
     @property
@@ -196,7 +253,6 @@ class Writer(StorageWriter):
             path = os.path.abspath(os.fspath(checkpoint_id))
             _check_tag(path)
             self.path = path
-        self._is_coordinator = False
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -211,37 +267,44 @@ class Writer(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if self.path is None:
-            raise _no_path("Writer")
+            raise InvalidStateError("shardsafe.dcp.Writer has no checkpoint path: pass one to "
+                                    "it, or checkpoint_id= to dcp.save")
         self._is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        if all(p.usable for p in plans):  # with plan caching, unchanged plans come empty
-            self._planner_data = _merged_planner_data(plans)
+        # With DCP's plan caching, unchanged plans arrive empty: keep the last layout.
+        if all(p.usable for p in plans) or self._layout is None:
+            self._layout = _layout(plans)
         info = _PlanInfo(world=len(plans))
         return [dataclasses.replace(p, storage_data=info) for p in plans]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        comm, staged, error = None, None, None
+        comm = staged = metadata = homes = error = None
         try:
             comm = self._comm(plan)
             staged = _stage(plan.items, planner)
-            if self._is_coordinator and self._planner_data:
-                staged.blobs.append((PLANNER_DATA_BLOB, json.dumps(self._planner_data).encode(),
+            if self._is_coordinator:
+                layout = self._layout or _Layout()
+                homes = layout.homes
+                staged.blobs.append((PLANNER_DATA_BLOB, json.dumps(layout.planner_data).encode(),
                                      False))
-            metadata = "" if self.metadata is None else json.dumps(
-                to_json(self.metadata, "metadata"), allow_nan=False)
+            if self.metadata is not None:
+                metadata = json.dumps(to_json(self.metadata, "metadata"), allow_nan=False)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it before the save
             error = e
-        reports = _agree(comm, error, {"path": self.path,
+        # Values reach the engine from rank 0: gather them, with the
+        # coordinator's map of where they go.
+        reports = _agree(comm, error, {"path": self.path, "homes": homes,
                                        "values": None if staged is None else staged.values})
         if any(r["path"] != self.path for r in reports):
             raise ShardsafeError(f"ranks save to different paths: "
                                  f"{sorted({r['path'] for r in reports})}")
-        values = {k: v for r in reports for k, v in r["values"].items()}
-        _C.save(staged.specs, staged.blobs, json.dumps(values, allow_nan=False), metadata,
+        homes = next((r["homes"] for r in reports if r["homes"] is not None), {})
+        values = _nest({k: v for r in reports for k, v in r["values"].items()}, homes)
+        _C.save(staged.specs, staged.blobs, json.dumps(values, allow_nan=False), metadata or "",
                 self.path, comm, self.options)
         return _done(staged.results)
 
@@ -270,71 +333,70 @@ class Writer(StorageWriter):
             elif BYTES_PREFIX + fqn not in blobs:
                 wrong.append(fqn)
         if wrong:
-            raise ShardsafeError(f"{desc['path']}: committed without (or with a wrong shape for) "
-                                 f"{wrong[:8]}")
-
-
-def _merged_planner_data(plans: list[SavePlan]) -> dict | None:
-    """DCP's flattening maps of all ranks as JSON data, or None when a
-    planner keeps something else there."""
-    merged: dict[str, list] = {}
-    for p in plans:
-        if p.planner_data is None:
-            continue
-        if not isinstance(p.planner_data, Mapping):
-            return None
-        for fqn, path in p.planner_data.items():
-            if not isinstance(path, (tuple, list)) or not all(
-                    isinstance(x, (str, int)) and not isinstance(x, bool) for x in path):
-                return None
-            merged[str(fqn)] = list(path)
-    return merged or None
+            raise ShardsafeError(f"{desc['path']}: committed without (or with a wrong shape "
+                                 f"for) {sorted(wrong)[:8]}")
 
 
 # ------------------------------------------------------------------ reader --
 
-def _describe(path: str) -> dict:
-    desc = _C.describe(path)
-    desc["values"] = json.loads(desc["values"] or "{}") or {}
-    return desc
+@dataclass
+class _Value:
+    """Where a DCP value comes from: a Writer's blob, or part of a shardsafe
+    value (JSON, or pickled: then all of it)."""
+
+    blob: str | None = None
+    key: str = ""
+    rest: Path = ()
 
 
-def _metadata(desc: dict, planner_data: dict) -> tuple[Metadata, dict[str, str]]:
-    """DCP metadata for a described checkpoint, and where each value is:
-    FQN -> its "dcp/" blob name, or "" for a shardsafe value."""
+def _value_sources(desc: dict, values: dict) -> dict[str, _Value]:
+    """FQN -> source of each value, split as DCP splits the target state."""
+    if PLANNER_DATA_BLOB in desc["blobs"]:  # written by Writer: DCP's own items
+        return {b[len(BYTES_PREFIX):]: _Value(blob=b) for b in desc["blobs"]
+                if b.startswith(BYTES_PREFIX)}
+    out = {b[len(PICKLE_PREFIX):]: _Value(key=b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
+           if b.startswith(PICKLE_PREFIX)}
+
+    def visit(path: Path, _: Any) -> None:
+        out[".".join(map(str, path))] = _Value(key=path[0], rest=path[1:])
+
+    # DCP always splits dicts, and lists holding dicts: split the saved value alike.
+    traverse_state_dict({k: from_json(v, None) for k, v in values.items()}, visit)
+    return out
+
+
+def _metadata(desc: dict, sources: dict[str, _Value], planner_data: dict) -> Metadata:
+    """DCP metadata: one whole-tensor chunk per tensor, bytes per value."""
     entries: dict[str, Any] = {}
     for key, (dtype_name, shape) in desc["tensors"].items():
         dtype = TORCH_DTYPES.get(dtype_name)
         if dtype is None:
-            continue  # a dtype torch does not have (F4, F6): not loadable through DCP
+            continue  # a dtype torch lacks (F4, F6): not loadable through DCP
         size = torch.Size(shape)
         chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=size)
         entries[key] = TensorStorageMetadata(TensorProperties(dtype=dtype), size, [chunk])
-    sources = {k: "" for k in desc["values"]}
-    sources.update({b[len(PICKLE_PREFIX):]: "" for b in desc["blobs"]
-                    if b.startswith(PICKLE_PREFIX)})
-    sources.update({b[len(BYTES_PREFIX):]: b for b in desc["blobs"] if b.startswith(BYTES_PREFIX)})
-    for fqn in sources:
+    for fqn, src in sources.items():
         entries[fqn] = BytesStorageMetadata()
+        if src.blob is None:
+            planner_data.setdefault(fqn, [src.key, *src.rest])
     mapping = {k: tuple(planner_data.get(k, (k,))) for k in entries}
-    meta = Metadata(state_dict_metadata=entries, planner_data=mapping,
+    return Metadata(state_dict_metadata=entries, planner_data=mapping,
                     storage_meta=StorageMeta(checkpoint_id=desc["path"]))
-    return meta, sources
 
 
 @dataclass
 class _Read:
-    """One tensor read item: where the engine writes, where DCP wants it."""
+    """One tensor read: where the engine writes it, where DCP wants it."""
 
-    item: Any  # ReadItem
+    item: ReadItem
     target: torch.Tensor
     dest: torch.Tensor
 
 
 class Reader(StorageReader):
     """A DCP StorageReader over any checkpoint shardsafe reads, at `path` (or
-    at the checkpoint_id given to dcp.load). Opening it checks that the
-    checkpoint exists. Engine load options (verify_checksums, io_threads,
+    at the checkpoint_id given to dcp.load); getting a path checks that a
+    checkpoint is there. Engine load options (verify_checksums, io_threads,
     scratch_bytes, direct_io) pass through; unsafe_pickle=True serves values
     that shardsafe.save pickled."""
 
@@ -344,9 +406,9 @@ class Reader(StorageReader):
         self.path: str | None = None
         self.unsafe_pickle = unsafe_pickle
         self.options = options
-        self._opened: dict | None = None  # described at reset, not yet read
+        self._opened: dict | None = None  # described by reset, not yet used by a load
         self._desc: dict | None = None  # the checkpoint of the load in progress
-        self._sources: dict[str, str] = {}
+        self._sources: dict[str, _Value] = {}
         self.reset(path)
 
     @property
@@ -356,7 +418,7 @@ class Reader(StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
-        self._opened = None if self.path is None else _describe(self.path)
+        self._opened = None if self.path is None else _C.describe(self.path)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -368,17 +430,19 @@ class Reader(StorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.path is None:
-            raise _no_path("Reader")
-        # A root's latest may move between loads: describe again unless the
-        # description from reset is still unused.
-        desc, self._opened = self._opened or _describe(self.path), None
+            raise InvalidStateError("shardsafe.dcp.Reader has no checkpoint path: pass one to "
+                                    "it, or checkpoint_id= to dcp.load")
+        # A root's latest may move between loads: describe it again unless
+        # the description from reset is still unused.
+        desc, self._opened = self._opened or _C.describe(self.path), None
+        values = json.loads(desc["values"] or "{}") or {}
         planner_data = {}
         if PLANNER_DATA_BLOB in desc["blobs"]:
             blobs = _C.load([], desc["path"], None, self.options)["blobs"]
             planner_data = json.loads(blobs[PLANNER_DATA_BLOB])
-        meta, self._sources = _metadata(desc, planner_data)
+        self._sources = _value_sources(desc, values)
         self._desc = desc
-        return meta
+        return _metadata(desc, self._sources, planner_data)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -386,8 +450,8 @@ class Reader(StorageReader):
             raise InvalidStateError("shardsafe.dcp.Reader: read_metadata was not called")
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        plan.storage_data = self._desc["path"]  # so the coordinator can check ranks agree
-        return plan
+        # The checkpoint this rank resolved, for the coordinator to compare.
+        return dataclasses.replace(plan, storage_data=self._desc["path"])
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         paths = {p.storage_data for p in plans}
@@ -399,17 +463,8 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         reads = [self._tensor_read(item, planner) for item in plan.items
                  if item.type != LoadItemType.BYTE_IO]
-        specs = []
-        for r in reads:
-            key = r.item.storage_index.fqn
-            shape = self._desc["tensors"][key][1]
-            if r.dest.numel() == 0 and math.prod(shape) != 0:
-                continue
-            base = r.item.storage_index.offset or [0] * len(shape)
-            offset = tuple(b + o for b, o in zip(base, r.item.storage_offsets))
-            specs.append((key, DTYPE_NAMES[r.dest.dtype], tuple(shape), offset,
-                          tuple(r.item.lengths), r.dest.data_ptr()))
-        result = _C.load(specs, self._desc["path"], None, self.options)
+        result = _C.load([s for r in reads if (s := self._spec(r))], self._desc["path"], None,
+                         self.options)
         with torch.no_grad():
             for r in reads:
                 if r.dest is not r.target:
@@ -422,7 +477,9 @@ class Reader(StorageReader):
                 planner.load_bytes(item, io.BytesIO(data))
         return _done(None)
 
-    def _tensor_read(self, item: Any, planner: LoadPlanner) -> _Read:
+    def _tensor_read(self, item: ReadItem, planner: LoadPlanner) -> _Read:
+        """The target of a read, and where the engine writes it: the target
+        itself when it is a dense CPU tensor of the saved dtype."""
         key = item.storage_index.fqn
         dtype = TORCH_DTYPES[self._desc["tensors"][key][0]]
         target = planner.resolve_tensor(item).detach()
@@ -430,20 +487,36 @@ class Reader(StorageReader):
             raise InvalidStateError(f"tensor {key!r}: the planner resolved a "
                                     f"{tuple(target.shape)} target for a read of "
                                     f"{tuple(item.lengths)}")
-        direct = (target.device.type == "cpu" and target.dtype == dtype
-                  and target.is_contiguous())
+        direct = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous()
         dest = target if direct else torch.empty(tuple(item.lengths), dtype=dtype)
         return _Read(item, target, dest)
 
+    def _spec(self, r: _Read) -> tuple | None:
+        """The engine's load spec of a read: its box of the saved tensor."""
+        key = r.item.storage_index.fqn
+        shape = tuple(self._desc["tensors"][key][1])
+        if r.dest.numel() == 0 and math.prod(shape) != 0:
+            return None  # nothing to read
+        base = r.item.storage_index.offset or (0,) * len(shape)  # our chunk's offset: zeros
+        offset = tuple(b + o for b, o in zip(base, r.item.storage_offsets))
+        return (key, DTYPE_NAMES[r.dest.dtype], shape, offset, tuple(r.item.lengths),
+                r.dest.data_ptr())
+
     def _value_bytes(self, fqn: str, planner: LoadPlanner, values: dict, blobs: dict) -> bytes:
-        """DCP's bytes for a value: its blob as written by the Writer, or a
-        shardsafe value shaped after the target's and torch.save'd."""
-        blob = self._sources.get(fqn)
-        if blob:
-            return blobs[blob]
-        state = getattr(planner, "state_dict", None)
+        """DCP's bytes for a value: the Writer's blob, or (part of) a
+        shardsafe value shaped after the target's, torch.save'd."""
+        src = self._sources[fqn]
+        if src.blob is not None:
+            return blobs[src.blob]
+        state = getattr(planner, "state_dict", None)  # DefaultLoadPlanner: flat, by FQN
         like = state.get(fqn) if isinstance(state, Mapping) else None
-        value = decode_value(fqn, like, values, blobs, self.unsafe_pickle)
+        if src.rest:
+            stored = values[src.key]
+            for part in src.rest:
+                stored = stored[part]
+            value = from_json(stored, like)
+        else:
+            value = decode_value(src.key, like, values, blobs, self.unsafe_pickle)
         buf = io.BytesIO()
         torch.save(value, buf)
         return buf.getvalue()
