@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 import shardsafe
 import shardsafe.dcp
 from dist_util import run_workers
+from test_torch_dist import assert_equal_states, full_state
 
 # dcp.save / dcp.load without an initialised process group warn that they
 # assume one process: that is what these single-process tests mean.
@@ -50,25 +51,6 @@ def trained(seed: int, steps: int = 2, model_fn=None):
         optim.step()
         optim.zero_grad()
     return model, optim
-
-
-def full_state(model, optim) -> dict[str, torch.Tensor]:
-    """Every tensor of the model and optimizer state, gathered whole
-    (collective when the state holds DTensors)."""
-    msd, osd = get_state_dict(model, optim)
-    out = {f"model.{k}": v for k, v in msd.items()}
-    for fqn, st in osd["state"].items():
-        for name, v in st.items():
-            out[f"optim.{fqn}.{name}"] = v
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
-            for k, v in out.items()}
-
-
-def assert_equal_states(got: dict, want: dict) -> None:
-    assert sorted(got) == sorted(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype, k
-        assert torch.equal(got[k], want[k]), f"{k} differs"
 
 
 def dcp_state(model, optim) -> dict:
