@@ -24,7 +24,11 @@
 // rename as a synchronous save's, with the same guarantees after it.
 #include "shardsafe/async_save.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -46,6 +50,18 @@ constexpr std::string_view kAbortedMarker = "aborted";
 // The staging copy runs in pieces of this size on up to 8 threads (memory
 // bandwidth, not core count, is the limit beyond that).
 constexpr uint64_t kCopyPiece = uint64_t{8} << 20;
+// The background thread (and the I/O threads it starts, which inherit its
+// nice value) yields the CPU to training: it mostly waits on the disk, and
+// the compute loop must not slow down. Best effort: failure changes nothing.
+void LowerThreadPriority() {
+  constexpr int kBackgroundNice = 10;
+  errno = 0;
+  const int current = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  if (errno == 0 && current < kBackgroundNice) {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kBackgroundNice);
+  }
+}
+
 size_t CopyThreads() { return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8); }
 
 std::string RankMarker(std::string_view prefix, int rank) {
@@ -362,6 +378,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   pending_ = handle;
   pending_tag_ = tag;
   worker_ = std::thread([job = std::move(job), handle, staged] {
+    LowerThreadPriority();
     std::vector<std::string> warnings;
     Status s = RunBackground(*job, staged, &warnings);
     SaveStats stats = StatsOf(job->plan, job->rank);
