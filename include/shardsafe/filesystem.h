@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,6 +84,16 @@ class RandomAccessFile {
   // first (truncated), Unavailable on I/O errors.
   virtual Status ReadAt(uint64_t offset, void* dst, size_t n) const = 0;
   virtual uint64_t size() const = 0;
+
+  // One piece of a scattered read: the next `n` bytes go to `dst`.
+  struct Piece {
+    void* dst;
+    size_t n;
+  };
+  // Reads consecutive file bytes from `offset` into the pieces in order (one
+  // preadv where the implementation can). Errors as ReadAt. The default
+  // reads piece by piece with ReadAt.
+  virtual Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const;
 };
 
 struct FileInfo {

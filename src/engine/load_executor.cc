@@ -142,6 +142,49 @@ Status ConvertInPieces(const Context& ctx, const RandomAccessFile& file, const R
   return Status();
 }
 
+// A read of several runs, none converted and none overlapping another: one
+// scattered read puts each run straight into its destination (no scratch
+// copy); only the bytes between runs land in `scratch`. False in *done when
+// the read does not qualify.
+Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
+                        GroupChecksums* sums, std::vector<char>* scratch, bool* done) {
+  *done = false;
+  struct Run {
+    uint64_t at;  // within the read
+    uint64_t n;
+    char* dst;  // nullptr: a gap, into scratch
+  };
+  std::vector<Run> runs;
+  uint64_t cursor = 0, gaps = 0;
+  for (const Segment& seg : read.segments) {
+    if (SavedDType(ctx, seg) != ctx.dests[seg.want].dtype || seg.src_byte < cursor) return Status();
+    if (seg.src_byte > cursor) runs.push_back({cursor, seg.src_byte - cursor, nullptr});
+    const uint64_t n = seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+    runs.push_back({seg.src_byte, n, DestBytes(ctx, seg)});
+    gaps += seg.src_byte - cursor;
+    cursor = seg.src_byte + n;
+  }
+  if (cursor < read.length) {
+    runs.push_back({cursor, read.length - cursor, nullptr});
+    gaps += read.length - cursor;
+  }
+  if (scratch->size() < gaps) scratch->resize(gaps);
+  std::vector<RandomAccessFile::Piece> pieces;
+  for (uint64_t used = 0; Run& r : runs) {
+    if (r.dst == nullptr) {
+      r.dst = scratch->data() + used;
+      used += r.n;
+    }
+    pieces.push_back({r.dst, static_cast<size_t>(r.n)});
+  }
+  SS_RETURN_IF_ERROR(file.ReadScattered(read.offset, pieces));
+  if (sums) {
+    for (const Run& r : runs) sums->Add(read.offset + r.at, r.n, r.dst);
+  }
+  *done = true;
+  return Status();
+}
+
 Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
                uint64_t max_scratch, GroupChecksums* sums, std::vector<char>* scratch) {
   if (ReadsStraightIntoDest(ctx, read)) {
@@ -153,6 +196,9 @@ Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& r
   if (read.length > max_scratch && IsSingleRun(ctx, read)) {
     return ConvertInPieces(ctx, file, read, max_scratch, sums, scratch);
   }
+  bool scattered = false;
+  SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, sums, scratch, &scattered));
+  if (scattered) return Status();
   if (scratch->size() < read.length) scratch->resize(read.length);
   SS_RETURN_IF_ERROR(file.ReadAt(read.offset, scratch->data(), read.length));
   if (sums) sums->Add(read.offset, read.length, scratch->data());

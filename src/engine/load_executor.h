@@ -1,8 +1,8 @@
 // Runs a LoadPlan: issues its reads on an I/O pool, reads straight into
 // destination memory where the bytes land contiguously there in the saved
-// dtype, else through a bounded scratch buffer per worker (copying or
-// converting each segment), and verifies the checksum of every chunk a
-// group reads whole.
+// dtype (a read spanning several such runs is one scattered read, preadv),
+// else through a bounded scratch buffer per worker (converting each
+// segment), and verifies the checksum of every chunk a group reads whole.
 #pragma once
 
 #include <atomic>

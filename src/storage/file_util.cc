@@ -38,6 +38,14 @@ Status WriteAndSync(FileSystem& fs, const std::string& path, std::string_view da
 
 }  // namespace
 
+Status RandomAccessFile::ReadScattered(uint64_t offset, std::span<const Piece> pieces) const {
+  for (const Piece& p : pieces) {
+    SS_RETURN_IF_ERROR(ReadAt(offset, p.dst, p.n));
+    offset += p.n;
+  }
+  return Status();
+}
+
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
   const std::string parent = ParentDir(path);
   const std::string tmp = JoinPath(parent, "." + BaseName(path) + ".tmp." + RandomHex());

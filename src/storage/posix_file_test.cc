@@ -252,6 +252,30 @@ TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
   EXPECT_TRUE((*file)->ReadAt(10000, buf, 0).ok());
 }
 
+TEST_P(PosixFileRoundTripTest, ScatteredReadFillsPiecesInOrder) {
+  const std::string path = dir_.File("scatter");
+  const std::string data = RandomBytes(3000 * 1100 + 17, 4);
+  WriteInPieces(path, data, Options(), {data.size()});
+  ReadOptions ro;
+  ro.direct = GetParam().direct;
+  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
+  ASSERT_TRUE(file.ok());
+  // More pieces than one preadv takes (IOV_MAX), of uneven sizes, some empty.
+  std::vector<std::string> bufs;
+  std::vector<RandomAccessFile::Piece> pieces;
+  for (size_t i = 0; i < 3000; ++i) bufs.emplace_back(i % 7 == 0 ? 0 : 1000 + i % 200, '\0');
+  for (std::string& b : bufs) pieces.push_back({b.data(), b.size()});
+  ASSERT_TRUE((*file)->ReadScattered(17, pieces).ok());
+  uint64_t at = 17;
+  for (const std::string& b : bufs) {
+    ASSERT_EQ(b, data.substr(at, b.size())) << "piece at " << at;
+    at += b.size();
+  }
+  std::string tail(data.size() - at + 1, '\0');
+  RandomAccessFile::Piece past[] = {{tail.data(), tail.size()}};
+  EXPECT_EQ((*file)->ReadScattered(at, past).code(), StatusCode::kDataLoss);
+}
+
 TEST_P(PosixFileRoundTripTest, ConcurrentReadsSeeTheirOwnRanges) {
   const std::string path = dir_.File("concurrent");
   const std::string data = RandomBytes(4 << 20, 11);

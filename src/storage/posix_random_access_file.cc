@@ -9,13 +9,16 @@
 // descriptors are only read with pread, which has no shared file position,
 // so concurrent ReadAt calls are safe.
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "storage/aligned_buffer.h"
 #include "storage/posix_file.h"
@@ -41,6 +44,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   }
 
   Status ReadAt(uint64_t offset, void* dst, size_t n) const override;
+  Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const override;
   uint64_t size() const override { return size_; }
   bool direct() const { return direct_fd_ >= 0; }
 
@@ -111,6 +115,40 @@ Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const
     }
     if (r == 0) return Truncated(offset, n);
     done += static_cast<size_t>(r);
+  }
+  return Status();
+}
+
+// Buffered descriptor: preadv in batches of IOV_MAX pieces, resuming after
+// short reads. With O_DIRECT each piece goes through ReadAt (alignment).
+Status PosixRandomAccessFile::ReadScattered(uint64_t offset,
+                                            std::span<const Piece> pieces) const {
+  if (direct_fd_ >= 0) return RandomAccessFile::ReadScattered(offset, pieces);
+  std::vector<iovec> iov;
+  uint64_t total = 0;
+  for (const Piece& p : pieces) {
+    if (p.n == 0) continue;
+    iov.push_back({p.dst, p.n});
+    total += p.n;
+  }
+  size_t first = 0;  // iov[first..] still to read; iov[first] maybe partly done
+  uint64_t pos = offset;
+  while (first < iov.size()) {
+    const int count = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    ssize_t r = preadv(fd_, &iov[first], count, static_cast<off_t>(pos));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "read", path_);
+    }
+    if (r == 0) return Truncated(offset, total);
+    pos += static_cast<uint64_t>(r);
+    for (size_t left = static_cast<size_t>(r); left > 0;) {
+      const size_t take = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      left -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
   }
   return Status();
 }
