@@ -1,6 +1,8 @@
 // POSIX RandomAccessFile: pread loops on a buffered descriptor, plus an
 // O_DIRECT descriptor (when asked for and the file system allows it). With
-// O_DIRECT, a request whose offset, length and destination are 4 KiB
+// O_DIRECT, bytes already in the page cache are still read from it (a
+// buffered preadv2 with RWF_NOWAIT takes the cached prefix); for the rest, a
+// request whose offset, length and destination are 4 KiB
 // aligned is read straight into the destination; a large unaligned request
 // (>= kMinBounceRead) reads the aligned range around it in pieces through a
 // pre-faulted bounce buffer and copies out (a memcpy is far faster than the
@@ -14,6 +16,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <algorithm>
 #include <cstdint>
@@ -54,6 +57,13 @@ class PosixRandomAccessFile final : public RandomAccessFile {
            IsAligned(reinterpret_cast<uintptr_t>(dst));
   }
   Status Truncated(uint64_t offset, size_t n) const;
+  // Reads the leading part of [offset, offset + n) that is already in the
+  // page cache (a buffered read that refuses to wait for the disk); returns
+  // how many bytes it read. 0 when nothing is cached or RWF_NOWAIT is
+  // unsupported.
+  size_t ReadCachedPrefix(uint64_t offset, char* dst, size_t n) const;
+  // ReadAt without the cache probe.
+  Status ReadFromDisk(uint64_t offset, char* dst, size_t n) const;
   // Reads [offset, offset + n) with O_DIRECT through a bounce buffer.
   // Returns false in *used if the descriptor refused (caller falls back).
   Status ReadBounced(uint64_t offset, char* dst, size_t n, bool* used) const;
@@ -92,8 +102,34 @@ Status PosixRandomAccessFile::ReadBounced(uint64_t offset, char* dst, size_t n, 
   return Status();
 }
 
+size_t PosixRandomAccessFile::ReadCachedPrefix(uint64_t offset, char* dst, size_t n) const {
+  static std::atomic<bool> unsupported{false};
+  size_t done = 0;
+  while (done < n && !unsupported.load(std::memory_order_relaxed)) {
+    iovec iov{dst + done, n - done};
+    ssize_t r = preadv2(fd_, &iov, 1, static_cast<off_t>(offset + done), RWF_NOWAIT);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS)) {
+      unsupported.store(true, std::memory_order_relaxed);
+    }
+    if (r <= 0) break;  // EAGAIN: not cached; 0: end of file (ReadAt reports it)
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
 Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const {
   char* p = static_cast<char*>(dst);
+  if (direct_fd_ < 0) return ReadFromDisk(offset, p, n);
+  // Data already in the page cache is copied from there (as fast as it
+  // gets); only the rest goes to the disk with O_DIRECT.
+  const size_t cached = ReadCachedPrefix(offset, p, n);
+  if (cached == n) return Status();
+  Status s = ReadFromDisk(offset + cached, p + cached, n - cached);
+  return s.code() == StatusCode::kDataLoss ? Truncated(offset, n) : s;
+}
+
+Status PosixRandomAccessFile::ReadFromDisk(uint64_t offset, char* p, size_t n) const {
   if (direct_fd_ >= 0 && n >= kMinBounceRead && !CanReadDirect(offset, p, n)) {
     bool used = false;
     Status s = ReadBounced(offset, p, n, &used);
