@@ -7,6 +7,7 @@ import json
 import math
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, hf
 from ._comm import TorchComm, resolve
-from ._state import (DTYPE_NAMES, PICKLE_PREFIX, Flat, decode_value, encode_values, flatten,
-                     rebuild, to_json)
-from .errors import CheckpointNotFoundError, InvalidStateError, KeyMismatchError, ShardsafeError
+from ._state import (DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, Flat, decode_value, encode_values,
+                     flatten, rebuild, to_json)
+from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
+                     KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -244,29 +246,86 @@ class LoadResult:
 
 
 @dataclass
-class _Target:
-    key: str
-    box: _Box  # box.local is where the data must end up
-    dest: torch.Tensor | None  # where the engine writes it: box.local when it can
+class _Read:
+    """One box of one checkpoint tensor and where it lands."""
+
+    key: str  # checkpoint key
+    shape: tuple[int, ...]  # its global shape
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+    dest: torch.Tensor  # view of the target's local tensor, shaped `size`
+    buf: torch.Tensor | None = None  # where the engine writes: dest itself when it can
+    scale: tuple | None = None  # FP8 dequantisation: (key, shape, offset, size, dtype name)
+    scale_buf: torch.Tensor | None = None
 
 
-def _targets(flat: Flat, saved: dict[str, tuple]) -> tuple[list[_Target], list[str]]:
-    """The load targets of this rank's tensors, and its missing tensor keys."""
-    targets, missing = [], []
+@dataclass
+class _Plan:
+    reads: list[_Read]
+    missing: list[str]  # state keys
+    used: set[str]  # checkpoint tensor keys some target reads
+    notes: list[str]  # for the KeyMismatchError message
+
+
+def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _Plan:
+    """This rank's reads for the state's tensors, and what did not match."""
+    plan = _Plan([], [], set(), [])
     for leaf in flat.tensors:
-        if leaf.key not in saved:
-            missing.append(leaf.key)
+        src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))
+        if src is None:
+            plan.missing.append(leaf.key)
+            if note:
+                plan.notes.append(note)
             continue
         b = _box(leaf.key, leaf.tensor)
-        _dtype_name(leaf.key, b.local)
-        direct = b.local.device.type == "cpu" and b.local.is_contiguous()
-        targets.append(_Target(leaf.key, b, b.local if direct else None))
-    return targets, missing
+        name = _dtype_name(leaf.key, b.local)
+        scales = {}
+        for k in src.keys:
+            plan.used.add(k)
+            scale = hf.fp8_scale(keys.saved, k, b.local.dtype) if dequantize_fp8 else None
+            if scale is not None:
+                plan.used.add(scale)
+                scales[k] = scale
+            elif k != leaf.key and keys.saved[k][0] != name and not convert:
+                raise DTypeMismatchError(
+                    f"{src.label}: dtype mismatch: checkpoint has {keys.saved[k][0]}, target has "
+                    f"{name} (allow conversion with convert_dtypes)", "INVALID_ARGUMENT")
+        if isinstance(src, hf.Direct) and scales and keys.saved[src.keys[0]][1] != b.shape:
+            raise ShapeMismatchError(
+                f"{src.label}: shape mismatch: checkpoint has {list(keys.saved[src.keys[0]][1])}, "
+                f"target has {list(b.shape)}", "INVALID_ARGUMENT")
+        for p in src.pieces(b.offset, b.size):
+            # A direct target keeps its own shape: the engine checks it against the saved one.
+            shape = b.shape if isinstance(src, hf.Direct) else keys.saved[p.key][1]
+            if math.prod(p.size) == 0 and math.prod(shape) != 0:
+                continue  # an empty box of a non-empty tensor reads nothing
+            r = _Read(p.key, shape, p.offset, p.size, b.local[p.index])
+            scale = scales.get(p.key)
+            if scale is not None:
+                so, ss = hf.scale_box(p.offset, p.size)
+                sdtype, sshape = keys.saved[scale]
+                r.scale = (scale, sshape, so, ss, sdtype)
+            plan.reads.append(r)
+    return plan
+
+
+def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list[str],
+               keys: hf.KeyMap) -> KeyMismatchError:
+    """KeyMismatchError (state-side names), its message naming checkpoint keys
+    where they differ."""
+    err = KeyMismatchError(missing, unexpected, path)
+    renamed = [f"{k!r} is {keys.to_ckpt[k]!r}" for k in unexpected[:8]
+               if k in keys.to_ckpt and keys.to_ckpt[k] != k]
+    extra = notes[:4] + ([f"renamed checkpoint keys: {', '.join(renamed)}"] if renamed else [])
+    if extra:
+        err.args = (err.args[0] + "; " + "; ".join(extra),)
+    return err
 
 
 def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
-         **options: Any) -> LoadResult:
+         rename: hf.Rename = None, experts: Sequence[hf.ExpertGroup] = (),
+         dequantize_fp8: bool = True, **options: Any) -> LoadResult:
     """Loads a checkpoint into `state_dict` in place, resharding as needed:
     each tensor (or DTensor shard) gets its part of the saved tensor, values
     are replaced by the saved ones, stateful objects get load_state_dict.
@@ -277,21 +336,40 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     key is missing from the checkpoint or a saved key is wanted by no rank;
     strict=False loads what matches and reports both lists. Options:
     verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes.
+
+    Hugging Face checkpoints (details in shardsafe.hf):
+    rename: ordered (pattern, replacement) regex rules (re.sub semantics,
+      \\1 backrefs, each applied to the result of the previous one) or a
+      callable, mapping each checkpoint key to its state key; e.g.
+      [(r"^model\\.", ""), (r"\\.self_attn\\.q_proj\\.weight$", ".attn.wq")].
+      Two checkpoint keys mapping to one name are an error. missing_keys and
+      unexpected_keys are state-side names.
+    experts: shardsafe.hf.ExpertGroup rules filling grouped [E, ...] state
+      tensors from per-expert checkpoint tensors (or per-expert state
+      tensors from a grouped one), e.g. shardsafe.hf.QWEN2_MOE_EXPERTS;
+      each rank reads only the experts and rows of its box.
+    dequantize_fp8: an F8_E4M3 checkpoint tensor with `<key>_scale_inv`
+      128x128 block scales, loaded into a BF16/F16/F32/F64 target, is
+      dequantised (this rank's box only); the scales count as loaded.
     """
     comm = resolve(process_group)
-    flat = targets = desc = None
+    flat = plan = desc = keys = None
     error, report = None, None
     try:
         desc = _C.describe(os.fspath(path))
         flat = flatten(state_dict, for_load=True)
-        saved = desc["tensors"]
-        values = json.loads(desc["values"] or "{}") or {}
-        targets, missing = _targets(flat, saved)
-        pickled = {b[len(PICKLE_PREFIX):] for b in desc["blobs"] if b.startswith(PICKLE_PREFIX)}
-        missing += [k for k in flat.values if k not in values and k not in pickled]
+        keys = hf.KeyMap(desc["tensors"], rename, experts)
+        values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
+        pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
+                   if b.startswith(PICKLE_PREFIX)}
+        plan = _plan(flat, keys, dequantize_fp8, bool(options.get("convert_dtypes", False)))
+        missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
         wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
-        unexpected = sorted(k for k in [*saved, *values, *pickled] if k not in wanted)
-        report = {"path": desc["path"], "missing": missing, "unexpected": unexpected}
+        unexpected = sorted({keys.name(k) for k in keys.saved
+                             if k not in plan.used and keys.name(k) not in wanted}
+                            | {k for k in [*values, *pickled] if k not in wanted})
+        report = {"path": desc["path"], "missing": missing, "unexpected": unexpected,
+                  "notes": plan.notes}
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
     reports = _agree(comm, error, report)
@@ -300,33 +378,52 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                              f"{sorted({r['path'] for r in reports})}")
     missing = sorted({k for r in reports for k in r["missing"]})
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
+    notes = sorted({n for r in reports for n in r["notes"]})
     if strict and (missing or unexpected):
-        raise KeyMismatchError(missing, unexpected, desc["path"])
+        raise _key_error(missing, unexpected, desc["path"], notes, keys)
 
-    result = _read(targets, desc["path"], comm, options)
-    _finish(state_dict, flat, json.loads(result["values"]) or {}, result["blobs"], unsafe_pickle)
+    result = _read(plan.reads, desc["path"], comm, options)
+    blobs = result["blobs"]
+    if keys.renamed:
+        blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
+                  if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
+    _finish(state_dict, flat, keys.rename_values(json.loads(result["values"]) or {}), blobs,
+            unsafe_pickle)
     return LoadResult(desc["path"], desc["tag"], missing, unexpected,
                       json.loads(result["metadata"]), result["bytes_read"], result["seconds"])
 
 
-def _read(targets: list[_Target], path: str, comm: TorchComm | None, options: dict) -> dict:
-    """Runs the engine load into each target's dest (staging those that
-    cannot take the data directly)."""
-    staged = [t for t in targets if t.dest is None]
-    for t, h in zip(staged, _STAGING.views([t.box.local for t in staged])):
-        t.dest = h
+def _read(reads: list[_Read], path: str, comm: TorchComm | None, options: dict) -> dict:
+    """Runs the engine load into each read's buffer: the target itself when
+    it can take the data directly, else staging (then copied in), or FP8
+    temporaries (then dequantised in)."""
+    fp8 = [r for r in reads if r.scale is not None]
+    plain = [r for r in reads if r.scale is None]
+    staged = []
+    for r in plain:
+        if r.dest.device.type == "cpu" and r.dest.is_contiguous():
+            r.buf = r.dest
+        else:
+            staged.append(r)
+    for r, h in zip(staged, _STAGING.views([r.dest for r in staged])):
+        r.buf = h
     specs = []
-    for t in targets:
-        b = t.box
-        if t.dest.numel() == 0 and math.prod(b.shape) != 0:
-            continue
-        specs.append((t.key, DTYPE_NAMES[t.dest.dtype], b.shape, b.offset, b.size,
-                      t.dest.data_ptr()))
+    for r in reads:
+        if r.scale is not None:
+            key, sshape, so, ss, sdtype = r.scale
+            r.buf = torch.empty(r.size, dtype=TORCH_DTYPES["F8_E4M3"])
+            r.scale_buf = torch.empty(ss, dtype=TORCH_DTYPES[sdtype])
+            specs.append((key, sdtype, sshape, so, ss, r.scale_buf.data_ptr()))
+        specs.append((r.key, DTYPE_NAMES[r.buf.dtype], r.shape, r.offset, r.size,
+                       r.buf.data_ptr()))
     result = _C.load(specs, path, comm, options)
     with torch.no_grad():
-        for t in staged:
-            t.box.local.copy_(t.dest, non_blocking=t.box.local.device.type != "cpu")
-    if any(t.box.local.device.type == "cuda" for t in staged):
+        for r in staged:
+            r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")
+        for r in fp8:
+            r.dest.copy_(hf.dequantize(r.buf, r.scale_buf, r.offset).to(r.dest.dtype))
+            r.buf = r.scale_buf = None
+    if any(r.dest.device.type == "cuda" for r in staged):
         torch.cuda.synchronize()
     return result
 
