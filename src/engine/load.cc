@@ -102,18 +102,6 @@ Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource&
   return m;
 }
 
-Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
-                const IndexBlobChunk& chunk, std::string* out) {
-  const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
-  out->resize(chunk.bytes);
-  SS_RETURN_IF_ERROR(file->ReadAt(chunk.at, out->data(), chunk.bytes));
-  if (chunk.crc32c && Crc32c(out->data(), out->size()) != *chunk.crc32c) {
-    return DataLossError("blob \"" + name + "\" in " + path + ": checksum mismatch");
-  }
-  return Status();
-}
-
 Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResult* result) {
   for (const auto& [name, blob] : src.index.blobs) {
     for (const IndexBlobChunk& c : blob.chunks) {
@@ -125,6 +113,18 @@ Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResu
 }
 
 }  // namespace
+
+Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
+                const IndexBlobChunk& chunk, std::string* out) {
+  const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  out->resize(chunk.bytes);
+  SS_RETURN_IF_ERROR(file->ReadAt(chunk.at, out->data(), chunk.bytes));
+  if (chunk.crc32c && Crc32c(out->data(), out->size()) != *chunk.crc32c) {
+    return DataLossError("blob \"" + name + "\" in " + path + ": checksum mismatch");
+  }
+  return Status();
+}
 
 Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
                       std::optional<int> blobs_of_rank, FileSystem& fs,

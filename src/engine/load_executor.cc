@@ -107,6 +107,10 @@ class GroupChecksums {
         return DataLossError(ChunkName(ctx_, ref) + buf);
       }
       ctx_.counters->chunks_verified++;
+      if (ctx_.counters->verified) {
+        std::lock_guard<std::mutex> lock(ctx_.counters->verified_mu);
+        ctx_.counters->verified->push_back(ref);
+      }
     }
     return Status();
   }

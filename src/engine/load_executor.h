@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ struct LoadSources {
 struct LoadCounters {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> chunks_verified{0};
+  // When set, every chunk whose checksum was verified is appended here
+  // (under verified_mu): callers that read a tensor in several plans learn
+  // which chunks still need a check.
+  std::vector<ChunkRef>* verified = nullptr;
+  std::mutex verified_mu;
 };
 
 // Executes `plan`. `dests[i]` receives want i. DataLoss naming file, tensor

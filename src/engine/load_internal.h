@@ -14,4 +14,9 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
                       std::optional<int> blobs_of_rank, FileSystem& fs,
                       const LoadOptions& options, LoadResult* result);
 
+// Reads one blob chunk into *out, verifying its checksum when recorded
+// (DataLoss naming the blob and file).
+Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
+                const IndexBlobChunk& chunk, std::string* out);
+
 }  // namespace shardsafe

@@ -1,0 +1,112 @@
+// Hugging Face export: a checkpoint (or any source Load accepts) written as
+// a standard Hugging Face weights directory (docs/format.md §7).
+//
+//   shardsafe::ExportHfOptions opts;
+//   opts.prefix = "model.";                       // the model part of a training state
+//   opts.dtype = shardsafe::DType::kBF16;
+//   opts.experts = shardsafe::Qwen2MoeExperts();  // grouped experts -> per-expert keys
+//   auto stats = shardsafe::ExportHf("/ckpt/run1", "/models/run1-hf", opts);
+//
+// The export streams: it reads the source in bounded batches straight into
+// the output files, so its memory is bounded by the options below whatever
+// the model size, and output files are written in parallel. Not collective:
+// one process runs it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+// One rename rule: every match of `pattern` (RE2 syntax) in a name is
+// replaced by `replacement` (`\1` for groups), as Python's re.sub.
+struct RenameRule {
+  std::string pattern;
+  std::string replacement;
+};
+
+// Grouped expert tensors <-> per-expert tensors, as transformers 5's
+// conversion_mapping (and shardsafe.hf.ExpertGroup in Python). `sources`
+// hold one `*` each (the expert number); with several sources the grouped
+// tensor's dimension `dim` is their concatenation, in order.
+struct ExpertRule {
+  std::vector<std::string> sources;  // e.g. "mlp.experts.*.gate_proj.weight"
+  std::string target;                // e.g. "mlp.experts.gate_up_proj"
+  int dim = 1;                       // in the grouped tensor; negative counts from the end
+};
+
+// transformers' "qwen2_moe" mapping (also qwen3_moe, deepseek_v2/v3, olmoe,
+// glm4_moe, ...) and "mixtral" (whose .block_sparse_moe. <-> .mlp. rename is
+// a RenameRule of its own).
+std::vector<ExpertRule> Qwen2MoeExperts();
+std::vector<ExpertRule> MixtralExperts();
+
+struct ExportHfOptions {
+  // Shard size cap in bytes of tensor data (transformers 5's default, 50 GB).
+  uint64_t max_shard_bytes = 50'000'000'000;
+  // Cast F16/BF16/F32/F64 tensors to this float dtype; others stay as saved.
+  std::optional<DType> dtype;
+  // Only keys starting with `prefix` are exported, without it.
+  std::string prefix;
+  // RE2 patterns on the key (after `prefix` is stripped): with `include`
+  // non-empty a key must match one; a key matching an `exclude` is skipped.
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  std::vector<ExpertRule> experts;  // split grouped tensors, before renaming
+  std::vector<RenameRule> rename;   // applied in order to every output name
+  // Instead of `rename` when set (the Python package passes Python's re):
+  // the output name of a name. An error aborts the export.
+  std::function<Result<std::string>(const std::string&)> rename_fn;
+  // File names: NAME.safetensors or NAME-0000i-of-0000N.safetensors and
+  // NAME.safetensors.index.json. "adapter_model" for PEFT adapters.
+  std::string weights_name = "model";
+  bool overwrite = false;         // replace an existing OUT
+  bool verify_checksums = true;   // every source chunk used, before OUT appears
+  bool direct_io = true;          // O_DIRECT output (buffered fallback on tmpfs)
+  int io_threads = 4;             // output files written at once
+  // Memory per output file in flight: one batch of output bytes, plus
+  // (io_depth + 1) write buffers of io_buffer_bytes.
+  uint64_t batch_bytes = uint64_t{32} << 20;
+  size_t io_buffer_bytes = 16 << 20;
+  int io_depth = 3;
+  FileSystem* fs = nullptr;  // default: DefaultFileSystem()
+  ProgressFn progress;       // phases "plan", "write", "verify"; calling thread
+};
+
+struct ExportHfStats {
+  std::string source;             // what the source path resolved to
+  std::vector<std::string> files; // weight files written, in order
+  std::vector<std::string> copied;  // other files written (config.json, ...)
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;             // tensor bytes written
+  uint64_t total_parameters = 0;  // elements written
+  uint64_t bytes_read = 0;        // source bytes read (verification included)
+  uint64_t chunks_verified = 0;
+  double seconds = 0;
+  std::vector<std::string> warnings;  // e.g. a saved file that was not copied
+};
+
+// Writes the Hugging Face directory `out` from `source`. Errors: NotFound
+// (no source), AlreadyExists (`out` exists, without overwrite),
+// InvalidArgument (a bad pattern or rule, two tensors under one name, a
+// rule that does not fit a tensor's shape, nothing to export), DataLoss
+// (corrupt source, naming file, tensor and chunk), ResourceExhausted (disk
+// full). On error `out` is as it was and no temporary is left behind.
+Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out,
+                               const ExportHfOptions& options);
+
+// "5GB" -> 5e9, "500MB", "1.5GB", "2GiB" -> 2^31, "4096" bytes; KB/MB/GB/TB
+// are decimal as in huggingface_hub. InvalidArgument otherwise.
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+// The blob name under which a file saved with a checkpoint is stored
+// ("file/" + name; docs/format.md §6), and the check of such a name.
+inline constexpr std::string_view kSavedFilePrefix = "file/";
+Status ValidateSavedFileName(std::string_view name);
+
+}  // namespace shardsafe

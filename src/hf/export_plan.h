@@ -1,0 +1,63 @@
+// The plan of a Hugging Face export (docs/format.md §7): which output
+// tensors come from which box of which source tensor, in which file, under
+// which name; and the index file's text. Pure: no I/O.
+//
+// Order. Output tensors are sorted in natural key order (NaturalLess) and
+// packed into shards by the greedy rule of huggingface_hub's
+// split_torch_state_dict_into_shards: a tensor larger than the cap gets a
+// shard of its own, appended at once; otherwise, if it would take the
+// current shard over the cap, the current shard is closed first. Within a
+// file, bytes follow the canonical safetensors order (BuildSafetensorsHeader).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/index.h"
+#include "shardsafe/hf.h"
+
+namespace shardsafe {
+
+struct ExportEntry {
+  std::string name;  // output name
+  std::string key;   // source tensor
+  Box box;           // of the source tensor (its row-major bytes are the output's)
+  Shape shape;       // output shape (same element count as box)
+  DType src_dtype = DType::kF32;
+  DType dtype = DType::kF32;  // output dtype
+  uint64_t bytes = 0;         // output bytes
+};
+
+struct ExportShard {
+  std::string file;               // "model-00001-of-00002.safetensors"
+  std::vector<uint32_t> entries;  // into ExportPlan::entries
+  uint64_t bytes = 0;             // tensor bytes
+};
+
+struct ExportPlan {
+  std::vector<ExportEntry> entries;  // natural order of names
+  std::vector<ExportShard> shards;
+  uint64_t total_bytes = 0;
+  uint64_t total_parameters = 0;
+  std::string index_file;  // "" for a single shard, else NAME.safetensors.index.json
+  std::string index_json;  // its text
+};
+
+// True if `a` sorts before `b` comparing dot-separated parts, parts made of
+// digits as numbers ("layers.2" < "layers.10"), others byte-wise.
+bool NaturalLess(std::string_view a, std::string_view b);
+
+// Shard membership (indices into `sizes`, in order) under the greedy rule.
+std::vector<std::vector<uint32_t>> AssignShards(const std::vector<uint64_t>& sizes,
+                                                uint64_t max_shard_bytes);
+
+// The export of `tensors` under `options`. InvalidArgument for bad
+// patterns or rules, a rule that does not fit a tensor, two outputs under
+// one name (naming both sources), an empty name, or nothing selected.
+Result<ExportPlan> PlanExport(const std::map<std::string, IndexTensor>& tensors,
+                              const ExportHfOptions& options);
+
+}  // namespace shardsafe

@@ -1,0 +1,113 @@
+#include "hf/source_reader.h"
+
+#include <cstdio>
+#include <map>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "engine/load_executor.h"
+
+namespace shardsafe {
+namespace {
+
+// Per batch: a few read threads and a small scratch, since several output
+// files run batches at once.
+constexpr int kReadThreads = 2;
+constexpr uint64_t kScratchBytes = uint64_t{8} << 20;
+constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
+
+}  // namespace
+
+SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums)
+    : src_(src), fs_(fs), verify_(verify_checksums) {
+  for (const IndexFile& f : src.index.files) file_paths_.push_back(JoinPath(src.data_dir, f.name));
+}
+
+Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes) {
+  std::vector<SavedTensor> tensors;
+  std::vector<Want> wants;
+  std::vector<LoadDestination> dests;
+  LoadSources sources;
+  sources.file_paths = file_paths_;
+  std::map<const std::string*, uint32_t> ids;
+  for (const SourcePiece& p : pieces) {
+    auto [it, added] = ids.emplace(p.key, static_cast<uint32_t>(tensors.size()));
+    if (added) {
+      const IndexTensor& t = src_.index.tensors.at(*p.key);
+      SavedTensor saved{t.dtype, t.shape, {}};
+      std::vector<std::optional<uint32_t>> crcs;
+      for (const IndexChunk& c : t.chunks) {
+        saved.chunks.push_back({c.slice, c.file, c.at});
+        crcs.push_back(c.crc32c);
+      }
+      tensors.push_back(std::move(saved));
+      sources.tensor_keys.push_back(*p.key);
+      sources.crcs.push_back(std::move(crcs));
+    }
+    wants.push_back({it->second, p.slice});
+    dests.push_back({p.dst, p.dtype});
+  }
+  LoadPlanOptions popts;
+  popts.max_read_bytes = std::max<uint64_t>(max_read_bytes, 1 << 20);
+  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(tensors, wants, popts));
+  LoadOptions options;
+  options.verify_checksums = verify_;
+  options.io_threads = kReadThreads;
+  options.scratch_bytes = kScratchBytes;
+  std::vector<ChunkRef> verified;
+  LoadCounters counters;
+  counters.verified = &verified;
+  Status s = ExecuteLoadPlan(plan, tensors, wants, dests, sources, fs_, options, &counters);
+  bytes_read_ += counters.bytes_read.load();
+  chunks_verified_ += counters.chunks_verified.load();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ChunkRef& r : verified) verified_.emplace(sources.tensor_keys[r.tensor], r.chunk);
+  return s;
+}
+
+Status SourceReader::VerifyChunk(const std::string& key, uint32_t chunk) {
+  const IndexChunk& c = src_.index.tensors.at(key).chunks[chunk];
+  const std::string& path = file_paths_[c.file];
+  SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, ReadOptions{}));
+  std::vector<char> buf(std::min(c.bytes, kVerifyPieceBytes));
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < c.bytes; done += buf.size()) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), c.bytes - done);
+    SS_RETURN_IF_ERROR(file->ReadAt(c.at + done, buf.data(), n).WithContext("reading " + path));
+    crc = Crc32cExtend(crc, buf.data(), n);
+  }
+  bytes_read_ += c.bytes;
+  if (crc != *c.crc32c) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, ": checksum mismatch (recorded %08x, computed %08x)",
+                  *c.crc32c, crc);
+    return DataLossError("tensor \"" + key + "\" chunk " + SliceToString(c.slice) + " in " +
+                         path + msg);
+  }
+  chunks_verified_++;
+  return Status();
+}
+
+Status SourceReader::VerifyRest(const std::set<std::string>& keys, int threads) {
+  if (!verify_) return Status();
+  std::vector<std::pair<const std::string*, uint32_t>> todo;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& key : keys) {
+      const IndexTensor& t = src_.index.tensors.at(key);
+      for (uint32_t i = 0; i < t.chunks.size(); ++i) {
+        if (t.chunks[i].crc32c && t.chunks[i].bytes > 0 && !verified_.count({key, i})) {
+          todo.emplace_back(&key, i);
+        }
+      }
+    }
+  }
+  ThreadPool pool(std::min<size_t>(std::max(threads, 1), todo.size()));
+  TaskGroup group(&pool);
+  for (const auto& [key, chunk] : todo) {
+    group.Add([this, key, chunk] { return VerifyChunk(*key, chunk); });
+  }
+  return group.Wait();
+}
+
+}  // namespace shardsafe
