@@ -7,7 +7,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from . import _C, hf
 from ._comm import TorchComm, resolve
-from ._state import (DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, Flat, decode_value, encode_values,
+from ._state import (DTYPE_NAMES, FILE_PREFIX, PICKLE_PREFIX, TORCH_DTYPES, Flat, decode_value, encode_values,
                      flatten, rebuild, to_json)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
@@ -129,10 +129,30 @@ class _SaveArgs:
     keep: list[torch.Tensor] = field(default_factory=list)  # alive until the engine returns
 
 
-def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool) -> _SaveArgs:
+def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
+    """Files saved with the checkpoint: blobs `file/NAME` (docs/format.md §6).
+    A value is the content (bytes) or a path to read (str, os.PathLike)."""
+    blobs = []
+    for name, content in (files or {}).items():
+        if (not isinstance(name, str) or not name or len(name.encode()) > 255
+                or name in (".", "..") or any(c in name for c in "/\\\0")):
+            raise InvalidStateError(f"files: {name!r} is not a plain file name")
+        if isinstance(content, (str, os.PathLike)):
+            with open(content, "rb") as f:
+                content = f.read()
+        if not isinstance(content, (bytes, bytearray)):
+            raise InvalidStateError(f"files[{name!r}]: expected bytes or a path, got "
+                                    f"{type(content).__name__}")
+        blobs.append((FILE_PREFIX + name, bytes(content), False))
+    return blobs
+
+
+def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
+                  files: Mapping[str, Any] | None = None) -> _SaveArgs:
     flat = flatten(state)
     args = _SaveArgs()
     values, args.blobs = encode_values(flat.values, unsafe_pickle)
+    args.blobs += _file_blobs(files)
     args.values = json.dumps(values, allow_nan=False)
     if metadata is not None:
         args.metadata = json.dumps(to_json(metadata, "metadata"), allow_nan=False)
@@ -157,27 +177,32 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool) -> _SaveArgs:
     return args
 
 
-def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool) -> _SaveArgs:
+def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
+              files: Mapping[str, Any] | None = None) -> _SaveArgs:
     args, error = None, None
     try:
-        args = _prepare_save(state, metadata, unsafe_pickle)
-    except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
+        args = _prepare_save(state, metadata, unsafe_pickle, files)
+    except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:
         error = e
     _agree(comm, error)
     return args
 
 
 def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
-         metadata: Any = None, unsafe_pickle: bool = False, **options: Any) -> dict:
+         metadata: Any = None, unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
+         **options: Any) -> dict:
     """Saves `state_dict` as the checkpoint directory `path`; collective over
     `process_group` (default: the world when torch.distributed is initialised).
 
     Returns when the checkpoint is committed and durable, with statistics
     (bytes_written, unique_bytes, files, seconds, warnings). Engine options
     (max_file_bytes, direct_io, io_threads, overwrite, ...) pass through.
+    `files` ({name: bytes or path}) are saved with the checkpoint, e.g. a
+    model's config.json and tokenizer files (shardsafe.hf.model_files);
+    `shardsafe export-hf` writes them next to the weights.
     """
     comm = resolve(process_group)
-    args = _prepared(state_dict, comm, metadata, unsafe_pickle)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
                    options)
 
@@ -214,7 +239,8 @@ def _future(handle: _C.AsyncHandle, result: Any) -> Future:
 
 def async_save(state_dict: Any, path: str | os.PathLike, *,
                process_group: dist.ProcessGroup | None = None, metadata: Any = None,
-               unsafe_pickle: bool = False, **options: Any) -> Future:
+               unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
+               **options: Any) -> Future:
     """Like save, but returns once this rank's state is staged in host memory:
     the caller may change its tensors right away. Writing, syncing and the
     commit run in the background; the returned Future's result is the path
@@ -222,7 +248,7 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     per process: a new call first waits for the previous one, and a previous
     background failure is raised here."""
     comm = resolve(process_group)
-    args = _prepared(state_dict, comm, metadata, unsafe_pickle)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
     handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag, comm,
@@ -465,17 +491,18 @@ class CheckpointManager:
         return os.path.join(self.root, _C.step_tag(step))
 
     def save(self, step: int, state: Any, *, metadata: Any = None, unsafe_pickle: bool = False,
-             **options: Any) -> dict:
+             files: Mapping[str, Any] | None = None, **options: Any) -> dict:
         """Saves as step `step`, moves `latest`, applies retention."""
         comm = resolve(self._group)
-        args = _prepared(state, comm, metadata, unsafe_pickle)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files)
         return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm, options)
 
     def async_save(self, step: int, state: Any, *, metadata: Any = None,
-                   unsafe_pickle: bool = False, **options: Any) -> Future:
+                   unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
+                   **options: Any) -> Future:
         """save in the background; the Future's result is the checkpoint path."""
         comm = resolve(self._group)
-        args = _prepared(state, comm, metadata, unsafe_pickle)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files)
         handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
                                     comm, options)
         return _future(handle, self.path(step))

@@ -47,6 +47,7 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
 
 PICKLE_PREFIX = "pickle/"  # blob names of values stored with unsafe_pickle
+FILE_PREFIX = "file/"  # blob names of files saved with a checkpoint (config.json, ...)
 _FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
 
 

@@ -1,5 +1,7 @@
-r"""Loading Hugging Face checkpoints into any layout: renamed keys, grouped
-MoE experts, FP8 block dequantisation. Used by ``shardsafe.load``:
+r"""Hugging Face interop: loading HF checkpoints into any layout (renamed
+keys, grouped MoE experts, FP8 block dequantisation; used by
+``shardsafe.load``), exporting checkpoints as HF directories (``export``,
+``model_files``), and PEFT adapters (``save_adapter``).
 
     import shardsafe
     from shardsafe.hf import ExpertGroup, QWEN2_MOE_EXPERTS
@@ -45,14 +47,21 @@ The three steps, in the order they apply to each checkpoint tensor:
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import torch
 
-from .errors import InvalidStateError, ShapeMismatchError
+from . import _C
+from ._state import DTYPE_NAMES
+from .errors import InvalidStateError, ShapeMismatchError, ShardsafeError
 
 Rename = Union[Sequence[tuple[str, str]], Mapping[str, str], Callable[[str], str], None]
 
@@ -410,3 +419,146 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, offset: Sequence[int])
     s = s.repeat_interleave(FP8_BLOCK, dim=-2).repeat_interleave(FP8_BLOCK, dim=-1)
     r0, c0 = offset[-2] % FP8_BLOCK, offset[-1] % FP8_BLOCK
     return w * s[..., r0:r0 + w.shape[-2], c0:c0 + w.shape[-1]]
+
+
+# ----------------------------------------------------------------- export --
+
+def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "",
+           include: Sequence[str] = (), exclude: Sequence[str] = (), rename: Rename = None,
+           experts: Sequence[ExpertGroup] = (), dtype: torch.dtype | str | None = None,
+           max_shard_size: int | str = "50GB", weights_name: str = "model",
+           overwrite: bool = False, verify_checksums: bool = True, io_threads: int = 4) -> dict:
+    r"""Writes `source` (a checkpoint, root, HF directory or .safetensors file)
+    as the Hugging Face weights directory `out`, as ``shardsafe export-hf``
+    does (docs/format.md §7): ``model.safetensors`` or
+    ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``,
+    split as transformers splits (``max_shard_size``: bytes, "5GB", "2GiB"),
+    plus the files saved with the checkpoint (``save(..., files=...)``).
+
+    Keys starting with `prefix` are taken, without it (``prefix="model."`` for
+    the model part of a training state); `include` / `exclude` are regexes
+    searched in those keys. `experts` (ExpertGroup rules, e.g.
+    QWEN2_MOE_EXPERTS) split grouped ``[E, ...]`` tensors into per-expert
+    ones; then `rename` (Python re rules, as for load, or a callable) maps
+    every name. `dtype` (torch.bfloat16 or "BF16") casts floating tensors.
+    Streams with bounded memory; verifies the source's checksums; `out`
+    appears atomically. Not collective: call it on one rank. Returns stats
+    (files, copied, tensors, bytes, total_parameters, seconds, ...).
+    """
+    if isinstance(dtype, torch.dtype):
+        dtype = DTYPE_NAMES[dtype]
+    if isinstance(max_shard_size, str):
+        max_shard_size = _C.parse_byte_size(max_shard_size)
+    if isinstance(experts, ExpertGroup):
+        experts = [experts]
+    options = dict(max_shard_bytes=int(max_shard_size), prefix=prefix, include=list(include),
+                   exclude=list(exclude), weights_name=weights_name, overwrite=overwrite,
+                   verify_checksums=verify_checksums, io_threads=io_threads)
+    rules = [(list(g.sources), g.target, g.dim) for g in experts]
+    fn = None if rename is None else renamer(rename)
+    return _C.export_hf(os.fspath(source), os.fspath(out), options, dtype, fn, rules)
+
+
+def model_files(model: Any = None, tokenizer: Any = None) -> dict[str, bytes]:
+    """The files transformers' save_pretrained writes next to the weights,
+    as {name: bytes}, for ``shardsafe.save(..., files=...)``: config.json
+    (with ``architectures`` set from `model`), generation_config.json when
+    the model generates, and the tokenizer's files. `model` may be a
+    PreTrainedModel or a PretrainedConfig."""
+    files = {}
+    with tempfile.TemporaryDirectory() as d:
+        config = getattr(model, "config", model)
+        if config is not None:
+            config = copy.deepcopy(config)
+            if config is not model:
+                config.architectures = [type(model).__name__]
+            config.save_pretrained(d)
+        can_generate = getattr(model, "can_generate", lambda: False)
+        if getattr(model, "generation_config", None) is not None and can_generate():
+            model.generation_config.save_pretrained(d)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(d)
+        for name in sorted(os.listdir(d)):
+            with open(os.path.join(d, name), "rb") as f:
+                files[name] = f.read()
+    return files
+
+
+# ------------------------------------------------------------------- PEFT --
+
+def save_adapter(model: Any, path: str | os.PathLike, *, adapter_config: Any = None,
+                 adapter_name: str = "default", process_group: Any = None,
+                 overwrite: bool = False) -> dict:
+    """Saves only the adapter parameters of a PEFT model as a PEFT adapter
+    directory, ``adapter_model.safetensors`` + ``adapter_config.json``,
+    loadable by ``peft.PeftModel.from_pretrained``. Collective over
+    `process_group` like save: each rank contributes its shards (FSDP2 /
+    tensor-parallel DTensors are fine); rank 0 writes the directory, which
+    appears atomically.
+
+    `model`: a ``peft.PeftModel`` (its adapter is selected and named by
+    ``peft.get_peft_model_state_dict``, its config taken from
+    ``model.peft_config[adapter_name]``), or a state dict already holding only
+    the adapter tensors under their PEFT names, with `adapter_config` (a peft
+    config, a dict, or JSON bytes) given.
+    """
+    from . import _api
+    from ._comm import resolve
+
+    if isinstance(model, Mapping):
+        state = dict(model)
+    else:
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model, adapter_name=adapter_name)
+        if adapter_config is None:
+            adapter_config = _peft_config_bytes(model, adapter_name)
+    if adapter_config is None:
+        raise InvalidStateError("save_adapter: adapter_config is required for a state dict")
+    path = os.path.abspath(os.fspath(path))
+    parent, base = os.path.split(path)
+    hidden = os.path.join(parent, f".tmp-adapter-{base}")  # removed afterwards
+    staging = os.path.join(hidden, "adapter")
+    files = {"adapter_config.json": _adapter_config_bytes(adapter_config)}
+    _api.save(state, staging, process_group=process_group, files=files, overwrite=True)
+    comm = resolve(process_group)
+    stats, error = None, None
+    if comm is None or comm.rank == 0:
+        try:
+            stats = export(staging, path, weights_name="adapter_model", max_shard_size=2**62,
+                           overwrite=overwrite)
+        except ShardsafeError as e:
+            error = e
+        finally:
+            shutil.rmtree(hidden, ignore_errors=True)
+    _api._agree(comm, error)
+    return stats
+
+
+def _peft_config_bytes(model: Any, adapter_name: str) -> bytes:
+    """adapter_config.json as PeftModel.save_pretrained writes it: inference
+    mode, the base model's name, and the auto mapping when there is no task."""
+    config = copy.deepcopy(model.peft_config[adapter_name])
+    if config.base_model_name_or_path is None:
+        base = model.base_model if config.is_prompt_learning else model.base_model.model
+        config.base_model_name_or_path = base.__dict__.get("name_or_path", None) or None
+    config.inference_mode = True
+    auto_mapping = None
+    if config.task_type is None:
+        cls = model._get_base_model_class(is_prompt_tuning=config.is_prompt_learning)
+        auto_mapping = {"base_model_class": cls.__name__, "parent_library": cls.__module__}
+    with tempfile.TemporaryDirectory() as d:
+        config.save_pretrained(d, auto_mapping_dict=auto_mapping)
+        with open(os.path.join(d, "adapter_config.json"), "rb") as f:
+            return f.read()
+
+
+def _adapter_config_bytes(config: Any) -> bytes:
+    if isinstance(config, (bytes, bytearray)):
+        return bytes(config)
+    if isinstance(config, Mapping):
+        return (json.dumps(dict(config), indent=2, sort_keys=True) + "\n").encode()
+    with tempfile.TemporaryDirectory() as d:  # a peft config writes itself
+        config.save_pretrained(d)
+        with open(os.path.join(d, "adapter_config.json"), "rb") as f:
+            return f.read()

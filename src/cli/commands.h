@@ -14,5 +14,6 @@ void AddPrune(CLI::App& app, int* exit_code);
 void AddDiff(CLI::App& app, int* exit_code);
 void AddDemo(CLI::App& app, int* exit_code);
 void AddImport(CLI::App& app, int* exit_code);
+void AddExportHf(CLI::App& app, int* exit_code);
 
 }  // namespace shardsafe::cli

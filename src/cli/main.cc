@@ -1,5 +1,5 @@
-// shardsafe: inspect, verify, list, prune and compare checkpoints, and run
-// the end-to-end demo. `shardsafe --help` lists the subcommands.
+// shardsafe: inspect, verify, list, prune and compare checkpoints, import
+// and export Hugging Face files, and run the end-to-end demo. `shardsafe --help` lists the subcommands.
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   AddDiff(app, &exit_code);
   AddDemo(app, &exit_code);
   AddImport(app, &exit_code);
+  AddExportHf(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

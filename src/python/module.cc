@@ -24,6 +24,7 @@
 #include "python/py_comm.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
+#include "shardsafe/hf.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -208,6 +209,57 @@ nb::dict Describe(const std::string& path) {
   return d;
 }
 
+// (sources, target, dim) of shardsafe.hf.ExpertGroup
+using ExpertSpec = std::tuple<std::vector<std::string>, std::string, int>;
+
+ExportHfOptions ParseExportOptions(nb::dict d, std::optional<std::string> dtype,
+                                   nb::object rename, const std::vector<ExpertSpec>& experts) {
+  ExportHfOptions o = OptionReader<ExportHfOptions>(d)
+                          .Get("max_shard_bytes", &ExportHfOptions::max_shard_bytes)
+                          .Get("prefix", &ExportHfOptions::prefix)
+                          .Get("include", &ExportHfOptions::include)
+                          .Get("exclude", &ExportHfOptions::exclude)
+                          .Get("weights_name", &ExportHfOptions::weights_name)
+                          .Get("overwrite", &ExportHfOptions::overwrite)
+                          .Get("verify_checksums", &ExportHfOptions::verify_checksums)
+                          .Get("direct_io", &ExportHfOptions::direct_io)
+                          .Get("io_threads", &ExportHfOptions::io_threads)
+                          .Get("batch_bytes", &ExportHfOptions::batch_bytes)
+                          .Done();
+  if (dtype) o.dtype = Unwrap(ParseDType(*dtype));
+  for (const auto& [sources, target, dim] : experts) o.experts.push_back({sources, target, dim});
+  if (!rename.is_none()) {
+    // Called from ExportHf's planning, on this thread, with the GIL released.
+    // Copies of the function (inside the engine, GIL released) copy only the
+    // shared_ptr; the last owner is `o`, destroyed with the GIL held.
+    auto fn = std::make_shared<nb::object>(rename);
+    o.rename_fn = [fn](const std::string& name) -> Result<std::string> {
+      nb::gil_scoped_acquire gil;
+      try {
+        return nb::cast<std::string>((*fn)(name));
+      } catch (const std::exception& e) {
+        return InvalidArgumentError(std::string("rename raised: ") + e.what());
+      }
+    };
+  }
+  return o;
+}
+
+nb::dict ToDict(const ExportHfStats& s) {
+  nb::dict d;
+  d["source"] = s.source;
+  d["files"] = s.files;
+  d["copied"] = s.copied;
+  d["tensors"] = s.tensors;
+  d["bytes"] = s.bytes;
+  d["total_parameters"] = s.total_parameters;
+  d["bytes_read"] = s.bytes_read;
+  d["chunks_verified"] = s.chunks_verified;
+  d["seconds"] = s.seconds;
+  d["warnings"] = s.warnings;
+  return d;
+}
+
 class Handle {
  public:
   explicit Handle(std::shared_ptr<AsyncSaveHandle> h) : h_(std::move(h)) {}
@@ -279,6 +331,16 @@ NB_MODULE(_C, m) {
         "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
 
   m.def("describe", &Describe, "path"_a);
+
+  m.def("export_hf",
+        [](const std::string& source, const std::string& out, nb::dict options,
+           std::optional<std::string> dtype, nb::object rename,
+           const std::vector<ExpertSpec>& experts) {
+          ExportHfOptions o = ParseExportOptions(options, dtype, rename, experts);
+          return ToDict(Released([&] { return ExportHf(source, out, o); }));
+        },
+        "source"_a, "out"_a, "options"_a, "dtype"_a.none(), "rename"_a.none(), "experts"_a);
+  m.def("parse_byte_size", [](const std::string& s) { return Unwrap(ParseByteSize(s)); }, "text"_a);
 
   nb::class_<Handle>(m, "AsyncHandle")
       .def("done", &Handle::done)

@@ -26,11 +26,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 import shardsafe
 from shardsafe.hf import MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, ExpertGroup
 from dist_util import run_workers
-
-TINY = dict(vocab_size=51, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-            max_position_embeddings=64, tie_word_embeddings=False)
-SMALL_SHARDS = "20KB"  # decimal: several model-000NN-of-000MM.safetensors files
+from hf_models import SMALL_SHARDS, state_of, tiny_llama, tiny_moe, tp_placement
 
 # torchtitan-style names for an HF Llama checkpoint.
 TITAN = [
@@ -53,30 +49,17 @@ def titan_name(key: str) -> str:
 
 
 def save_llama(path, max_shard_size=None) -> dict[str, torch.Tensor]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    model = tiny_llama()
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kw)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return state_of(model)
 
 
 def save_moe(path, kind: str = "qwen3_moe", max_shard_size=None) -> dict[str, torch.Tensor]:
-    """A tiny MoE model (3 experts: uneven expert-parallel split at world 2)."""
-    import transformers as tf
-
-    cfg = dict(TINY, num_experts_per_tok=2, intermediate_size=40)
-    if kind == "qwen3_moe":
-        model_cls, config = tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
-            **cfg, num_experts=3, moe_intermediate_size=24)
-    else:
-        model_cls, config = tf.MixtralForCausalLM, tf.MixtralConfig(**cfg, num_local_experts=3)
-    torch.manual_seed(1)
-    model = model_cls(config)
+    model = tiny_moe(kind)
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(path, **kw)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return state_of(model)
 
 
 def zeros_like_state(state: dict) -> dict:
@@ -96,17 +79,6 @@ def saved_keys(path) -> set[str]:
 
 
 # ------------------------------------------------- Llama, tensor parallel --
-
-def tp_placement(key: str):
-    """Megatron-style tensor parallelism of a Llama state, by key suffix."""
-    if re.search(r"(q_proj|k_proj|v_proj|gate_proj|up_proj|wq|wk|wv|w1|w3)\.weight$", key):
-        return [Shard(0)]  # column parallel
-    if re.search(r"(o_proj|down_proj|wo|w2)\.weight$", key):
-        return [Shard(1)]  # row parallel
-    if re.search(r"(embed_tokens|tok_embeddings|lm_head|output)\.weight$", key):
-        return [Shard(0)]  # vocab parallel, 51 rows: uneven 26 / 25
-    return [Replicate()]
-
 
 def _load_llama_tp(rank, world, tmp):
     mesh = init_device_mesh("cpu", (world,))
