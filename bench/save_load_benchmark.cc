@@ -12,7 +12,9 @@
 //              drop_caches), memcpy between pre-faulted buffers.
 //   per layout save (durable), cold load (drop_caches first), hot load
 //              (right after the cold load; page-cache residency printed),
-//              resharded load (another TP degree / world size, cold).
+//              resharded load (another TP degree / world size, cold),
+//              export-hf (ExportHf into shards of 1/4 of the state) with the
+//              checkpoint in the page cache and cold.
 // GB/s = 10^9 bytes / s. Save: unique checkpoint payload / wall time of the
 // collective call (first rank entering to last rank leaving). Load: bytes
 // delivered to destinations (sum over ranks of bytes_needed) / wall time.
@@ -39,6 +41,7 @@
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/comm.h"
+#include "shardsafe/hf.h"
 
 namespace shardsafe {
 namespace {
@@ -692,7 +695,10 @@ int Run(int argc, char** argv) {
     SaveSide side = BuildSave(l, src);
     Row save{l.name, "save"}, cold_load{l.name, "load cold"}, hot{l.name, "load hot"},
         resh{l.name, "load resharded"}, ablock{l.name, "async blocked"},
-        adur{l.name, "async durable"};
+        adur{l.name, "async durable"}, ehot{l.name, "export-hf (cached)"},
+        ecold{l.name, "export-hf cold"};
+    ehot.baseline = ecold.baseline = "raw write";
+    ehot.base_gbps = ecold.base_gbps = raw_w.gbps.Median();
     ablock.baseline = "memcpy";
     ablock.base_gbps = mcp.gbps.Median();
     adur.baseline = "save";
@@ -759,6 +765,24 @@ int Run(int argc, char** argv) {
       resh.gbps.Add(x.needed / x.seconds / 1e9);
       resh.amp.Add(static_cast<double>(x.read) / x.needed);
       delivered_resh.Add(x.needed);
+      // Export to a Hugging Face directory: source cached (the buffered
+      // loads left it there), then cold (reads and writes share the disk).
+      for (Row* row : {&ehot, &ecold}) {
+        const std::string out = cfg.dir + "/export";
+        fs::remove_all(out, ec);
+        if (row == &ecold) DropCaches();
+        ExportHfOptions eo;
+        eo.max_shard_bytes = std::max<uint64_t>(side.unique_bytes / 4, 1);
+        auto stats = ExportHf(path, out, eo);
+        Check(stats.status(), "export " + path);
+        row->gbps.Add(stats->bytes / stats->seconds / 1e9);
+        char enote[160];
+        std::snprintf(enote, sizeof enote, "%zu shards, %llu checksums verified, read/written %.2f",
+                      stats->files.size() - 1, (unsigned long long)stats->chunks_verified,
+                      double(stats->bytes_read) / stats->bytes);
+        row->note = enote;
+        fs::remove_all(out, ec);
+      }
       if (!cfg.keep) fs::remove_all(path, ec);
     }
     resh.base_gbps = cold_load.gbps.Median();
@@ -783,6 +807,8 @@ int Run(int argc, char** argv) {
     rows.push_back(cold_load);
     rows.push_back(hot);
     rows.push_back(resh);
+    rows.push_back(ehot);
+    rows.push_back(ecold);
   }
 
   std::printf("\n");

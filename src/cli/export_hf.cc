@@ -125,7 +125,7 @@ void AddExportHf(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("OUT", a->out, "directory to create")->required();
   cmd->add_option("--max-shard-size", a->max_shard,
-                  "largest shard in tensor bytes: 5GB, 500MB, 2GiB (default 50GB, as transformers)");
+                  "largest shard in tensor bytes: 5GB, 500MB, 2GiB (default 50GB)");
   cmd->add_option("--dtype", a->dtype, "cast F16/BF16/F32/F64 tensors: bf16, fp16, fp32, fp64");
   cmd->add_option("--prefix", a->prefix,
                   "export only keys starting with this, without it (e.g. model.)");

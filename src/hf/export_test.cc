@@ -77,7 +77,8 @@ class ExportTest : public ::testing::Test {
                                     {Box::Whole({35, 20}), FlatRange{f0, f1}}));
       shards[r].push_back(MakeShard("model.layers.1.mlp.experts.gate_up_proj", DType::kF32,
                                     {3, 8, 4}, {Box{{r * 1ull, 0, 0}, {1, 8, 4}}, std::nullopt}));
-      shards[r].push_back(MakeShard("model.count", DType::kI64, {5}, {Box::Whole({5}), std::nullopt}));
+      shards[r].push_back(
+          MakeShard("model.count", DType::kI64, {5}, {Box::Whole({5}), std::nullopt}));
       shards[r].push_back(MakeShard("optim.m", DType::kF32, {6}, {Box::Whole({6}), std::nullopt}));
     }
     std::vector<Status> st(kRanks);
@@ -272,7 +273,8 @@ TEST_F(ExportTest, HuggingFaceDirectorySourceCopiesConfigAndRenames) {
   EXPECT_EQ(stats->chunks_verified, 0u);  // foreign files have no checksums
   auto got = ReadExport(second, *stats);
   ASSERT_EQ(got.size(), 2u);
-  EXPECT_EQ(got["model.embed.weight"].second, Whole("model.embed.weight", DType::kF32, {1024, 512}));
+  EXPECT_EQ(got["model.embed.weight"].second,
+            Whole("model.embed.weight", DType::kF32, {1024, 512}));
   EXPECT_EQ(got["model.layers.0.w"].second, Whole("model.layers.0.w", DType::kBF16, {30, 20}));
 }
 

@@ -84,7 +84,8 @@ TEST(ExpertRulesTest, ValidatesStars) {
 
 TEST(SplitExpertsTest, FusedGateUpSplitsAlongDimOneGateFirst) {
   // [E=2, 2I=6, H=4]: expert e, gate rows [0, 3), up rows [3, 6).
-  auto parts = SplitExperts("model.layers.3.mlp.experts.gate_up_proj", {2, 6, 4}, Qwen2MoeExperts());
+  auto parts =
+      SplitExperts("model.layers.3.mlp.experts.gate_up_proj", {2, 6, 4}, Qwen2MoeExperts());
   ASSERT_TRUE(parts.ok());
   ASSERT_EQ(parts->size(), 4u);
   EXPECT_EQ((*parts)[0].name, "model.layers.3.mlp.experts.0.gate_proj.weight");
@@ -106,7 +107,8 @@ TEST(SplitExpertsTest, SingleSourceTakesWholeExperts) {
 
 TEST(SplitExpertsTest, NegativeDimAndTransposedLayouts) {
   // [E, H, 2I] with gate/up concatenated on the last dim.
-  std::vector<ExpertRule> rules = {{{"experts.*.gate.weight", "experts.*.up.weight"}, "experts.gate_and_up", -1}};
+  std::vector<ExpertRule> rules = {
+      {{"experts.*.gate.weight", "experts.*.up.weight"}, "experts.gate_and_up", -1}};
   auto parts = SplitExperts("experts.gate_and_up", {1, 2, 8}, rules);
   ASSERT_TRUE(parts.ok());
   ASSERT_EQ(parts->size(), 2u);

@@ -54,6 +54,9 @@ Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read
   options.verify_checksums = verify_;
   options.io_threads = kReadThreads;
   options.scratch_bytes = kScratchBytes;
+  // Direct reads: an export reads every byte once, and cold buffered reads
+  // are slower here; data already cached is still taken from the cache.
+  options.direct_io = true;
   std::vector<ChunkRef> verified;
   LoadCounters counters;
   counters.verified = &verified;

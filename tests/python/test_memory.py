@@ -42,3 +42,37 @@ def test_peak_extra_memory_of_a_save(tmp_path, mode):
     print(f"{mode}: extra peak RSS {m['extra'] / MIB:.0f} MiB for {m['bytes'] / MIB:.0f} MiB "
           f"saved (bound {bound / MIB:.0f} MiB)")
     assert m["extra"] <= bound
+
+
+_EXPORT = textwrap.dedent("""
+    import json, resource, subprocess, sys
+    r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
+""")
+
+
+def test_export_memory_is_bounded_whatever_the_checkpoint_size(tmp_path, shardsafe_bin):
+    """export-hf streams: 4 shard writers x (a 32 MiB batch + 4 x 16 MiB
+    write buffers) at the defaults, the same for a small and a large
+    checkpoint."""
+    import torch
+
+    import shardsafe
+
+    peaks = {}
+    for mib in (256, 1536):
+        state = {f"model.layers.{i}.w": torch.full((mib // 16 * MIB // 4,), float(i))
+                 for i in range(16)}
+        shardsafe.save(state, tmp_path / f"ckpt{mib}")
+        del state
+        cmd = [str(shardsafe_bin), "export-hf", str(tmp_path / f"ckpt{mib}"),
+               str(tmp_path / f"out{mib}"), "--max-shard-size", f"{mib // 5}MB"]
+        proc = subprocess.run([sys.executable, "-c", _EXPORT, *cmd], capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        peaks[mib] = json.loads(proc.stdout)["peak"]
+        print(f"export of {mib} MiB: peak RSS {peaks[mib] / MIB:.0f} MiB")
+    bound = 4 * (32 + 4 * 16) * MIB + 64 * MIB
+    assert max(peaks.values()) <= bound
+    assert peaks[1536] <= 1.25 * peaks[256] + 32 * MIB  # does not grow with the checkpoint
