@@ -479,6 +479,23 @@ def test_attack_verify_and_import_never_crash(run, path, tmp_path):
     assert proc.returncode == EXIT_ERROR, describe(proc)
     assert path.name in proc.stderr
     assert not (tmp_path / "ckpt").exists()
+    proc = run("export-hf", path, tmp_path / "hf")
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1 and path.name in proc.stderr
+    assert os.listdir(tmp_path) == []  # no output, no temporary
+
+
+def test_export_of_corrupt_checkpoint_names_file_and_tensor(run, demo_root, tmp_path):
+    data = sorted((demo_root / "step-00000100").glob("data-*.safetensors"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(raw)
+    proc = run("export-hf", demo_root, tmp_path / "hf")
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "checksum mismatch" in line, line
+    assert data.name in line and 'tensor "' in line, line
+    assert not (tmp_path / "hf").exists()
 
 
 # ------------------------------------------------------------ misc usage --
@@ -492,5 +509,5 @@ def test_unknown_subcommand_exits_2(run):
 def test_help_lists_import(run):
     proc = run("--help")
     assert proc.returncode == EXIT_OK, describe(proc)
-    for cmd in ("inspect", "verify", "ls", "prune", "diff", "demo", "import"):
+    for cmd in ("inspect", "verify", "ls", "prune", "diff", "demo", "import", "export-hf"):
         assert cmd in proc.stdout
