@@ -59,6 +59,10 @@ class WritableFile {
   // without copying (O_DIRECT straight from 4 KiB-aligned memory, several
   // requests in flight). The default copies like Append.
   virtual Status AppendStable(const void* data, size_t n) { return Append(data, n); }
+  // Waits until no write still reads memory passed to AppendStable, so the
+  // caller may reuse it before Sync (double buffering). Reports a failed
+  // write like Append. The default returns OK (its AppendStable copies).
+  virtual Status WaitStable() { return Status(); }
   // Writes out everything appended so far and makes it durable (fdatasync).
   virtual Status Sync() = 0;
   // Writes out what is buffered and closes. Does not sync. Idempotent. The

@@ -69,11 +69,13 @@ struct ExportHfOptions {
   bool verify_checksums = true;   // every source chunk used, before OUT appears
   bool direct_io = true;          // O_DIRECT output (buffered fallback on tmpfs)
   int io_threads = 4;             // output files written at once
-  // Memory per output file in flight: one batch of output bytes, plus
-  // (io_depth + 1) write buffers of io_buffer_bytes.
+  // Memory per output file in flight: two windows of batch_bytes (one read
+  // while the other is written in place with O_DIRECT) and one write buffer
+  // of io_buffer_bytes for the file's unaligned tail. Writes go out in
+  // requests of io_buffer_bytes, io_depth at a time.
   uint64_t batch_bytes = uint64_t{32} << 20;
   size_t io_buffer_bytes = 16 << 20;
-  int io_depth = 3;
+  int io_depth = 2;
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // phases "plan", "write", "verify"; calling thread
 };

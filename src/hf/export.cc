@@ -54,12 +54,6 @@ struct Job {
   std::atomic<uint64_t> written{0};
 };
 
-// The pieces of one batch and where they land in its buffer.
-struct Batch {
-  std::vector<SourcePiece> pieces;
-  uint64_t used = 0;
-};
-
 Status WriteBytes(FileSystem& fs, const std::string& path, std::string_view data) {
   SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, WriteOptions{}));
   SS_RETURN_IF_ERROR(file->Append(data.data(), data.size()));
@@ -67,19 +61,98 @@ Status WriteBytes(FileSystem& fs, const std::string& path, std::string_view data
   return file->Close();
 }
 
-Status Flush(Job& job, Batch* batch, const char* buf, WritableFile& out) {
-  if (batch->used == 0) return Status();
-  SS_RETURN_IF_ERROR(job.reader.Read(batch->pieces, job.options.batch_bytes));
-  SS_RETURN_IF_ERROR(out.Append(buf, batch->used));
-  job.written += batch->used;
-  batch->pieces.clear();
-  batch->used = 0;
-  return Status();
-}
+// Streams one shard file in aligned windows of its bytes: the engine reads
+// each window's pieces of entries straight into a pre-faulted buffer, which
+// is then written in place with O_DIRECT while the next window is read into
+// the other buffer (two buffers per shard, no staging copy). Entries are cut
+// at window boundaries on element boundaries (safetensors keeps every entry
+// aligned to its element size and windows are 4 KiB multiples); a sub-byte
+// entry that straddles a boundary is read whole into a side buffer once.
+class ShardWriter {
+ public:
+  ShardWriter(Job& job, const ExportShard& shard, const SafetensorsLayout& layout,
+              WritableFile& out)
+      : job_(job), shard_(shard), layout_(layout), out_(out),
+        window_(AlignUp(std::max<uint64_t>(job.options.batch_bytes, 1 << 20))) {}
 
-// Streams one shard: its header, then each entry's bytes in batches of at
-// most batch_bytes (an entry is cut at element boundaries across batches;
-// sub-byte dtypes are not cut and may take a batch of their own size).
+  Status Run() {
+    const uint64_t size = layout_.file_size;
+    const uint64_t cap = std::min(window_, AlignUp(size));
+    AlignedBuffer bufs[2] = {AcquireAlignedBuffer(cap), AcquireAlignedBuffer(cap)};
+    int k = 0;
+    for (uint64_t start = 0; start < size; start += window_, k ^= 1) {
+      const uint64_t len = std::min(window_, size - start);
+      SS_RETURN_IF_ERROR(Fill(start, len, bufs[k].data()));
+      SS_RETURN_IF_ERROR(out_.WaitStable());  // the other buffer is free again
+      SS_RETURN_IF_ERROR(out_.AppendStable(bufs[k].data(), len));
+      const uint64_t header = layout_.header.size();
+      job_.written += len - (start < header ? std::min(len, header - start) : 0);
+    }
+    return out_.WaitStable();
+  }
+
+ private:
+  // Fills buf with file bytes [start, start + len).
+  Status Fill(uint64_t start, uint64_t len, char* buf) {
+    const std::string& header = layout_.header;
+    if (start < header.size()) {
+      std::memcpy(buf, header.data() + start, std::min<uint64_t>(len, header.size() - start));
+    }
+    std::vector<SourcePiece> pieces;
+    const uint64_t end = start + len;
+    for (size_t j = next_; j < layout_.order.size(); ++j) {
+      const uint32_t i = layout_.order[j];
+      const ExportEntry& e = job_.plan.entries[shard_.entries[i]];
+      const uint64_t off = layout_.offsets[i], e_end = off + e.bytes;
+      if (off >= end) break;
+      if (e_end <= end) next_ = j + 1;  // done after this window
+      if (e.bytes == 0) continue;
+      const uint64_t a = std::max(off, start), b = std::min(e_end, end);
+      char* dst = buf + (a - start);
+      if (IsSubByte(e.dtype) || IsSubByte(e.src_dtype)) {
+        if (off >= start && e_end <= end) {
+          pieces.push_back({KeyOf(e), Slice{e.box, std::nullopt}, dst, e.dtype});
+        } else {
+          SS_RETURN_IF_ERROR(CopyStaged(i, e, a - off, b - a, dst));
+        }
+        continue;
+      }
+      const uint64_t es = DTypeBits(e.dtype) / 8;
+      Slice slice{e.box, std::nullopt};
+      if (a > off || b < e_end) slice.flat = FlatRange{(a - off) / es, (b - off) / es};
+      pieces.push_back({KeyOf(e), std::move(slice), dst, e.dtype});
+    }
+    return job_.reader.Read(pieces, window_);
+  }
+
+  // Bytes [at, at + n) of a sub-byte entry, read whole into a side buffer
+  // the first time.
+  Status CopyStaged(uint32_t i, const ExportEntry& e, uint64_t at, uint64_t n, char* dst) {
+    if (staged_entry_ != static_cast<int64_t>(i)) {
+      staged_ = AcquireAlignedBuffer(e.bytes);
+      SourcePiece whole{KeyOf(e), Slice{e.box, std::nullopt}, staged_.data(), e.dtype};
+      SS_RETURN_IF_ERROR(job_.reader.Read({&whole, 1}, window_));
+      staged_entry_ = i;
+    }
+    std::memcpy(dst, staged_.data() + at, n);
+    return Status();
+  }
+
+  // The index's own key string: one pointer per source tensor for the reader.
+  const std::string* KeyOf(const ExportEntry& e) const {
+    return &job_.src.index.tensors.find(e.key)->first;
+  }
+
+  Job& job_;
+  const ExportShard& shard_;
+  const SafetensorsLayout& layout_;
+  WritableFile& out_;
+  const uint64_t window_;
+  size_t next_ = 0;  // first entry of layout_.order not yet fully written
+  AlignedBuffer staged_;
+  int64_t staged_entry_ = -1;
+};
+
 Status WriteShard(Job& job, const ExportShard& shard) {
   std::vector<EntrySpec> specs;
   for (uint32_t e : shard.entries) {
@@ -87,53 +160,15 @@ Status WriteShard(Job& job, const ExportShard& shard) {
     specs.push_back({entry.name, entry.dtype, entry.shape, entry.bytes});
   }
   SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, BuildSafetensorsHeader(specs, kHfMetadata));
-  const std::string path = JoinPath(job.dir, shard.file);
   WriteOptions wo;
   wo.direct = job.options.direct_io;
   wo.size_hint = layout.file_size;
   wo.buffer_bytes = job.options.io_buffer_bytes;
   wo.queue_depth = std::max(job.options.io_depth, 1);
-  SS_ASSIGN_OR_RETURN(auto out, job.fs.NewWritableFile(path, wo));
-  SS_RETURN_IF_ERROR(out->Append(layout.header.data(), layout.header.size()));
-
-  const uint64_t cap = std::max<uint64_t>(job.options.batch_bytes, 1 << 20);
-  // Pre-faulted and recycled across shards (fresh pages cost a fault each).
-  AlignedBuffer buf = AcquireAlignedBuffer(std::min(cap, std::max<uint64_t>(shard.bytes, 1)));
-  Batch batch;
-  for (uint32_t i : layout.order) {
-    const ExportEntry& entry = job.plan.entries[shard.entries[i]];
-    const std::string* key = &job.src.index.tensors.find(entry.key)->first;
-    const uint64_t n = *NumElements(entry.shape);
-    const bool whole_only = IsSubByte(entry.dtype) || IsSubByte(entry.src_dtype);
-    const uint64_t esize = whole_only ? 1 : DTypeBits(entry.dtype) / 8;
-    for (uint64_t done = 0; done < n;) {
-      uint64_t room = (cap - batch.used) / esize;
-      if (whole_only) room = cap - batch.used >= entry.bytes ? n : 0;
-      if (room == 0 && batch.used > 0) {
-        SS_RETURN_IF_ERROR(Flush(job, &batch, buf.data(), *out));
-        continue;
-      }
-      const uint64_t take = whole_only ? n : std::min(n - done, room);
-      const uint64_t bytes = whole_only ? entry.bytes : take * esize;
-      if (buf.capacity() < batch.used + bytes) {  // a sub-byte entry larger than a batch
-        AlignedBuffer bigger = AcquireAlignedBuffer(batch.used + bytes);
-        std::memcpy(bigger.data(), buf.data(), batch.used);
-        for (SourcePiece& p : batch.pieces) {
-          p.dst = bigger.data() + (static_cast<char*>(p.dst) - buf.data());
-        }
-        buf = std::move(bigger);
-      }
-      Slice slice{entry.box, std::nullopt};
-      if (take < n) slice.flat = FlatRange{done, done + take};
-      batch.pieces.push_back({key, std::move(slice), buf.data() + batch.used, entry.dtype});
-      batch.used += bytes;
-      done += take;
-    }
-  }
-  SS_RETURN_IF_ERROR(Flush(job, &batch, buf.data(), *out));
+  SS_ASSIGN_OR_RETURN(auto out, job.fs.NewWritableFile(JoinPath(job.dir, shard.file), wo));
+  SS_RETURN_IF_ERROR(ShardWriter(job, shard, layout, *out).Run());
   SS_RETURN_IF_ERROR(out->Sync());
-  SS_RETURN_IF_ERROR(out->Close());
-  return Status();
+  return out->Close();
 }
 
 Status WriteShards(Job& job) {

@@ -79,6 +79,9 @@ class ExportTest : public ::testing::Test {
                                     {3, 8, 4}, {Box{{r * 1ull, 0, 0}, {1, 8, 4}}, std::nullopt}));
       shards[r].push_back(
           MakeShard("model.count", DType::kI64, {5}, {Box::Whole({5}), std::nullopt}));
+      // Sub-byte, 1.5 MB: straddles a 1 MiB window, so it is read whole aside.
+      shards[r].push_back(MakeShard("model.fp4", DType::kF4, {1500, 2000},
+                                    {Box::Whole({1500, 2000}), std::nullopt}));
       shards[r].push_back(MakeShard("optim.m", DType::kF32, {6}, {Box::Whole({6}), std::nullopt}));
     }
     std::vector<Status> st(kRanks);
@@ -121,22 +124,24 @@ class ExportTest : public ::testing::Test {
 
 TEST_F(ExportTest, EveryByteMatchesAcrossShardsWithIndexAndConfig) {
   ExportHfOptions o = Options();
-  o.max_shard_bytes = 1'000'000;  // the 2 MiB matrix alone, the rest together
+  o.max_shard_bytes = 1'000'000;  // the 2 MiB matrix and the fp4 alone, the rest together
   const std::string out = dir_ + "/hf";
   auto stats = ExportHf(ckpt_, out, o);
   ASSERT_TRUE(stats.ok()) << stats.status().message();
-  EXPECT_EQ(stats->tensors, 5u);
-  EXPECT_EQ(stats->files, (std::vector<std::string>{"model-00001-of-00002.safetensors",
-                                                      "model-00002-of-00002.safetensors",
+  EXPECT_EQ(stats->tensors, 6u);
+  EXPECT_EQ(stats->files, (std::vector<std::string>{"model-00001-of-00003.safetensors",
+                                                      "model-00002-of-00003.safetensors",
+                                                      "model-00003-of-00003.safetensors",
                                                       "model.safetensors.index.json"}));
   EXPECT_EQ(stats->copied, std::vector<std::string>{"config.json"});
   EXPECT_EQ(ReadAll(out + "/config.json"), config_);
   // Every chunk of every exported tensor verified (9 column/row/flat chunks,
   // 3 experts, count written once; optim not read).
-  EXPECT_EQ(stats->chunks_verified, 3u + 3u + 3u + 3u + 1u);
+  EXPECT_EQ(stats->chunks_verified, 3u + 3u + 3u + 3u + 1u + 1u);
 
   auto got = ReadExport(out, *stats);
-  ASSERT_EQ(got.size(), 5u);
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(got["fp4"].second, Whole("model.fp4", DType::kF4, {1500, 2000}));
   EXPECT_EQ(got["embed.weight"].second, Whole("model.embed.weight", DType::kF32, {1024, 512}));
   EXPECT_EQ(got["embed.weight"].first.shape, (Shape{1024, 512}));
   EXPECT_EQ(got["layers.0.w"].second, Whole("model.layers.0.w", DType::kBF16, {30, 20}));
@@ -146,8 +151,9 @@ TEST_F(ExportTest, EveryByteMatchesAcrossShardsWithIndexAndConfig) {
   EXPECT_EQ(got["count"].second, Whole("model.count", DType::kI64, {5}));
 
   auto index = nlohmann::json::parse(ReadAll(out + "/model.safetensors.index.json"));
-  EXPECT_EQ(index["weight_map"]["embed.weight"], "model-00001-of-00002.safetensors");
-  EXPECT_EQ(index["weight_map"]["count"], "model-00002-of-00002.safetensors");
+  EXPECT_EQ(index["weight_map"]["embed.weight"], "model-00001-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["fp4"], "model-00002-of-00003.safetensors");
+  EXPECT_EQ(index["weight_map"]["count"], "model-00003-of-00003.safetensors");
   EXPECT_EQ(index["metadata"]["total_size"], stats->bytes);
   // Nothing but the published directory is left in the parent.
   auto entries = DefaultFileSystem()->ListDir(dir_);
@@ -164,7 +170,7 @@ TEST_F(ExportTest, ExpertsSplitAndDtypeCast) {
   ASSERT_TRUE(stats.ok()) << stats.status().message();
   EXPECT_EQ(stats->files, std::vector<std::string>{"model.safetensors"});
   auto got = ReadExport(out, *stats);
-  EXPECT_EQ(got.size(), 4u + 6u);
+  EXPECT_EQ(got.size(), 5u + 6u);
   const Shape grouped = {3, 8, 4};
   for (int e = 0; e < 3; ++e) {
     for (int part = 0; part < 2; ++part) {

@@ -21,6 +21,7 @@ class FaultInjectingFile final : public WritableFile {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
     return base_->AppendStable(data, n);
   }
+  Status WaitStable() override { return base_->WaitStable(); }
   Status Sync() override {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kSync));
     return base_->Sync();

@@ -132,6 +132,10 @@ class DirectWritableFile final : public PosixWritableFile {
 
   Status Append(const void* data, size_t n) override;
   Status AppendStable(const void* data, size_t n) override;
+  Status WaitStable() override {
+    SS_RETURN_IF_ERROR(CheckUsable());
+    return Drain();
+  }
   Status Sync() override;
   Status Close() override;
 
