@@ -100,6 +100,14 @@ class RandomAccessFile {
   virtual Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const;
 };
 
+// An advisory lock on a path, held while the object lives. Other processes
+// and other TryLock calls in this one see it; it is released when the
+// object is destroyed or the process dies (flock on POSIX).
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 struct FileInfo {
   uint64_t size = 0;
   bool is_dir = false;
@@ -141,6 +149,14 @@ class FileSystem {
   }
   // Makes the entries of directory `path` (creates, renames) durable.
   virtual Status SyncDir(const std::string& path) = 0;
+  // Takes an exclusive advisory lock on the existing file or directory
+  // `path` without waiting: FailedPrecondition if someone holds it,
+  // NotFound if the path is missing, Unimplemented where the file system
+  // has no locks. Saves hold one on their temporary directory so that
+  // another save's cleanup of leftovers never removes a save in progress.
+  virtual Result<std::unique_ptr<FileLock>> TryLock(const std::string& path) {
+    return UnimplementedError("locking " + path + " is not supported");
+  }
 };
 
 // The POSIX file system. Lives for the whole process.

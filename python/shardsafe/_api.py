@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,9 +80,18 @@ class _HostStaging:
         self._buf: torch.Tensor | None = None
         self._lock = threading.Lock()
 
-    def views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    @contextlib.contextmanager
+    def borrow(self, tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
         """A host view per tensor (same shape and dtype), contiguous, backed
-        by the pinned buffer. The caller holds the buffer until it is done."""
+        by the pinned buffer, which no other thread gets until the block
+        ends: keep it open until the engine is done with the views."""
+        if not tensors:
+            yield []
+            return
+        with self._lock:
+            yield self._views(tensors)
+
+    def _views(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         offsets, total = [], 0
         for t in tensors:
             offsets.append(total)
@@ -127,6 +137,9 @@ class _SaveArgs:
     values: str = "{}"
     metadata: str = ""
     keep: list[torch.Tensor] = field(default_factory=list)  # alive until the engine returns
+    # Holds the pinned staging buffer (device tensors) until the engine call
+    # that reads it returns: `with args.hold: engine call`.
+    hold: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
 def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
@@ -149,8 +162,18 @@ def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
 
 def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
                   files: Mapping[str, Any] | None = None) -> _SaveArgs:
-    flat = flatten(state)
     args = _SaveArgs()
+    try:
+        _fill_save_args(args, state, metadata, unsafe_pickle, files)
+    except BaseException:
+        args.hold.close()
+        raise
+    return args
+
+
+def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: bool,
+                    files: Mapping[str, Any] | None) -> None:
+    flat = flatten(state)
     values, args.blobs = encode_values(flat.values, unsafe_pickle)
     args.blobs += _file_blobs(files)
     args.values = json.dumps(values, allow_nan=False)
@@ -165,16 +188,17 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
         boxes.append((leaf.key, name, b))
     on_device = [i for i, (_, _, b) in enumerate(boxes) if b.local.device.type != "cpu"]
     if on_device:
-        hosts = _STAGING.views([boxes[i][2].local for i in on_device])
+        hosts = args.hold.enter_context(_STAGING.borrow([boxes[i][2].local for i in on_device]))
         for i, h in zip(on_device, hosts):
-            h.copy_(boxes[i][2].local.detach(), non_blocking=True)
+            # Lazy conj/neg views must be materialised on the device: the
+            # device-to-host copy does not apply them reliably.
+            h.copy_(boxes[i][2].local.detach().resolve_conj().resolve_neg(), non_blocking=True)
             boxes[i][2].local = h
         torch.cuda.synchronize()
     for key, name, b in boxes:
         local = b.local.detach().resolve_conj().resolve_neg().contiguous()
         args.keep.append(local)
         args.specs.append((key, name, b.shape, b.offset, b.size, local.data_ptr()))
-    return args
 
 
 def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
@@ -184,7 +208,12 @@ def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: 
         args = _prepare_save(state, metadata, unsafe_pickle, files)
     except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:
         error = e
-    _agree(comm, error)
+    try:
+        _agree(comm, error)
+    except BaseException:
+        if args is not None:
+            args.hold.close()
+        raise
     return args
 
 
@@ -203,8 +232,9 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     """
     comm = resolve(process_group)
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
-    return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
-                   options)
+    with args.hold:
+        return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
+                       options)
 
 
 _SAVER_LOCK = threading.Lock()
@@ -251,8 +281,9 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
-    handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag, comm,
-                           options)
+    with args.hold:  # the engine has its own staged copy once the call returns
+        handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag,
+                               comm, options)
     return _future(handle, path)
 
 
@@ -427,11 +458,19 @@ def _read(reads: list[_Read], path: str, comm: TorchComm | None, options: dict) 
     plain = [r for r in reads if r.scale is None]
     staged = []
     for r in plain:
-        if r.dest.device.type == "cpu" and r.dest.is_contiguous():
-            r.buf = r.dest
+        d = r.dest
+        if d.device.type == "cpu" and d.is_contiguous() and not d.is_conj() and not d.is_neg():
+            r.buf = d
         else:
-            staged.append(r)
-    for r, h in zip(staged, _STAGING.views([r.dest for r in staged])):
+            staged.append(r)  # device, strided, or lazily conjugated/negated
+    with _STAGING.borrow([r.dest for r in staged]) as hosts:
+        return _read_into(reads, staged, fp8, hosts, path, comm, options)
+
+
+def _read_into(reads: list[_Read], staged: list[_Read], fp8: list[_Read],
+               hosts: list[torch.Tensor], path: str, comm: TorchComm | None,
+               options: dict) -> dict:
+    for r, h in zip(staged, hosts):
         r.buf = h
     specs = []
     for r in reads:
@@ -495,7 +534,9 @@ class CheckpointManager:
         """Saves as step `step`, moves `latest`, applies retention."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
-        return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm, options)
+        with args.hold:
+            return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm,
+                                options)
 
     def async_save(self, step: int, state: Any, *, metadata: Any = None,
                    unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
@@ -503,8 +544,9 @@ class CheckpointManager:
         """save in the background; the Future's result is the checkpoint path."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
-        handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
-                                    comm, options)
+        with args.hold:
+            handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
+                                        comm, options)
         return _future(handle, self.path(step))
 
     def wait(self) -> None:

@@ -113,6 +113,7 @@ struct StagedFile {
 struct Job {
   SavePlan plan;
   std::string root, tag, tmp_dir;
+  std::shared_ptr<FileLock> tmp_lock;  // rank 0: keeps other saves' cleanup away
   int rank = 0, world = 1;
   SaveState meta;  // values, metadata and layout only (for rank 0's index)
   std::vector<StagedFile> files;
@@ -169,6 +170,9 @@ Result<std::vector<std::string>> GatherMarkers(const Job& job) {
   std::vector<bool> seen(job.world, false);
   using R = std::optional<Result<std::vector<std::string>>>;
   return PollUntil(job, "the other ranks' completion markers", [&]() -> R {
+    if (!fs.Stat(job.tmp_dir).ok()) {
+      return R(UnavailableError("temporary directory " + job.tmp_dir + " vanished"));
+    }
     for (int r = 0; r < job.world; ++r) {
       if (seen[r]) continue;
       auto failed = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("failed-", r)), 1 << 20);
@@ -235,10 +239,15 @@ Status RunBackground(const Job& job, const Status& staged, std::vector<std::stri
                                   EncodeWritten(reports));
   }
   if (!written.ok()) {
+    if (job.rank == 0) {  // nothing to wait for: tell the others and stop
+      WriteFileAtomically(fs, JoinPath(job.tmp_dir, kAbortedMarker), written.message())
+          .IgnoreError();
+      return written;
+    }
     WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("failed-", job.rank)),
                         written.message())
         .IgnoreError();
-    if (job.rank != 0) return written;
+    return written;
   }
   if (job.rank != 0) return AwaitCommit(job);
   SS_ASSIGN_OR_RETURN(*warnings, CommitWhenAllDone(job));
@@ -367,6 +376,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->root = root;
   job->tag = tag;
   job->tmp_dir = std::move(prepared.tmp_dir);
+  job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->async_options = options_;
   job->update_latest = update_latest;

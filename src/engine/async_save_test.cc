@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <future>
 
 #include "engine/test_util.h"
 #include "storage/fault_injection.h"
@@ -178,6 +179,120 @@ TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
     EXPECT_THAT(waited[r].message(), HasSubstr("abandoned by rank 0")) << r;
   }
   EXPECT_FALSE(std::filesystem::exists(root_ + "/ck"));
+}
+
+// Holds every Sync of the files it creates until Release(): an async save
+// stays in flight, its temporary directory in place, for as long as a test
+// needs.
+class GatedFileSystem final : public FileSystem {
+ public:
+  explicit GatedFileSystem(FileSystem* base) : base_(base), gate_(open_.get_future().share()) {}
+  void Release() { open_.set_value(); }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const WriteOptions& options) override {
+    SS_ASSIGN_OR_RETURN(auto file, base_->NewWritableFile(path, options));
+    return std::unique_ptr<WritableFile>(new File(std::move(file), gate_));
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path, const ReadOptions& options) override {
+    return base_->NewRandomAccessFile(path, options);
+  }
+  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Result<std::vector<DirEntry>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& p) override {
+    return base_->TryLock(p);
+  }
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> f, std::shared_future<void> gate)
+        : f_(std::move(f)), gate_(std::move(gate)) {}
+    Status Append(const void* d, size_t n) override { return f_->Append(d, n); }
+    Status Sync() override {
+      gate_.wait();
+      return f_->Sync();
+    }
+    Status Close() override { return f_->Close(); }
+    uint64_t size() const override { return f_->size(); }
+
+   private:
+    std::unique_ptr<WritableFile> f_;
+    std::shared_future<void> gate_;
+  };
+  FileSystem* base_;
+  std::promise<void> open_;
+  std::shared_future<void> gate_;
+};
+
+// A one-rank state: all of "w", and the step.
+struct WholeState {
+  OwnedShard w = MakeShard("w", DType::kF32, kShape, {Box::Whole(kShape), std::nullopt});
+  SaveState state;
+  explicit WholeState(int64_t step) {
+    state.tensors.push_back(w.View());
+    state.values["step"] = step;
+  }
+};
+
+std::string TmpDirIn(const std::string& root) {
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) return e.path().string();
+  }
+  return "";
+}
+
+TEST_F(AsyncSaveTest, AnotherSaveIntoTheRootLeavesTheSaveInFlightAlone) {
+  // A synchronous save cleans leftovers of killed saves from the root; the
+  // async save still writing there must not be taken for one.
+  GatedFileSystem gated(DefaultFileSystem());
+  auto comm = MakeSingleProcessComm();
+  WholeState one(1), two(2);
+  SaveOptions slow;
+  slow.fs = &gated;
+  AsyncSaver saver;
+  auto h = saver.Save(one.state, root_, "step-1", *comm, slow);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  const std::string tmp = TmpDirIn(root_);
+  ASSERT_FALSE(tmp.empty());
+  ASSERT_TRUE(Save(two.state, root_ + "/step-2", *comm, {}).ok());
+  EXPECT_TRUE(std::filesystem::exists(tmp)) << "the save in flight was removed";
+  gated.Release();
+  auto done = (*h)->Wait();
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  for (int64_t step : {1, 2}) {
+    OwnedTarget t = MakeTarget("w", DType::kF32, kShape, {Box::Whole(kShape), std::nullopt});
+    LoadRequest req;
+    req.tensors.push_back(t.target);
+    auto res = Load(req, root_ + "/step-" + std::to_string(step), *comm, {});
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    EXPECT_TRUE(MatchesOracle(t));
+    EXPECT_EQ(res->values["step"], step);
+  }
+}
+
+TEST_F(AsyncSaveTest, RankZeroWhoseDirectoryVanishedFailsAtOnce) {
+  GatedFileSystem gated(DefaultFileSystem());
+  auto comm = MakeSingleProcessComm();
+  WholeState one(1);
+  SaveOptions slow;
+  slow.fs = &gated;
+  AsyncSaver saver;  // the default peer timeout is an hour: a wait would hang the test
+  auto h = saver.Save(one.state, root_, "step-1", *comm, slow);
+  ASSERT_TRUE(h.ok());
+  std::filesystem::remove_all(TmpDirIn(root_));
+  gated.Release();
+  const auto start = std::chrono::steady_clock::now();
+  Status s = (*h)->Wait().status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/step-1"));
 }
 
 TEST_F(AsyncSaveTest, LayoutErrorsAreReportedByTheCall) {

@@ -139,7 +139,12 @@ Status CleanLeftovers(FileSystem& fs, const std::string& root) {
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(root, e.name);
     Status s;
-    if (e.is_dir && StartsWith(e.name, kTmpPrefix)) s = fs.RemoveAll(path);
+    if (e.is_dir && StartsWith(e.name, kTmpPrefix)) {
+      // A save in progress holds a lock on its directory: leave it alone.
+      auto lock = fs.TryLock(path);
+      if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) continue;
+      s = fs.RemoveAll(path);
+    }
     if (!e.is_dir && StartsWith(e.name, ".latest.tmp.")) s = fs.RemoveFile(path);
     if (first.ok()) first = s;
   }

@@ -27,7 +27,9 @@ bool IsCommitted(FileSystem& fs, const std::string& dir);
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root);
 
 // Removes `.tmp-*` directories and `.latest.tmp.*` files left in `root` by
-// interrupted saves. Best effort: failures are returned but harmless.
+// interrupted saves; a `.tmp-*` directory that another save holds locked
+// (FileSystem::TryLock) is in use and stays. Best effort: failures are
+// returned but harmless.
 Status CleanLeftovers(FileSystem& fs, const std::string& root);
 
 // Creates `path` and any missing parents.

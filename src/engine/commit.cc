@@ -40,8 +40,8 @@ Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::s
 
 }  // namespace
 
-Result<std::string> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
-                                bool overwrite) {
+Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                           bool overwrite) {
   SS_RETURN_IF_ERROR(ValidateTag(tag));
   SS_RETURN_IF_ERROR(CreateDirs(fs, root));
   CleanLeftovers(fs, root).IgnoreError();  // harmless if it fails
@@ -49,8 +49,15 @@ Result<std::string> PrepareSave(FileSystem& fs, const std::string& root, const s
   if (!overwrite && fs.Stat(final_dir).ok()) {
     return AlreadyExistsError("checkpoint " + final_dir + " already exists");
   }
-  const std::string tmp = JoinPath(root, std::string(kTmpPrefix) + tag + "." + Nonce());
-  SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
+  TmpDir tmp{JoinPath(root, std::string(kTmpPrefix) + tag + "." + Nonce()), nullptr};
+  SS_RETURN_IF_ERROR(fs.CreateDir(tmp.path));
+  auto lock = fs.TryLock(tmp.path);
+  if (lock.ok()) {
+    tmp.lock = std::move(*lock);
+  } else if (lock.status().code() != StatusCode::kUnimplemented) {
+    fs.RemoveAll(tmp.path).IgnoreError();
+    return lock.status();
+  }
   return tmp;
 }
 

@@ -43,9 +43,18 @@
 
 namespace shardsafe {
 
-// Step 1. Returns the temporary directory's path.
-Result<std::string> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
-                                bool overwrite);
+// A save's temporary directory and the lock rank 0 holds on it until the
+// save is committed or abandoned (null where the file system has no locks).
+struct TmpDir {
+  std::string path;
+  std::shared_ptr<FileLock> lock;
+};
+
+// Step 1. Leftovers are temporary directories nobody holds a lock on (a
+// save killed before committing): saves of other tags still in progress,
+// in this process or another, are left alone.
+Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                           bool overwrite);
 
 // The index of a save from its plan and what each rank wrote (by rank).
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,

@@ -68,6 +68,23 @@ TEST_F(ManagerTest, LeftoversAreIgnoredAndCleanedAtNextSave) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/.latest.tmp.1234"));
 }
 
+TEST_F(ManagerTest, CleanupLeavesLockedSavesInProgressAlone) {
+  CheckpointManager m(root_, {});
+  const std::string live = root_ + "/.tmp-step-00000009.live", dead = root_ + "/.tmp-x.dead";
+  std::filesystem::create_directories(live);
+  std::filesystem::create_directories(dead);
+  {
+    auto lock = DefaultFileSystem()->TryLock(live);  // as the save writing there holds it
+    ASSERT_TRUE(lock.ok()) << lock.status().ToString();
+    EXPECT_EQ(DefaultFileSystem()->TryLock(live).status().code(), StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(SaveStep(m, 1).ok());
+    EXPECT_TRUE(std::filesystem::exists(live));
+    EXPECT_FALSE(std::filesystem::exists(dead));
+  }
+  ASSERT_TRUE(SaveStep(m, 2).ok());  // its process died: now a leftover
+  EXPECT_FALSE(std::filesystem::exists(live));
+}
+
 TEST_F(ManagerTest, DanglingLatestFallsBackToNewestCommitted) {
   CheckpointManager m(root_, {});
   ASSERT_TRUE(SaveStep(m, 5).ok());

@@ -55,8 +55,12 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   PreparedSave prepared;
   SS_ASSIGN_OR_RETURN(prepared.plan, GatherAndPlan(state, tag, comm, options, pending));
   // Step 1: rank 0 prepares the temporary directory; everyone learns it.
-  Result<std::string> tmp = comm.rank() == 0 ? PrepareSave(fs, root, tag, options.overwrite)
-                                             : Result<std::string>(std::string());
+  Result<std::string> tmp = std::string();
+  if (comm.rank() == 0) {
+    Result<TmpDir> dir = PrepareSave(fs, root, tag, options.overwrite);
+    tmp = dir.ok() ? Result<std::string>(dir->path) : Result<std::string>(dir.status());
+    if (dir.ok()) prepared.lock = std::move(dir->lock);
+  }
   SS_ASSIGN_OR_RETURN(prepared.tmp_dir, BroadcastOrFail(comm, 0, tmp));
   return prepared;
 }

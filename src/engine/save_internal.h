@@ -11,6 +11,7 @@ namespace shardsafe {
 struct PreparedSave {
   SavePlan plan;
   std::string tmp_dir;
+  std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
 
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather

@@ -4,8 +4,8 @@
 //
 // Steps and what a crash between them leaves behind:
 //  1. Plan (no I/O beyond reading the source's index).
-//  2. Create PARENT/.tmp-export-BASE.NONCE (after removing leftovers of
-//     earlier exports to the same OUT).
+//  2. Create PARENT/.tmp-export-BASE.NONCE, locked while the export runs
+//     (after removing unlocked leftovers of earlier exports to the same OUT).
 //  3. Write the shards, io_threads at a time, each fdatasync'ed.
 //  4. Verify the source chunks the batches did not verify whole.
 //  5. Write the index (sharded exports) and the saved files, fdatasync'ed;
@@ -245,9 +245,11 @@ Status RemoveStaleExports(FileSystem& fs, const std::string& parent, const std::
   SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(parent));
   const std::string prefix = std::string(kExportTmpPrefix) + base + ".";
   for (const DirEntry& e : entries) {
-    if (e.is_dir && e.name.starts_with(prefix)) {
-      SS_RETURN_IF_ERROR(fs.RemoveAll(JoinPath(parent, e.name)));
-    }
+    if (!e.is_dir || !e.name.starts_with(prefix)) continue;
+    const std::string path = JoinPath(parent, e.name);
+    auto lock = fs.TryLock(path);  // an export in progress holds it
+    if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) continue;
+    SS_RETURN_IF_ERROR(fs.RemoveAll(path));
   }
   return Status();
 }
@@ -312,6 +314,7 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
   RemoveStaleExports(fs, parent, base).IgnoreError();  // harmless if it fails
   const std::string tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + Nonce());
   SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
+  auto lock = fs.TryLock(tmp);  // held until published or removed
 
   SourceReader reader(src, fs, options.verify_checksums);
   Job job{options, src, plan, fs, reader, tmp};

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +97,16 @@ class PosixFileSystem final : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override;
   Status RenameExchange(const std::string& a, const std::string& b) override;
   Status SyncDir(const std::string& path) override;
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& path) override;
+};
+
+class FlockLock final : public FileLock {
+ public:
+  explicit FlockLock(int fd) : fd_(fd) {}
+  ~FlockLock() override { close(fd_); }  // releases the lock
+
+ private:
+  int fd_;
 };
 
 Result<FileInfo> PosixFileSystem::Stat(const std::string& path) {
@@ -175,6 +186,22 @@ Status PosixFileSystem::SyncDir(const std::string& path) {
   FdCloser closer(fd);
   if (fsync(fd) != 0) return ErrnoError(errno, "fsync directory", path);
   return Status();
+}
+
+Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "open for locking", path);
+  int rc;
+  do {
+    rc = flock(fd, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) return FailedPreconditionError(path + " is locked (in use)");
+    return ErrnoError(err, "lock", path);
+  }
+  return std::unique_ptr<FileLock>(new FlockLock(fd));
 }
 
 }  // namespace

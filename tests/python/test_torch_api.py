@@ -10,6 +10,7 @@ import collections
 import json
 import math
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,44 @@ def test_non_contiguous_sources_and_targets(tmp_path):
     for k in state:
         assert torch.equal(got[k], state[k].resolve_conj()), k
     assert not got["t"].is_contiguous()
+
+
+def test_lazily_conjugated_and_negated_views_as_sources_and_targets(tmp_path):
+    c, x = torch.randn(5, dtype=torch.complex64), torch.randn(6)
+    shardsafe.save({"c": c.conj(), "n": torch._neg_view(x)}, tmp_path / "v")
+    plain = {"c": torch.zeros_like(c), "n": torch.zeros_like(x)}
+    shardsafe.load(plain, tmp_path / "v")
+    assert torch.equal(plain["c"], c.conj().resolve_conj()) and torch.equal(plain["n"], -x)
+    # Contiguous targets whose conj/neg bit is set are filled through the view.
+    views = {"c": torch.zeros_like(c).conj(), "n": torch._neg_view(torch.zeros_like(x))}
+    shardsafe.load(views, tmp_path / "v")
+    assert torch.equal(views["c"].resolve_conj(), plain["c"])
+    assert torch.equal(views["n"].resolve_neg(), plain["n"])
+
+
+def test_threads_loading_into_staged_targets_get_their_own_data(tmp_path):
+    """Strided targets go through the shared host staging buffer: two
+    threads at once must not see each other's bytes."""
+    for i in range(2):
+        shardsafe.save({"w": torch.full((512, 256), float(i + 1))}, tmp_path / f"c{i}")
+    errors = []
+
+    def run(i: int) -> None:
+        try:
+            for _ in range(20):
+                target = {"w": torch.zeros(256, 512).t()}  # non-contiguous: staged
+                shardsafe.load(target, tmp_path / f"c{i}")
+                if not bool((target["w"] == i + 1).all()):
+                    errors.append(f"thread {i} got another thread's data")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
 
 
 def test_value_that_is_not_json_names_its_key(tmp_path):
