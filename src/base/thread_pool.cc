@@ -1,11 +1,17 @@
 #include "base/thread_pool.h"
 
+#include <system_error>
+
 namespace shardsafe {
 
 ThreadPool::ThreadPool(size_t num_threads) {
   workers_.reserve(num_threads);
   for (size_t i = 0; i < num_threads; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error&) {
+      break;  // the process is out of threads: run with those we have (none: inline)
+    }
   }
 }
 

@@ -25,6 +25,9 @@ namespace shardsafe {
 
 class ThreadPool {
  public:
+  // Starts up to `num_threads` workers; if the system refuses a thread
+  // (EAGAIN), the pool runs with the ones it got, or inline with none,
+  // instead of failing.
   explicit ThreadPool(size_t num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
