@@ -84,10 +84,15 @@ class GroupChecksums {
   GroupChecksums(const Context& ctx, const ReadGroup& group) : ctx_(ctx), group_(group) {
     crcs_.assign(group.whole_chunks.size(), 0);
   }
+  StreamChecksums* stream() const { return ctx_.counters->stream; }
 
   // Extends each chunk's checksum with its part of the `length` file bytes
   // at `offset`, which are in `buf`. Calls come in increasing offset order.
   void Add(uint64_t offset, uint64_t length, const char* buf) {
+    if (stream()) {
+      stream()->Add(group_.reads.front().file, offset, length, buf);
+      return;
+    }
     for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
       const auto [lo, hi] = ByteRange(group_.whole_chunks[i]);
       const uint64_t a = std::max(lo, offset), b = std::min(hi, offset + length);
@@ -96,6 +101,7 @@ class GroupChecksums {
   }
 
   Status Verify() {
+    if (stream()) return stream()->status();
     for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
       const ChunkRef& ref = group_.whole_chunks[i];
       const auto& expected = ctx_.sources.crcs[ref.tensor][ref.chunk];
@@ -107,10 +113,6 @@ class GroupChecksums {
         return DataLossError(ChunkName(ctx_, ref) + buf);
       }
       ctx_.counters->chunks_verified++;
-      if (ctx_.counters->verified) {
-        std::lock_guard<std::mutex> lock(ctx_.counters->verified_mu);
-        ctx_.counters->verified->push_back(ref);
-      }
     }
     return Status();
   }

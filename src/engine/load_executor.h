@@ -7,10 +7,10 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/stream_checksums.h"
 #include "layout/load_planner.h"
 #include "shardsafe/checkpoint.h"
 
@@ -33,11 +33,10 @@ struct LoadSources {
 struct LoadCounters {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> chunks_verified{0};
-  // When set, every chunk whose checksum was verified is appended here
-  // (under verified_mu): callers that read a tensor in several plans learn
-  // which chunks still need a check.
-  std::vector<ChunkRef>* verified = nullptr;
-  std::mutex verified_mu;
+  // When set, checksums are checked here, across plans, from every byte
+  // read (engine/stream_checksums.h), instead of per group for the chunks a
+  // group reads whole; its errors are reported by the plan too.
+  StreamChecksums* stream = nullptr;
 };
 
 // Executes `plan`. `dests[i]` receives want i. DataLoss naming file, tensor

@@ -136,8 +136,11 @@ TEST_F(ExportTest, EveryByteMatchesAcrossShardsWithIndexAndConfig) {
   EXPECT_EQ(stats->copied, std::vector<std::string>{"config.json"});
   EXPECT_EQ(ReadAll(out + "/config.json"), config_);
   // Every chunk of every exported tensor verified (9 column/row/flat chunks,
-  // 3 experts, count written once; optim not read).
-  EXPECT_EQ(stats->chunks_verified, 3u + 3u + 3u + 3u + 1u + 1u);
+  // 3 experts, count and fp4 written once), plus any small chunk a coalesced
+  // read happens to span; the column chunks that windows cut in pieces are
+  // checked as they stream through, not read twice.
+  EXPECT_GE(stats->chunks_verified, 3u + 3u + 3u + 3u + 1u + 1u);
+  EXPECT_LT(stats->bytes_read, stats->bytes * 11 / 10);
 
   auto got = ReadExport(out, *stats);
   ASSERT_EQ(got.size(), 6u);

@@ -18,10 +18,19 @@ constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
 
 }  // namespace
 
-SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums)
-    : src_(src), fs_(fs), verify_(verify_checksums) {
-  for (const IndexFile& f : src.index.files) file_paths_.push_back(JoinPath(src.data_dir, f.name));
+namespace {
+
+std::vector<std::string> FilePaths(const CheckpointSource& src) {
+  std::vector<std::string> paths;
+  for (const IndexFile& f : src.index.files) paths.push_back(JoinPath(src.data_dir, f.name));
+  return paths;
 }
+
+}  // namespace
+
+SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums)
+    : src_(src), fs_(fs), verify_(verify_checksums), file_paths_(FilePaths(src)),
+      stream_(src.index, file_paths_) {}
 
 Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes) {
   std::vector<SavedTensor> tensors;
@@ -57,14 +66,10 @@ Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read
   // Direct reads: an export reads every byte once, and cold buffered reads
   // are slower here; data already cached is still taken from the cache.
   options.direct_io = true;
-  std::vector<ChunkRef> verified;
   LoadCounters counters;
-  counters.verified = &verified;
+  counters.stream = &stream_;
   Status s = ExecuteLoadPlan(plan, tensors, wants, dests, sources, fs_, options, &counters);
   bytes_read_ += counters.bytes_read.load();
-  chunks_verified_ += counters.chunks_verified.load();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const ChunkRef& r : verified) verified_.emplace(sources.tensor_keys[r.tensor], r.chunk);
   return s;
 }
 
@@ -87,28 +92,18 @@ Status SourceReader::VerifyChunk(const std::string& key, uint32_t chunk) {
     return DataLossError("tensor \"" + key + "\" chunk " + SliceToString(c.slice) + " in " +
                          path + msg);
   }
-  chunks_verified_++;
+  chunks_verified_again_++;
   return Status();
 }
 
 Status SourceReader::VerifyRest(const std::set<std::string>& keys, int threads) {
   if (!verify_) return Status();
-  std::vector<std::pair<const std::string*, uint32_t>> todo;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& key : keys) {
-      const IndexTensor& t = src_.index.tensors.at(key);
-      for (uint32_t i = 0; i < t.chunks.size(); ++i) {
-        if (t.chunks[i].crc32c && t.chunks[i].bytes > 0 && !verified_.count({key, i})) {
-          todo.emplace_back(&key, i);
-        }
-      }
-    }
-  }
+  SS_RETURN_IF_ERROR(stream_.status());
+  const auto todo = stream_.Unverified(keys);
   ThreadPool pool(std::min<size_t>(std::max(threads, 1), todo.size()));
   TaskGroup group(&pool);
   for (const auto& [key, chunk] : todo) {
-    group.Add([this, key, chunk] { return VerifyChunk(*key, chunk); });
+    group.Add([this, &key, chunk] { return VerifyChunk(key, chunk); });
   }
   return group.Wait();
 }

@@ -5,9 +5,10 @@
 //
 // A batch is planned and executed by the engine's load planner and
 // executor (straight into the destination where the bytes are contiguous,
-// coalesced reads, checksums of chunks a batch reads whole). A chunk that
-// batches cut in pieces is not verified by them; VerifyRest reads each such
-// chunk once more, whole, and checks it.
+// coalesced reads). Checksums are checked from the bytes as they stream
+// through, across batches (engine/stream_checksums.h), so a chunk that
+// batches cut in pieces is verified without a second read as long as its
+// pieces arrive in order; VerifyRest reads the others once more, whole.
 //
 // Thread-safe: Read and VerifyRest may be called from several threads.
 #pragma once
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "engine/source.h"
+#include "engine/stream_checksums.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {
@@ -46,7 +48,9 @@ class SourceReader {
   Status VerifyRest(const std::set<std::string>& keys, int threads);
 
   uint64_t bytes_read() const { return bytes_read_.load(); }
-  uint64_t chunks_verified() const { return chunks_verified_.load(); }
+  uint64_t chunks_verified() const {
+    return stream_.verified_count() + chunks_verified_again_.load();
+  }
 
  private:
   Status VerifyChunk(const std::string& key, uint32_t chunk);
@@ -55,10 +59,9 @@ class SourceReader {
   FileSystem& fs_;
   bool verify_;
   std::vector<std::string> file_paths_;
-  std::mutex mu_;
-  std::set<std::pair<std::string, uint32_t>> verified_;  // (key, chunk)
+  StreamChecksums stream_;
   std::atomic<uint64_t> bytes_read_{0};
-  std::atomic<uint64_t> chunks_verified_{0};
+  std::atomic<uint64_t> chunks_verified_again_{0};  // by VerifyRest
 };
 
 }  // namespace shardsafe
