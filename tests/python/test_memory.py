@@ -53,7 +53,7 @@ _EXPORT = textwrap.dedent("""
 
 
 def test_export_memory_is_bounded_whatever_the_checkpoint_size(tmp_path, shardsafe_bin):
-    """export-hf streams: 4 shard writers x (two 32 MiB windows + a 16 MiB
+    """export-hf streams: 4 shard writers x (two 16 MiB windows + an 8 MiB
     tail buffer) at the defaults, the same for a small and a large
     checkpoint."""
     import torch
@@ -73,6 +73,6 @@ def test_export_memory_is_bounded_whatever_the_checkpoint_size(tmp_path, shardsa
         assert proc.returncode == 0, proc.stderr
         peaks[mib] = json.loads(proc.stdout)["peak"]
         print(f"export of {mib} MiB: peak RSS {peaks[mib] / MIB:.0f} MiB")
-    bound = 4 * (2 * 32 + 16) * MIB + 64 * MIB
+    bound = 4 * (2 * 16 + 8) * MIB + 96 * MIB
     assert max(peaks.values()) <= bound
     assert peaks[1536] <= 1.25 * peaks[256] + 32 * MIB  # does not grow with the checkpoint
