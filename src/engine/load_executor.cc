@@ -78,11 +78,16 @@ std::string ChunkName(const Context& ctx, const ChunkRef& ref) {
          SliceToString(c.slice) + " in " + ctx.sources.file_paths[c.file];
 }
 
-// Running checksums of the whole chunks of one group.
+// Running checksums of the whole chunks of one group. The planner lists
+// them in ascending file order and they do not overlap, so a cursor past the
+// chunks already complete keeps each Add proportional to the chunks it
+// touches (a group may span thousands of small chunks).
 class GroupChecksums {
  public:
   GroupChecksums(const Context& ctx, const ReadGroup& group) : ctx_(ctx), group_(group) {
     crcs_.assign(group.whole_chunks.size(), 0);
+    ranges_.reserve(group.whole_chunks.size());
+    for (const ChunkRef& ref : group.whole_chunks) ranges_.push_back(ByteRange(ref));
   }
   StreamChecksums* stream() const { return ctx_.counters->stream; }
 
@@ -93,8 +98,9 @@ class GroupChecksums {
       stream()->Add(group_.reads.front().file, offset, length, buf);
       return;
     }
-    for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
-      const auto [lo, hi] = ByteRange(group_.whole_chunks[i]);
+    while (next_ < ranges_.size() && ranges_[next_].second <= offset) ++next_;
+    for (size_t i = next_; i < ranges_.size() && ranges_[i].first < offset + length; ++i) {
+      const auto [lo, hi] = ranges_[i];
       const uint64_t a = std::max(lo, offset), b = std::min(hi, offset + length);
       if (a < b) crcs_[i] = Crc32cExtend(crcs_[i], buf + (a - offset), b - a);
     }
@@ -127,6 +133,8 @@ class GroupChecksums {
   const Context& ctx_;
   const ReadGroup& group_;
   std::vector<uint32_t> crcs_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // file bytes of each whole chunk
+  size_t next_ = 0;  // chunks before it end before the next Add's offset
 };
 
 // A read of one run into one destination that needs only a dtype

@@ -323,6 +323,50 @@ TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
   EXPECT_TRUE(LoadToRanks(load, Path("ck"), unverified)[0].ok());
 }
 
+// Many small tensors share one coalesced read (one group, many whole
+// chunks, a scattered read into every destination): a corrupt byte in any
+// of them is still found and the right tensor named.
+TEST_F(SaveLoadTest, CorruptByteAmongManySmallTensorsIsNamed) {
+  constexpr int kTensors = 300;
+  const Shape s{7, 5};  // 140 bytes: chunks straddle each other's alignment
+  std::vector<std::vector<OwnedShard>> save(1);
+  for (int i = 0; i < kTensors; ++i) {
+    save[0].push_back(MakeShard("t" + std::to_string(1000 + i), DType::kF32, s, Whole(s)));
+  }
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  const std::string file = Path("ck") + "/data-00000-000.safetensors";
+  const auto file_size = std::filesystem::file_size(file);
+  const uint64_t payload = uint64_t{kTensors} * 140;
+  for (int victim : {0, 151, kTensors - 1}) {
+    const uint64_t at = file_size - payload + uint64_t{victim} * 140 + 77;
+    char old;
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(at);
+      f.get(old);
+      f.seekp(at);
+      f.put(static_cast<char>(old ^ 0x40));
+    }
+    std::vector<std::vector<OwnedTarget>> load(1);
+    for (int i = 0; i < kTensors; ++i) {
+      load[0].push_back(MakeTarget("t" + std::to_string(1000 + i), DType::kF32, s, Whole(s)));
+    }
+    Status st = LoadToRanks(load, Path("ck"))[0];
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << victim;
+    EXPECT_THAT(st.message(), HasSubstr("\"t" + std::to_string(1000 + victim) + "\""));
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.put(old);
+  }
+  std::vector<std::vector<OwnedTarget>> load(1);
+  for (int i = 0; i < kTensors; ++i) {
+    load[0].push_back(MakeTarget("t" + std::to_string(1000 + i), DType::kF32, s, Whole(s)));
+  }
+  std::vector<LoadResult> results;
+  ASSERT_TRUE(LoadToRanks(load, Path("ck"), {}, &results)[0].ok());
+  EXPECT_EQ(results[0].chunks_verified, uint64_t{kTensors});
+}
+
 TEST_F(SaveLoadTest, TruncatedDataFileIsDataLoss) {
   const Shape s{1024};
   std::vector<std::vector<OwnedShard>> save(1);

@@ -91,7 +91,7 @@ struct ChunkRef {
 // one large chunk, or one read spanning several small adjacent chunks.
 struct ReadGroup {
   std::vector<ReadOp> reads;          // increasing offset, same file
-  std::vector<ChunkRef> whole_chunks; // fully read by this group
+  std::vector<ChunkRef> whole_chunks; // fully read by this group, ascending file offset
 };
 
 struct LoadPlan {

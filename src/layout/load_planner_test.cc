@@ -127,7 +127,13 @@ void CheckPlan(const Checkpoint& ck, const std::vector<Want>& wants, const LoadP
         if (inside == bytes) expected.insert({t, c});
       }
     }
-    for (const ChunkRef& ref : group.whole_chunks) actual.insert({ref.tensor, ref.chunk});
+    uint64_t previous_at = 0;
+    for (const ChunkRef& ref : group.whole_chunks) {
+      actual.insert({ref.tensor, ref.chunk});
+      const uint64_t at = ck.tensors[ref.tensor].chunks[ref.chunk].at;
+      ASSERT_GE(at, previous_at) << "whole chunks out of file order";
+      previous_at = at;
+    }
     ASSERT_EQ(actual.size(), group.whole_chunks.size()) << "a whole chunk listed twice";
     ASSERT_EQ(actual, expected);
   }
