@@ -7,6 +7,7 @@ engine writes real files with fsync, and loads read them back.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import math
 import os
@@ -137,6 +138,26 @@ def test_threads_loading_into_staged_targets_get_their_own_data(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_calls_leave_the_garbage_collector_as_they_found_it(tmp_path):
+    # The Python-side walks pause the cyclic collector; it must come back on
+    # (also after an error), and stay off for a caller who turned it off.
+    state = {"w": torch.arange(6.0), "step": 3}
+    assert gc.isenabled()
+    shardsafe.save(state, tmp_path / "a")
+    shardsafe.load(zeros_like_state({"w": state["w"]}) | {"step": 0}, tmp_path / "a")
+    with pytest.raises(shardsafe.KeyMismatchError):
+        shardsafe.load({"other": torch.zeros(1)}, tmp_path / "a")
+    shardsafe.async_save(state, tmp_path / "b").result()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        shardsafe.save(state, tmp_path / "c")
+        shardsafe.load({"w": torch.zeros(6), "step": 0}, tmp_path / "c")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_value_that_is_not_json_names_its_key(tmp_path):
