@@ -7,9 +7,10 @@
 //   b. plan and create the temporary directory (PlanAndPrepare);
 //   c. copy this rank's file images (header + chunks + blobs) into the
 //      staging arena, computing each entry's CRC-32C during the copy.
-// Background (no collectives):
+// Background (no collectives; started before c, so the first writes overlap
+// the rest of the copy):
 //   d. write the images from staging (O_DIRECT, in place, several requests
-//      in flight), fdatasync each file;
+//      in flight) as far as c has staged them, fdatasync each file;
 //   e. leave a marker in the temporary directory: `done-RRRRR` holding this
 //      rank's report (offsets and checksums), or `failed-RRRRR` with the
 //      error; markers appear atomically (temporary file + rename);
@@ -50,6 +51,77 @@ constexpr std::string_view kAbortedMarker = "aborted";
 // The staging copy runs in pieces of this size on up to 8 threads (memory
 // bandwidth, not core count, is the limit beyond that).
 constexpr uint64_t kCopyPiece = uint64_t{8} << 20;
+// The writer follows the staging copy in steps of this many bytes of a file
+// (a multiple of the 4 KiB O_DIRECT alignment).
+constexpr uint64_t kWriteStep = uint64_t{32} << 20;
+
+// How far the staging copy (step c) has got, for the writer (step d) that
+// follows it: per file, the length of the image's prefix that is staged.
+// Pieces complete in any order; a file's prefix grows over the pieces done
+// in file order.
+class StagingProgress {
+ public:
+  // `pieces[f]`: the [begin, end) byte ranges of file f's image that the
+  // copy fills, in file order and without gaps up to `sizes[f]`. Bytes
+  // before the first piece (the header) are staged before the copy starts.
+  void Reset(const std::vector<uint64_t>& sizes,
+             std::vector<std::vector<std::pair<uint64_t, uint64_t>>> pieces) {
+    std::lock_guard<std::mutex> lock(mu_);
+    files_.clear();
+    for (size_t f = 0; f < sizes.size(); ++f) {
+      File& file = files_.emplace_back();
+      file.pieces = std::move(pieces[f]);
+      file.done.assign(file.pieces.size(), false);
+      file.staged = file.pieces.empty() ? sizes[f] : file.pieces.front().first;
+    }
+  }
+
+  void PieceDone(size_t f, size_t piece) {
+    std::lock_guard<std::mutex> lock(mu_);
+    File& file = files_[f];
+    file.done[piece] = true;
+    while (file.next < file.pieces.size() && file.done[file.next]) {
+      file.staged = file.pieces[file.next++].second;
+    }
+    cv_.notify_all();
+  }
+
+  // The copy is over: every piece done and the reports filled in (OK), or
+  // it failed.
+  void Finish(Status staged) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    status_ = std::move(staged);
+    cv_.notify_all();
+  }
+
+  // Waits until the first `bytes` of file f are staged; the copy's error if
+  // it failed first.
+  Status WaitFor(size_t f, uint64_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return files_[f].staged >= bytes || (finished_ && !status_.ok()); });
+    return files_[f].staged >= bytes ? Status() : status_;
+  }
+
+  Status WaitFinished() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_; });
+    return status_;
+  }
+
+ private:
+  struct File {
+    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+    std::vector<bool> done;
+    size_t next = 0;      // first piece not yet counted in `staged`
+    uint64_t staged = 0;  // bytes of the image's prefix staged
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<File> files_;
+  bool finished_ = false;
+  Status status_;
+};
 // The background thread (and the I/O threads it starts, which inherit its
 // nice value) yields the CPU to training: it mostly waits on the disk, and
 // the compute loop must not slow down. Best effort: failure changes nothing.
@@ -72,7 +144,6 @@ std::string RankMarker(std::string_view prefix, int rank) {
 
 class Handle final : public AsyncSaveHandle {
  public:
-  explicit Handle(double blocked) : blocked_(blocked) {}
   bool Done() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
@@ -84,6 +155,8 @@ class Handle final : public AsyncSaveHandle {
     return stats_;
   }
   double blocked_seconds() const override { return blocked_; }
+  // Set by the foreground before the caller sees the handle.
+  void set_blocked_seconds(double seconds) { blocked_ = seconds; }
   void Finish(Status status, SaveStats stats) {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = std::move(status);
@@ -93,7 +166,7 @@ class Handle final : public AsyncSaveHandle {
   }
 
  private:
-  const double blocked_;
+  double blocked_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -118,6 +191,7 @@ struct Job {
   SaveState meta;  // values, metadata and layout only (for rank 0's index)
   std::vector<StagedFile> files;
   const char* arena = nullptr;
+  std::shared_ptr<StagingProgress> progress;  // shared with the foreground copy
   SaveOptions options;
   AsyncSaveOptions async_options;
   bool update_latest = false;
@@ -127,22 +201,35 @@ struct Job {
 
 FileSystem& FsOf(const SaveOptions& o) { return o.fs ? *o.fs : *DefaultFileSystem(); }
 
-// Step d for one file.
-Status WriteStaged(const Job& job, const StagedFile& f) {
+// Step d for file `index`, as far as the copy has staged it at each step.
+Status WriteStaged(const Job& job, size_t index) {
   FileSystem& fs = FsOf(job.options);
+  const StagedFile& f = job.files[index];
   const PlannedFile& planned = job.plan.files[f.plan_file];
   const std::string path = JoinPath(job.tmp_dir, DataFileName(planned.rank, planned.number));
   SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, DataFileOptions(job.options, f.size)));
-  SS_RETURN_IF_ERROR(out->AppendStable(job.arena + f.offset, f.size));
+  for (uint64_t done = 0; done < f.size;) {
+    const uint64_t next = std::min(f.size, done + kWriteStep);
+    SS_RETURN_IF_ERROR(job.progress->WaitFor(index, next));
+    SS_RETURN_IF_ERROR(out->AppendStable(job.arena + f.offset + done, next - done));
+    done = next;
+  }
   SS_RETURN_IF_ERROR(out->Sync());
   return out->Close();
 }
 
+// Step d for every file, then the copy's outcome (its reports are complete
+// once it is OK).
 Status WriteAllStaged(const Job& job) {
-  ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), job.files.size()));
-  TaskGroup group(&pool);
-  for (const StagedFile& f : job.files) group.Add([&job, &f] { return WriteStaged(job, f); });
-  return group.Wait();
+  if (!job.files.empty()) {
+    ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), job.files.size()));
+    TaskGroup group(&pool);
+    for (size_t i = 0; i < job.files.size(); ++i) {
+      group.Add([&job, i] { return WriteStaged(job, i); });
+    }
+    SS_RETURN_IF_ERROR(group.Wait());
+  }
+  return job.progress->WaitFinished();
 }
 
 // Polls until `ready` returns a value (an optional Status or Result), with
@@ -226,12 +313,12 @@ Status AwaitCommit(const Job& job) {
   });
 }
 
-// The whole background part for one rank. `staged` is the outcome of the
-// foreground copy: a failure there still goes through the markers, so that
+// The whole background part for one rank, started while the foreground
+// copy runs. A failure of that copy still goes through the markers, so that
 // rank 0 aborts and nobody waits for this rank.
-Status RunBackground(const Job& job, const Status& staged, std::vector<std::string>* warnings) {
+Status RunBackground(const Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = FsOf(job.options);
-  Status written = staged.ok() ? WriteAllStaged(job) : staged;
+  Status written = WriteAllStaged(job);
   if (written.ok()) {
     std::vector<WrittenFile> reports;
     for (const StagedFile& f : job.files) reports.push_back(f.report);
@@ -277,7 +364,27 @@ class AsyncSaver::Impl {
   size_t staging_bytes() const { return arena_.capacity(); }
 
  private:
-  Status Stage(const SavePlan& plan, int rank, const SaveState& state, Job* job);
+  // A piece of one payload's copy into the arena.
+  struct Piece {
+    char* dst;
+    const char* src;
+    size_t n;
+    size_t file;   // index in Job::files
+    size_t index;  // the piece's number within its file, in file order
+    uint32_t crc = 0;
+  };
+  // Step c, first half: the images of this rank's files, each 4 KiB aligned
+  // in the arena (grown if needed), headers copied, the payloads' pieces
+  // listed (`ranges[i][e]`: the pieces of file i's entry e) and announced
+  // to the job's progress.
+  Status LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
+                std::vector<FileImage>* images, std::vector<Piece>* pieces,
+                std::vector<std::vector<std::pair<size_t, size_t>>>* ranges);
+  // Step c, second half: copies and checksums the pieces in parallel, each
+  // reported to the progress as it completes, then fills in the reports.
+  Status Copy(const SavePlan& plan, const std::vector<FileImage>& images,
+              std::vector<Piece>& pieces,
+              const std::vector<std::vector<std::pair<size_t, size_t>>>& ranges, Job* job);
 
   AsyncSaveOptions options_;
   AlignedBuffer arena_;
@@ -287,50 +394,60 @@ class AsyncSaver::Impl {
   std::string pending_tag_;
 };
 
-// Step c: the images of this rank's files, each 4 KiB aligned in the arena.
-Status AsyncSaver::Impl::Stage(const SavePlan& plan, int rank, const SaveState& state, Job* job) {
-  std::vector<FileImage> images;
+Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
+                                std::vector<FileImage>* images, std::vector<Piece>* pieces,
+                                std::vector<std::vector<std::pair<size_t, size_t>>>* ranges) {
   uint64_t total = 0;
   for (uint32_t f = 0; f < plan.files.size(); ++f) {
     if (plan.files[f].rank != rank) continue;
     SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state));
     job->files.push_back({f, total, image.layout.file_size, {}});
     total += AlignUp(image.layout.file_size);
-    images.push_back(std::move(image));
+    images->push_back(std::move(image));
   }
   if (arena_.capacity() < total) {
     arena_ = AlignedBuffer();  // release first: peak is one arena, not two
     arena_ = AcquireAlignedBuffer(total);
   }
-  // Pieces of every payload are copied and checksummed in parallel; a
-  // payload's checksum is its pieces' checksums combined in order.
-  struct Piece {
-    char* dst;
-    const char* src;
-    size_t n;
-    uint32_t crc = 0;
-  };
-  std::vector<Piece> pieces;
-  std::vector<std::vector<std::pair<size_t, size_t>>> ranges(images.size());  // [first, end)
-  for (size_t i = 0; i < images.size(); ++i) {
+  job->arena = arena_.data();
+  // Pieces in file order, so the writer can follow the copy closely.
+  std::vector<uint64_t> sizes;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(images->size());
+  ranges->assign(images->size(), {});
+  for (size_t i = 0; i < images->size(); ++i) {
     char* base = arena_.data() + job->files[i].offset;
-    const FileImage& image = images[i];
+    const FileImage& image = (*images)[i];
     std::memcpy(base, image.layout.header.data(), image.layout.header.size());
-    for (size_t e = 0; e < image.payloads.size(); ++e) {
+    (*ranges)[i].resize(image.payloads.size());
+    for (uint32_t e : image.layout.order) {
       const Payload& p = image.payloads[e];
-      const size_t first = pieces.size();
+      const size_t first = pieces->size();
       for (uint64_t off = 0; off < p.bytes; off += kCopyPiece) {
-        pieces.push_back({base + image.layout.offsets[e] + off,
-                          static_cast<const char*>(p.data) + off,
-                          static_cast<size_t>(std::min<uint64_t>(kCopyPiece, p.bytes - off))});
+        const uint64_t at = image.layout.offsets[e] + off;
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyPiece, p.bytes - off));
+        pieces->push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
+                           spans[i].size()});
+        spans[i].emplace_back(at, at + n);
       }
-      ranges[i].emplace_back(first, pieces.size());
+      (*ranges)[i][e] = {first, pieces->size()};
     }
+    sizes.push_back(image.layout.file_size);
   }
+  job->progress->Reset(sizes, std::move(spans));
+  return Status();
+}
+
+Status AsyncSaver::Impl::Copy(const SavePlan& plan, const std::vector<FileImage>& images,
+                              std::vector<Piece>& pieces,
+                              const std::vector<std::vector<std::pair<size_t, size_t>>>& ranges,
+                              Job* job) {
+  // A payload's checksum is its pieces' checksums combined in order.
   TaskGroup group(&copy_pool_);
+  StagingProgress& progress = *job->progress;
   for (Piece& p : pieces) {
-    group.Add([&p] {
+    group.Add([&p, &progress] {
       p.crc = CopyWithCrc32c(p.dst, p.src, p.n, 0);
+      progress.PieceDone(p.file, p.index);
       return Status();
     });
   }
@@ -344,7 +461,6 @@ Status AsyncSaver::Impl::Stage(const SavePlan& plan, int rank, const SaveState& 
     }
     job->files[i].report = ReportOf(plan, job->files[i].plan_file, images[i], crcs);
   }
-  job->arena = arena_.data();
   return Status();
 }
 
@@ -359,18 +475,28 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   // b.
   SS_ASSIGN_OR_RETURN(PreparedSave prepared,
                       PlanAndPrepare(state, root, tag, comm, options, previous));
-  // c.
-  auto job = std::make_unique<Job>();
+  // The job is shared: the foreground fills in the reports (c) while the
+  // background writes (d), whichever ends first.
+  auto job = std::make_shared<Job>();
   job->rank = comm.rank();
   job->world = comm.size();
   job->meta.values = state.values;
   job->meta.metadata = state.metadata;
   job->meta.layout = state.layout;
-  Status staged;
+  job->progress = std::make_shared<StagingProgress>();
+  std::vector<FileImage> images;
+  std::vector<Piece> pieces;
+  std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
+  // c, first half; a failure is reported through the background (markers).
+  Status laid_out;
   try {
-    staged = Stage(prepared.plan, job->rank, state, job.get());
+    laid_out = LayOut(prepared.plan, job->rank, state, job.get(), &images, &pieces, &ranges);
   } catch (const std::bad_alloc&) {
-    staged = ResourceExhaustedError("no memory for the staging copy of this rank's data");
+    laid_out = ResourceExhaustedError("no memory for the staging copy of this rank's data");
+  }
+  if (!laid_out.ok()) {
+    job->files.clear();  // nothing to write
+    job->progress->Finish(laid_out);
   }
   job->plan = std::move(prepared.plan);
   job->root = root;
@@ -382,21 +508,34 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->update_latest = update_latest;
   job->keep_last = keep_last;
   job->start = start;
-  const double blocked =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  auto handle = std::make_shared<Handle>(blocked);
+  auto handle = std::make_shared<Handle>();
   pending_ = handle;
   pending_tag_ = tag;
-  worker_ = std::thread([job = std::move(job), handle, staged] {
+  worker_ = std::thread([job, handle] {
     LowerThreadPriority();
     std::vector<std::string> warnings;
-    Status s = RunBackground(*job, staged, &warnings);
+    Status s = RunBackground(*job, &warnings);
+    // The foreground may still be copying after a write failed: the job
+    // (its reports) and the arena stay in use until the copy is over.
+    job->progress->WaitFinished().IgnoreError();
     SaveStats stats = StatsOf(job->plan, job->rank);
     stats.warnings = std::move(warnings);
     stats.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
     handle->Finish(s.WithContext("saving " + JoinPath(job->root, job->tag)), std::move(stats));
   });
+  // c, second half, while the background writes what is staged.
+  if (laid_out.ok()) {
+    Status copied;
+    try {
+      copied = Copy(job->plan, images, pieces, ranges, job.get());
+    } catch (const std::bad_alloc&) {
+      copied = ResourceExhaustedError("no memory for the checksums of this rank's data");
+    }
+    job->progress->Finish(std::move(copied));
+  }
+  handle->set_blocked_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return std::shared_ptr<AsyncSaveHandle>(handle);
 }
 

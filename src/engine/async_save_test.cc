@@ -159,6 +159,49 @@ TEST_F(AsyncSaveTest, BackgroundWriteFailureCommitsNothingAndIsReportedNextCallO
   }
 }
 
+// Tensors of several write steps and copy pieces in one file: the writer
+// follows the staging copy through the file (pieces finish out of order)
+// and the checkpoint still loads bit-exact after the caller scribbled over
+// its state.
+TEST_F(AsyncSaveTest, LargeFileIsWrittenAsTheCopyStagesIt) {
+  const std::vector<std::pair<std::string, Shape>> tensors = {
+      {"a", {9000, 2048}}, {"b", {3, 5}}, {"c", {4100, 2048}}};  // F32: 70 MiB, 60 B, 32 MiB
+  auto save_all = [&](Comm& comm, FileSystem* fs, const std::string& tag) -> Status {
+    std::vector<OwnedShard> shards;
+    SaveState state;
+    for (const auto& [key, shape] : tensors) {
+      shards.push_back(MakeShard(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+      state.tensors.push_back(shards.back().View());
+    }
+    AsyncSaver saver;
+    SaveOptions opts;
+    opts.fs = fs;
+    auto h = saver.Save(state, root_, tag, comm, opts);
+    if (!h.ok()) return h.status();
+    for (auto& sh : shards) std::fill(sh.bytes.begin(), sh.bytes.end(), std::byte{0x55});
+    return (*h)->Wait().status();
+  };
+  RunRanks(1, [&](int, Comm& comm) {
+    ASSERT_TRUE(save_all(comm, DefaultFileSystem(), "ok").ok());
+    LoadRequest req;
+    std::vector<OwnedTarget> targets;
+    for (const auto& [key, shape] : tensors) {
+      targets.push_back(MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+    }
+    for (auto& t : targets) req.tensors.push_back(t.target);
+    auto res = Load(req, root_ + "/ok", comm, {});
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+    // The first write fails while most of the copy is still to come: the
+    // handle reports it, nothing is committed, and the copy finishes safely.
+    FaultInjectingFileSystem faulty(DefaultFileSystem());
+    faulty.FailNth(OpKind::kAppend, 0, ResourceExhaustedError("no space left (injected)"));
+    Status failed = save_all(comm, &faulty, "full");
+    EXPECT_THAT(failed.message(), HasSubstr("no space left (injected)"));
+    EXPECT_FALSE(std::filesystem::exists(root_ + "/full"));
+  });
+}
+
 TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
   FaultInjectingFileSystem faulty(DefaultFileSystem());
   // Renames 0-3 publish the ranks' completion markers; #4 is the commit.
