@@ -133,7 +133,10 @@ struct LoadOptions {
   bool convert_dtypes = false;   // allow dtype conversion (docs/format.md §5)
   int io_threads = 4;
   uint64_t scratch_bytes = uint64_t{64} << 20;  // bound on staging memory per thread
-  bool direct_io = false;  // O_DIRECT for aligned reads
+  // Cold data: O_DIRECT (large unaligned reads through bounce buffers);
+  // bytes already in the page cache are still copied from there. Small
+  // reads stay buffered. Off: every read goes through the page cache.
+  bool direct_io = true;
   FileSystem* fs = nullptr;
   ProgressFn progress;
 };

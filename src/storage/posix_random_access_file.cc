@@ -1,11 +1,15 @@
 // POSIX RandomAccessFile: pread loops on a buffered descriptor, plus an
 // O_DIRECT descriptor (when asked for and the file system allows it). With
 // O_DIRECT, bytes already in the page cache are still read from it (a
-// buffered preadv2 with RWF_NOWAIT takes the cached prefix); for the rest, a
+// buffered preadv2 with RWF_NOWAIT takes the cached prefix). That probe is
+// skipped when cachestat(2) says nothing of the range is cached: a
+// RWF_NOWAIT read of uncached pages still starts readahead, which would read
+// the range's first megabytes twice and fill the page cache. For the rest, a
 // request whose offset, length and destination are 4 KiB
 // aligned is read straight into the destination; a large unaligned request
-// (>= kMinBounceRead) reads the aligned range around it in pieces through a
-// pre-faulted bounce buffer and copies out (a memcpy is far faster than the
+// (>= kMinBounceRead) reads the aligned range around it in pieces through
+// pre-faulted bounce buffers, two pieces in flight (the caller and a helper
+// thread), and copies out (a memcpy is far faster than the
 // disk, and the page cache, slow to fill on this kind of VM, is bypassed);
 // small requests use the buffered descriptor, where readahead helps. Both
 // descriptors are only read with pread, which has no shared file position,
@@ -13,6 +17,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -21,6 +26,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "storage/aligned_buffer.h"
@@ -35,6 +42,37 @@ int OpenForRead(const std::string& path, int extra_flags) {
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
   } while (fd < 0 && errno == EINTR);
   return fd;
+}
+
+// cachestat(2) (Linux 6.5): page-cache residency of a file range, without
+// starting any I/O. Not yet in every libc's headers.
+#ifndef __NR_cachestat
+#define __NR_cachestat 451  // the same number on every architecture
+#endif
+struct CachestatRange {
+  uint64_t off;
+  uint64_t len;
+};
+struct Cachestat {
+  uint64_t nr_cache;
+  uint64_t nr_dirty;
+  uint64_t nr_writeback;
+  uint64_t nr_evicted;
+  uint64_t nr_recently_evicted;
+};
+
+// True when no page of [offset, offset + n) is in the page cache; false
+// when some are, or the kernel cannot tell.
+bool NothingCached(int fd, uint64_t offset, size_t n) {
+  static std::atomic<bool> unsupported{false};
+  if (unsupported.load(std::memory_order_relaxed)) return false;
+  CachestatRange range{offset, n};
+  Cachestat stat{};
+  if (syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
+    if (errno == ENOSYS || errno == EPERM) unsupported.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  return stat.nr_cache == 0;
 }
 
 class PosixRandomAccessFile final : public RandomAccessFile {
@@ -78,27 +116,57 @@ constexpr size_t kMinBounceRead = 256 << 10;
 constexpr size_t kBouncePiece = 8 << 20;
 
 Status PosixRandomAccessFile::ReadBounced(uint64_t offset, char* dst, size_t n, bool* used) const {
-  thread_local AlignedBuffer bounce;
-  if (bounce.capacity() < kBouncePiece) bounce = AcquireAlignedBuffer(kBouncePiece);
-  *used = true;
-  uint64_t pos = offset / kDirectIoAlignment * kDirectIoAlignment;  // aligned cursor
+  const uint64_t first = offset / kDirectIoAlignment * kDirectIoAlignment;  // aligned start
   const uint64_t end = offset + n;
-  while (pos < end) {
-    const size_t want = std::min<uint64_t>(kBouncePiece, AlignUp(end) - pos);
-    ssize_t r = pread(direct_fd_, bounce.data(), want, static_cast<off_t>(pos));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno == EINVAL) {
-      *used = false;
-      return Status();
+  const uint64_t pieces = (AlignUp(end) - first + kBouncePiece - 1) / kBouncePiece;
+  // Stream s reads pieces s, s + streams, ...: while one copies a piece out,
+  // the other's read is at the disk.
+  const int streams = pieces >= 2 ? 2 : 1;
+  std::vector<Status> status(streams);
+  std::vector<char> refused(streams, 0);  // the descriptor said EINVAL
+  auto stream = [&](int s) {
+    thread_local AlignedBuffer bounce;
+    if (bounce.capacity() < kBouncePiece) bounce = AcquireAlignedBuffer(kBouncePiece);
+    for (uint64_t k = s; k < pieces; k += streams) {
+      const uint64_t pos = first + k * kBouncePiece;
+      const size_t want = std::min<uint64_t>(kBouncePiece, AlignUp(end) - pos);
+      ssize_t r;
+      do {
+        r = pread(direct_fd_, bounce.data(), want, static_cast<off_t>(pos));
+      } while (r < 0 && errno == EINTR);
+      if (r < 0 && errno == EINVAL) {
+        refused[s] = 1;
+        return;
+      }
+      if (r < 0) {
+        status[s] = ErrnoError(errno, "read", path_);
+        return;
+      }
+      // Bytes of the request inside [pos, pos + r).
+      const uint64_t lo = std::max(pos, offset), hi = std::min<uint64_t>(pos + r, end);
+      if (hi <= lo || (static_cast<size_t>(r) < want && hi < end)) {
+        status[s] = Truncated(offset, n);
+        return;
+      }
+      std::memcpy(dst + (lo - offset), bounce.data() + (lo - pos), hi - lo);
     }
-    if (r < 0) return ErrnoError(errno, "read", path_);
-    // Bytes of the request inside [pos, pos + r).
-    const uint64_t lo = std::max(pos, offset), hi = std::min<uint64_t>(pos + r, end);
-    if (hi <= lo) return Truncated(offset, n);
-    std::memcpy(dst + (lo - offset), bounce.data() + (lo - pos), hi - lo);
-    if (static_cast<size_t>(r) < want && hi < end) return Truncated(offset, n);
-    pos += want;
+  };
+  std::thread helper;
+  if (streams > 1) {
+    try {
+      helper = std::thread(stream, 1);
+    } catch (const std::system_error&) {  // no thread to be had: one stream after the other
+    }
   }
+  stream(0);
+  if (helper.joinable()) {
+    helper.join();
+  } else if (streams > 1) {
+    stream(1);
+  }
+  *used = !refused[0] && (streams < 2 || !refused[1]);
+  if (!*used) return Status();
+  for (Status& st : status) SS_RETURN_IF_ERROR(st);
   return Status();
 }
 
@@ -123,6 +191,7 @@ Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const
   if (direct_fd_ < 0) return ReadFromDisk(offset, p, n);
   // Data already in the page cache is copied from there (as fast as it
   // gets); only the rest goes to the disk with O_DIRECT.
+  if (NothingCached(fd_, offset, n)) return ReadFromDisk(offset, p, n);
   const size_t cached = ReadCachedPrefix(offset, p, n);
   if (cached == n) return Status();
   Status s = ReadFromDisk(offset + cached, p + cached, n - cached);
