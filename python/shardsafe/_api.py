@@ -401,8 +401,7 @@ def _prepare_load(state: Any, desc: dict, rename: hf.Rename, experts: Sequence[h
     unexpected = sorted({keys.name(k) for k in keys.saved
                          if k not in plan.used and keys.name(k) not in wanted}
                         | {k for k in [*values, *pickled] if k not in wanted})
-    report = {"path": desc["path"], "missing": missing, "unexpected": unexpected,
-              "notes": plan.notes}
+    report = {"missing": missing, "unexpected": unexpected, "notes": plan.notes}
     return flat, keys, plan, report
 
 
@@ -450,26 +449,25 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       dequantised (this rank's box only); the scales count as loaded.
     """
     comm = resolve(process_group)
-    flat = plan = desc = keys = None
+    flat = plan = desc = keys = source = None
     error, report = None, None
     try:
-        desc = _C.describe(os.fspath(path))
+        # Collective: rank 0 reads the index once; the engine load reuses it.
+        source = _C.open_source(os.fspath(path), comm)
+        desc = _C.describe_source(source)
         with _gc_paused():
             flat, keys, plan, report = _prepare_load(state_dict, desc, rename, experts,
                                                      dequantize_fp8, options)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
     reports = _agree(comm, error, report)
-    if any(r["path"] != desc["path"] for r in reports):
-        raise ShardsafeError(f"ranks resolved {path} to different checkpoints: "
-                             f"{sorted({r['path'] for r in reports})}")
     missing = sorted({k for r in reports for k in r["missing"]})
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
     notes = sorted({n for r in reports for n in r["notes"]})
     if strict and (missing or unexpected):
         raise _key_error(missing, unexpected, desc["path"], notes, keys)
 
-    result = _read(plan.reads, desc["path"], comm, options)
+    result = _read(plan.reads, source, comm, options)
     blobs = result["blobs"]
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
@@ -481,7 +479,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                       json.loads(result["metadata"]), result["bytes_read"], result["seconds"])
 
 
-def _read(reads: list[_Read], path: str, comm: TorchComm | None, options: dict) -> dict:
+def _read(reads: list[_Read], source: _C.OpenedSource, comm: TorchComm | None,
+          options: dict) -> dict:
     """Runs the engine load into each read's buffer: the target itself when
     it can take the data directly, else staging (then copied in), or FP8
     temporaries (then dequantised in)."""
@@ -495,7 +494,7 @@ def _read(reads: list[_Read], path: str, comm: TorchComm | None, options: dict) 
         else:
             staged.append(r)  # device, strided, or lazily conjugated/negated
     with _STAGING.borrow([r.dest for r in staged]) as hosts:
-        return _read_into(reads, staged, fp8, hosts, path, comm, options)
+        return _read_into(reads, staged, fp8, hosts, source, comm, options)
 
 
 def _load_specs(reads: list[_Read]) -> list[tuple]:
@@ -513,13 +512,13 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
 
 
 def _read_into(reads: list[_Read], staged: list[_Read], fp8: list[_Read],
-               hosts: list[torch.Tensor], path: str, comm: TorchComm | None,
+               hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
                options: dict) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
     with _gc_paused():
         specs = _load_specs(reads)
-    result = _C.load(specs, path, comm, options)
+    result = _C.load_source(specs, source, comm, options)
     with torch.no_grad():
         for r in staged:
             r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")

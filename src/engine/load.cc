@@ -142,10 +142,8 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
   return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
 }
 
-Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
-                        const LoadOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
+                                              Comm& comm) {
   // Rank 0 opens and validates; the others decode its broadcast.
   Result<CheckpointSource> local_src = CheckpointSource();
   Result<std::string> opened = std::string();
@@ -157,8 +155,13 @@ Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Com
   }
   SS_ASSIGN_OR_RETURN(std::string msg, BroadcastOrFail(comm, 0, opened));
   if (comm.rank() != 0) local_src = DecodeSource(msg);
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, std::move(local_src));
+  return local_src;
+}
 
+Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
+                                    Comm& comm, const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
   LoadResult result;
   result.path = src.path;
   result.tag = src.index.tag;
@@ -168,6 +171,16 @@ Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Com
   result.saved_world_size = src.index.world_size;
   Status local = LoadFromSource(request, src, comm.rank(), fs, options, &result);
   SS_RETURN_IF_ERROR(AgreeOnStatus(comm, local).WithContext("loading " + src.path));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
+                        const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourceCollective(fs, path, comm));
+  SS_ASSIGN_OR_RETURN(LoadResult result, LoadOpenedSource(request, src, comm, options));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/load_internal.h"
 #include "engine/source.h"
 #include "python/py_comm.h"
 #include "shardsafe/async_save.h"
@@ -183,15 +184,16 @@ nb::dict ToDict(const CheckpointInfo& c) {
   return d;
 }
 
+// A checkpoint opened once for a load: rank 0 read and validated its index,
+// every rank holds it (OpenSourceCollective).
+struct OpenedSource {
+  CheckpointSource source;
+};
+
 // What a checkpoint (or safetensors file, or HF directory) holds, without
 // reading tensor data: {path, tag, native, values, metadata, blobs,
 // tensors: {key: (dtype, shape)}}.
-nb::dict Describe(const std::string& path) {
-  CheckpointSource source;
-  {
-    nb::gil_scoped_release release;
-    source = Unwrap(OpenSource(*DefaultFileSystem(), path));
-  }
+nb::dict DescribeSource(const CheckpointSource& source) {
   nb::dict d;
   d["path"] = source.path;
   d["tag"] = source.index.tag;
@@ -207,6 +209,15 @@ nb::dict Describe(const std::string& path) {
   }
   d["tensors"] = tensors;
   return d;
+}
+
+nb::dict Describe(const std::string& path) {
+  CheckpointSource source;
+  {
+    nb::gil_scoped_release release;
+    source = Unwrap(OpenSource(*DefaultFileSystem(), path));
+  }
+  return DescribeSource(source);
 }
 
 // (sources, target, dim) of shardsafe.hf.ExpertGroup
@@ -331,6 +342,28 @@ NB_MODULE(_C, m) {
         "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
 
   m.def("describe", &Describe, "path"_a);
+
+  // Collective open + describe, then a load from the same opened source:
+  // the index is read once, by rank 0.
+  nb::class_<OpenedSource>(m, "OpenedSource");
+  m.def("open_source",
+        [](const std::string& path, nb::handle comm) {
+          std::unique_ptr<Comm> c = MakeComm(comm);
+          return OpenedSource{
+              Released([&] { return OpenSourceCollective(*DefaultFileSystem(), path, *c); })};
+        },
+        "path"_a, "comm"_a.none());
+  m.def("describe_source", [](const OpenedSource& s) { return DescribeSource(s.source); },
+        "source"_a);
+  m.def("load_source",
+        [](const std::vector<Spec>& targets, const OpenedSource& s, nb::handle comm,
+           nb::dict options) {
+          LoadRequest request = MakeRequest(targets);
+          LoadOptions o = ParseLoadOptions(options);
+          std::unique_ptr<Comm> c = MakeComm(comm);
+          return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
+        },
+        "targets"_a, "source"_a, "comm"_a.none(), "options"_a);
 
   m.def("export_hf",
         [](const std::string& source, const std::string& out, nb::dict options,

@@ -6,6 +6,7 @@
 #include "storage/aligned_buffer.h"
 #include "storage/posix_file.h"
 
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -232,6 +233,40 @@ TEST_P(PosixFileRoundTripTest, LargeUnalignedReadsGoThroughTheBounceBuffer) {
   }
   Status s = (*file)->ReadAt(data.size() - 300000, buf.data() + 1, 300001);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+}
+
+TEST_P(PosixFileRoundTripTest, LargeScatteredReadsOfUncachedDataAreCopiedOutRight) {
+  // With O_DIRECT, a large scattered read of uncached bytes is one bounced
+  // read copied out piece by piece: pieces of odd sizes (and empty ones)
+  // straddling the 8 MiB bounce pieces must each get their bytes.
+  const std::string path = dir_.File("scatter");
+  const std::string data = RandomBytes((21 << 20) + 333, 9);
+  WriteInPieces(path, data, Options(), {data.size()});
+  {
+    int fd = open(path.c_str(), O_RDONLY);  // drop what the write left cached
+    ASSERT_GE(fd, 0);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+  ReadOptions ro;
+  ro.direct = GetParam().direct;
+  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
+  ASSERT_TRUE(file.ok());
+  const uint64_t at = 12345;
+  const size_t sizes[] = {1, 0, 8 << 20, 4093, 0, (3 << 20) + 5, 7, (8 << 20) - 2, 99999};
+  std::vector<std::string> bufs;
+  std::vector<RandomAccessFile::Piece> pieces;
+  for (size_t n : sizes) bufs.emplace_back(n, '\0');
+  for (std::string& b : bufs) pieces.push_back({b.data(), b.size()});
+  ASSERT_TRUE((*file)->ReadScattered(at, pieces).ok());
+  uint64_t pos = at;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    EXPECT_TRUE(bufs[i] == data.substr(pos, bufs[i].size())) << "piece " << i;
+    pos += bufs[i].size();
+  }
+  std::string tail(2 << 20, '\0');
+  const RandomAccessFile::Piece past[] = {{tail.data(), tail.size()}};
+  EXPECT_EQ((*file)->ReadScattered(data.size() - (1 << 20), past).code(), StatusCode::kDataLoss);
 }
 
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -102,9 +103,10 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   size_t ReadCachedPrefix(uint64_t offset, char* dst, size_t n) const;
   // ReadAt without the cache probe.
   Status ReadFromDisk(uint64_t offset, char* dst, size_t n) const;
-  // Reads [offset, offset + n) with O_DIRECT through a bounce buffer.
-  // Returns false in *used if the descriptor refused (caller falls back).
-  Status ReadBounced(uint64_t offset, char* dst, size_t n, bool* used) const;
+  // Reads the consecutive file bytes from `offset` into `pieces` with
+  // O_DIRECT through bounce buffers. Returns false in *used if the
+  // descriptor refused (the caller falls back).
+  Status ReadBounced(uint64_t offset, std::span<const Piece> pieces, bool* used) const;
 
   const int fd_;
   const int direct_fd_;  // -1 when not reading directly
@@ -115,7 +117,42 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 constexpr size_t kMinBounceRead = 256 << 10;
 constexpr size_t kBouncePiece = 8 << 20;
 
-Status PosixRandomAccessFile::ReadBounced(uint64_t offset, char* dst, size_t n, bool* used) const {
+// Where the request's bytes go: `pieces` laid end to end from byte 0.
+class PieceMap {
+ public:
+  explicit PieceMap(std::span<const RandomAccessFile::Piece> pieces) : pieces_(pieces) {
+    uint64_t at = 0;
+    for (const auto& p : pieces) {
+      starts_.push_back(at);
+      at += p.n;
+    }
+    size_ = at;
+  }
+  uint64_t size() const { return size_; }
+  // Copies `len` bytes of the request, starting at byte `at`, from `src`.
+  void CopyIn(uint64_t at, const char* src, uint64_t len) const {
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), at) - starts_.begin() - 1;
+    while (len > 0) {
+      const uint64_t into = at - starts_[i];
+      const uint64_t n = std::min<uint64_t>(len, pieces_[i].n - into);
+      std::memcpy(static_cast<char*>(pieces_[i].dst) + into, src, n);
+      src += n;
+      at += n;
+      len -= n;
+      ++i;
+    }
+  }
+
+ private:
+  std::span<const RandomAccessFile::Piece> pieces_;
+  std::vector<uint64_t> starts_;
+  uint64_t size_ = 0;
+};
+
+Status PosixRandomAccessFile::ReadBounced(uint64_t offset, std::span<const Piece> dsts,
+                                          bool* used) const {
+  const PieceMap map(dsts);
+  const uint64_t n = map.size();
   const uint64_t first = offset / kDirectIoAlignment * kDirectIoAlignment;  // aligned start
   const uint64_t end = offset + n;
   const uint64_t pieces = (AlignUp(end) - first + kBouncePiece - 1) / kBouncePiece;
@@ -148,7 +185,7 @@ Status PosixRandomAccessFile::ReadBounced(uint64_t offset, char* dst, size_t n, 
         status[s] = Truncated(offset, n);
         return;
       }
-      std::memcpy(dst + (lo - offset), bounce.data() + (lo - pos), hi - lo);
+      map.CopyIn(lo - offset, bounce.data() + (lo - pos), hi - lo);
     }
   };
   std::thread helper;
@@ -201,7 +238,8 @@ Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const
 Status PosixRandomAccessFile::ReadFromDisk(uint64_t offset, char* p, size_t n) const {
   if (direct_fd_ >= 0 && n >= kMinBounceRead && !CanReadDirect(offset, p, n)) {
     bool used = false;
-    Status s = ReadBounced(offset, p, n, &used);
+    const Piece whole{p, n};
+    Status s = ReadBounced(offset, {&whole, 1}, &used);
     if (used) return s;
   }
   size_t done = 0;
@@ -225,16 +263,21 @@ Status PosixRandomAccessFile::ReadFromDisk(uint64_t offset, char* p, size_t n) c
 }
 
 // Buffered descriptor: preadv in batches of IOV_MAX pieces, resuming after
-// short reads. With O_DIRECT each piece goes through ReadAt (alignment).
+// short reads. With O_DIRECT, a large uncached range is one bounced read
+// copied out into the pieces; anything else takes the buffered path.
 Status PosixRandomAccessFile::ReadScattered(uint64_t offset,
                                             std::span<const Piece> pieces) const {
-  if (direct_fd_ >= 0) return RandomAccessFile::ReadScattered(offset, pieces);
   std::vector<iovec> iov;
   uint64_t total = 0;
   for (const Piece& p : pieces) {
     if (p.n == 0) continue;
     iov.push_back({p.dst, p.n});
     total += p.n;
+  }
+  if (direct_fd_ >= 0 && total >= kMinBounceRead && NothingCached(fd_, offset, total)) {
+    bool used = false;
+    Status s = ReadBounced(offset, pieces, &used);
+    if (used) return s;
   }
   size_t first = 0;  // iov[first..] still to read; iov[first] maybe partly done
   uint64_t pos = offset;
