@@ -225,7 +225,12 @@ size_t PosixRandomAccessFile::ReadCachedPrefix(uint64_t offset, char* dst, size_
 
 Status PosixRandomAccessFile::ReadAt(uint64_t offset, void* dst, size_t n) const {
   char* p = static_cast<char*>(dst);
-  if (direct_fd_ < 0) return ReadFromDisk(offset, p, n);
+  // Small unaligned reads always take the buffered descriptor: no probe
+  // (a row of a column-split tensor can be a few hundred bytes, and a
+  // syscall more per read would double its cost).
+  if (direct_fd_ < 0 || (n < kMinBounceRead && !CanReadDirect(offset, p, n))) {
+    return ReadFromDisk(offset, p, n);
+  }
   // Data already in the page cache is copied from there (as fast as it
   // gets); only the rest goes to the disk with O_DIRECT.
   if (NothingCached(fd_, offset, n)) return ReadFromDisk(offset, p, n);
