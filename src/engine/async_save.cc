@@ -72,6 +72,7 @@ class StagingProgress {
       File& file = files_.emplace_back();
       file.pieces = std::move(pieces[f]);
       file.done.assign(file.pieces.size(), false);
+      file.size = sizes[f];
       file.staged = file.pieces.empty() ? sizes[f] : file.pieces.front().first;
     }
   }
@@ -91,6 +92,9 @@ class StagingProgress {
   void Finish(Status staged) {
     std::lock_guard<std::mutex> lock(mu_);
     finished_ = true;
+    if (staged.ok()) {
+      for (File& file : files_) file.staged = file.size;  // all of it, whatever the pieces said
+    }
     status_ = std::move(staged);
     cv_.notify_all();
   }
@@ -114,6 +118,7 @@ class StagingProgress {
     std::vector<std::pair<uint64_t, uint64_t>> pieces;
     std::vector<bool> done;
     size_t next = 0;      // first piece not yet counted in `staged`
+    uint64_t size = 0;    // of the image
     uint64_t staged = 0;  // bytes of the image's prefix staged
   };
   std::mutex mu_;

@@ -329,8 +329,16 @@ TEST_F(AsyncSaveTest, RankZeroWhoseDirectoryVanishedFailsAtOnce) {
   AsyncSaver saver;  // the default peer timeout is an hour: a wait would hang the test
   auto h = saver.Save(one.state, root_, "step-1", *comm, slow);
   ASSERT_TRUE(h.ok());
-  std::filesystem::remove_all(TmpDirIn(root_));
+  // The background writer may be creating its file while the directory
+  // goes: retry until it is gone (a throw here would leave the gate shut
+  // and the saver's destructor waiting on it).
+  const std::string tmp = TmpDirIn(root_);
+  std::error_code ec;
+  for (int i = 0; i < 1000 && std::filesystem::exists(tmp); ++i) {
+    std::filesystem::remove_all(tmp, ec);
+  }
   gated.Release();
+  ASSERT_FALSE(std::filesystem::exists(tmp)) << ec.message();
   const auto start = std::chrono::steady_clock::now();
   Status s = (*h)->Wait().status();
   EXPECT_FALSE(s.ok());
