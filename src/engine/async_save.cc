@@ -55,6 +55,14 @@ constexpr uint64_t kCopyPiece = uint64_t{8} << 20;
 // (a multiple of the 4 KiB O_DIRECT alignment).
 constexpr uint64_t kWriteStep = uint64_t{32} << 20;
 
+// One staged data file: its image lives at `offset` in the arena.
+struct StagedFile {
+  uint32_t plan_file = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  WrittenFile report;
+};
+
 // How far the staging copy (step c) has got, for the writer (step d) that
 // follows it: per file, the length of the image's prefix that is staged.
 // Pieces complete in any order; a file's prefix grows over the pieces done
@@ -62,18 +70,18 @@ constexpr uint64_t kWriteStep = uint64_t{32} << 20;
 class StagingProgress {
  public:
   // `pieces[f]`: the [begin, end) byte ranges of file f's image that the
-  // copy fills, in file order and without gaps up to `sizes[f]`. Bytes
+  // copy fills, in file order and without gaps up to `files[f].size`. Bytes
   // before the first piece (the header) are staged before the copy starts.
-  void Reset(const std::vector<uint64_t>& sizes,
+  void Reset(const std::vector<StagedFile>& files,
              std::vector<std::vector<std::pair<uint64_t, uint64_t>>> pieces) {
     std::lock_guard<std::mutex> lock(mu_);
     files_.clear();
-    for (size_t f = 0; f < sizes.size(); ++f) {
+    for (size_t f = 0; f < files.size(); ++f) {
       File& file = files_.emplace_back();
       file.pieces = std::move(pieces[f]);
       file.done.assign(file.pieces.size(), false);
-      file.size = sizes[f];
-      file.staged = file.pieces.empty() ? sizes[f] : file.pieces.front().first;
+      file.size = files[f].size;
+      file.staged = file.pieces.empty() ? file.size : file.pieces.front().first;
     }
   }
 
@@ -179,13 +187,6 @@ class Handle final : public AsyncSaveHandle {
   SaveStats stats_;
 };
 
-// One staged data file: its image lives at `offset` in the arena.
-struct StagedFile {
-  uint32_t plan_file = 0;
-  uint64_t offset = 0;
-  uint64_t size = 0;
-  WrittenFile report;
-};
 
 // Everything the background thread needs; owned by it.
 struct Job {
@@ -416,7 +417,6 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState&
   }
   job->arena = arena_.data();
   // Pieces in file order, so the writer can follow the copy closely.
-  std::vector<uint64_t> sizes;
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(images->size());
   ranges->assign(images->size(), {});
   for (size_t i = 0; i < images->size(); ++i) {
@@ -436,9 +436,8 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState&
       }
       (*ranges)[i][e] = {first, pieces->size()};
     }
-    sizes.push_back(image.layout.file_size);
   }
-  job->progress->Reset(sizes, std::move(spans));
+  job->progress->Reset(job->files, std::move(spans));
   return Status();
 }
 

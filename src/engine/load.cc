@@ -112,6 +112,10 @@ Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResu
   return Status();
 }
 
+FileSystem& FsOf(const LoadOptions& options) {
+  return options.fs ? *options.fs : *DefaultFileSystem();
+}
+
 }  // namespace
 
 Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
@@ -161,7 +165,7 @@ Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string&
 Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
                                     Comm& comm, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  FileSystem& fs = FsOf(options);
   LoadResult result;
   result.path = src.path;
   result.tag = src.index.tag;
@@ -178,8 +182,7 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
 Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
                         const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourceCollective(fs, path, comm));
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourceCollective(FsOf(options), path, comm));
   SS_ASSIGN_OR_RETURN(LoadResult result, LoadOpenedSource(request, src, comm, options));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

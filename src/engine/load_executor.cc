@@ -85,6 +85,7 @@ std::string ChunkName(const Context& ctx, const ChunkRef& ref) {
 class GroupChecksums {
  public:
   GroupChecksums(const Context& ctx, const ReadGroup& group) : ctx_(ctx), group_(group) {
+    if (stream()) return;  // the stream keeps the checksums
     crcs_.assign(group.whole_chunks.size(), 0);
     ranges_.reserve(group.whole_chunks.size());
     for (const ChunkRef& ref : group.whole_chunks) ranges_.push_back(ByteRange(ref));
