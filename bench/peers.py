@@ -621,6 +621,7 @@ def run_reshard(ctx: Ctx, mix: str) -> None:
     w = ctx.world
     if ctx.rank == 0:
         log(f"{mix}: reshard rows over {w} gloo ranks; building state")
+    dev = block_device(ctx.args.dir)
     src = make_state(ctx, specs, 0, fill=True)
     same = make_state(ctx, specs, 0, fill=False)
     other = make_state(ctx, specs, 1, fill=False)
@@ -641,10 +642,13 @@ def run_reshard(ctx: Ctx, mix: str) -> None:
                 ctx.drop_caches()
                 if check:
                     zero_state(st)
+                disk0 = disk_read_bytes(dev)
                 s, _ = ctx.timed(lambda: load(st))
+                disk = (disk_read_bytes(dev) - disk0) / nbytes
                 note = verify(ctx, specs, st, dim, f"{who} {op}") if check else ""
                 ctx.record(mix, f"{who} {op} [{w}r]", nbytes, s,
-                           note or f"{ctx.cold}; Shard(0) -> Shard({dim}), 1-D stay Shard(0)")
+                           note or f"{ctx.cold}; Shard(0) -> Shard({dim}), 1-D stay Shard(0); "
+                           f"disk read {disk:.2f}x the state")
             ctx.remove(p)
     del src, same, other
     gc.collect()
@@ -825,6 +829,24 @@ def fmt_ratios(rs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def block_device(directory: str) -> str:
+    """The /sys/block name of the disk under `directory` ('' if none is found)."""
+    src = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "-T", directory],
+                         capture_output=True, text=True).stdout.strip()
+    name = os.path.basename(os.path.realpath(src)) if src.startswith("/dev/") else ""
+    while name and not os.path.exists(f"/sys/block/{name}"):
+        name = name[:-1]  # vda1 -> vda
+    return name
+
+
+def disk_read_bytes(dev: str) -> int:
+    """Bytes read from the whole disk so far (every process): /sys/block/DEV/stat."""
+    if not dev:
+        return 0
+    with open(f"/sys/block/{dev}/stat") as f:
+        return int(f.read().split()[2]) * 512
+
+
 def machine_note(args) -> str:
     mem = 0
     with open("/proc/meminfo") as f:
@@ -881,6 +903,9 @@ def main() -> int:
     ap.add_argument("--mix", default="all", choices=(*MIXES, "all"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-reshard", action="store_true", help="skip the resharded-load rows")
+    ap.add_argument("--only-reshard", action="store_true",
+                    help="measure only the resharded-load rows (same-layout and resharded "
+                    "cold loads, shardsafe and DCP)")
     ap.add_argument("--json", metavar="FILE", help="also write rows and ratios as JSON")
     ap.add_argument("--report", metavar="FILE", help="measure nothing: print the tables of a "
                     "run saved with --json")
@@ -923,7 +948,11 @@ def main() -> int:
     warm: dict = {}
     cold_error = None
     try:
-        if args.ranks == 1:
+        if args.only_reshard:
+            got = spawn(args, max(args.ranks, 2), "reshard")
+            rows.update({(r["mix"], r["op"]): r for r in got["rows"]})
+            cold_error = got["cold_error"]
+        elif args.ranks == 1:
             ctx = Ctx(args)
             compute = Compute()
             compute.calibrate(1.0)

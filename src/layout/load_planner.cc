@@ -4,10 +4,13 @@
 //      range of the chunk's file and a destination element index. The run
 //      counts of a want must add up to its element count: the chunks tile
 //      the tensor, so each element is then covered exactly once.
+//   1b. chunk edges: filler pieces (read, not delivered) cover what the
+//      pieces leave unread at a chunk's start or end when both are at most
+//      join_gap_bytes, so the chunk is read whole and can be verified.
 //   2. extents: pieces sorted by (file, offset); touching or overlapping
-//      pieces always join; gaps join smallest first while their total stays
-//      within max_overread_fraction x bytes needed. Extents are what may be
-//      read, so bytes read <= bytes needed x (1 + fraction).
+//      pieces, and pieces apart by at most join_gap_bytes, always join;
+//      larger gaps join smallest first while their total stays within
+//      max_overread_fraction x bytes needed. Extents are what may be read.
 //   3. groups: an extent is cut at chunk boundaries into parts. A chunk whose
 //      needed bytes form one part no longer than max_read_bytes is small:
 //      consecutive small parts of one extent share one read (and group) up
@@ -20,6 +23,7 @@
 #include "layout/load_planner.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -42,6 +46,9 @@ Unit UnitOf(DType dtype) {
   if (bits % 8 == 0) return {static_cast<uint64_t>(bits / 8), 1};
   return bits == 4 ? Unit{1, 2} : Unit{3, 4};
 }
+
+// The want of a piece that is read but lands nowhere (AddChunkEdges).
+constexpr uint32_t kFiller = UINT32_MAX;
 
 // `length` bytes at `offset` of `file` that land at element `dst_elem` of
 // want `want`; they belong to chunk `chunk` of tensor `tensor`.
@@ -80,6 +87,7 @@ class Planner {
 
   Result<LoadPlan> Plan() {
     for (uint32_t w = 0; w < wants_.size(); ++w) SS_RETURN_IF_ERROR(CollectPieces(w));
+    AddChunkEdges();
     FormExtents();
     FormGroups();
     FindWholeChunks();
@@ -146,6 +154,41 @@ class Planner {
     return Status();
   }
 
+  // Step 1b: where the pieces of a chunk leave at most join_gap_bytes
+  // unread at its start or end, filler pieces (want kFiller: read, put
+  // nowhere) cover them, so that the chunk is read whole and its checksum
+  // verified (a column slice of a row-major chunk misses only part of its
+  // first and last rows).
+  void AddChunkEdges() {
+    struct Span {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      uint32_t file = 0;
+    };
+    std::map<std::pair<uint32_t, uint32_t>, Span> spans;  // (tensor, chunk)
+    for (const Piece& p : pieces_) {
+      Span& s = spans[{p.tensor, p.chunk}];
+      s.lo = std::min(s.lo, p.offset);
+      s.hi = std::max(s.hi, p.end());
+      s.file = p.file;
+    }
+    for (const auto& [key, s] : spans) {
+      const SavedTensor& t = tensors_[key.first];
+      const SavedChunk& c = t.chunks[key.second];
+      const auto bytes = NumBytes(t.dtype, c.slice.NumElements());  // validated: ok
+      if (!bytes.ok()) continue;
+      const uint64_t end = c.at + *bytes;
+      if (s.lo == c.at && s.hi == end) continue;
+      if (s.lo - c.at > options_.join_gap_bytes || end - s.hi > options_.join_gap_bytes) continue;
+      if (s.lo > c.at) pieces_.push_back(Filler(c.at, s.lo, s.file, key));
+      if (end > s.hi) pieces_.push_back(Filler(s.hi, end, s.file, key));
+    }
+  }
+
+  static Piece Filler(uint64_t lo, uint64_t hi, uint32_t file,
+                      std::pair<uint32_t, uint32_t> chunk) {
+    return Piece{lo, hi - lo, 0, file, kFiller, chunk.first, chunk.second};
+  }
+
   // Step 2.
   void FormExtents() {
     std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) {
@@ -167,8 +210,10 @@ class Planner {
                                               static_cast<double>(plan_.bytes_needed));
     uint64_t spent = 0;
     for (const auto& [bytes, i] : gaps) {
-      if (spent + bytes > budget) break;
-      spent += bytes;
+      if (bytes > options_.join_gap_bytes) {  // gaps ascend: the cheap ones came first
+        if (spent + bytes > budget) break;
+        spent += bytes;
+      }
       join[i] = true;
     }
     extent_.resize(pieces_.size());
@@ -249,7 +294,7 @@ class Planner {
         if (e <= rest.lo) e = rest.lo + unit;
       }
       ReadOp read = MakeRead(rest, rest.lo, e);
-      if (read.length > 0) group->reads.push_back(std::move(read));
+      if (!read.segments.empty()) group->reads.push_back(std::move(read));  // not filler alone
       while (rest.begin < rest.end && pieces_[rest.begin].end() <= e) ++rest.begin;
       if (rest.begin < rest.end) rest.lo = std::max(e, pieces_[rest.begin].offset);
     }
@@ -266,6 +311,7 @@ class Planner {
       if (a >= b) continue;
       if (first == hi) first = a;  // offsets ascend, so the first clip is the lowest
       last = std::max(last, b);
+      if (p.want == kFiller) continue;
       const Unit unit = UnitOf(tensors_[p.tensor].dtype);
       read.segments.push_back(Segment{p.want, p.dst_elem + (a - p.offset) / unit.bytes * unit.elems,
                                       a - first, (b - a) / unit.bytes * unit.elems});

@@ -68,6 +68,7 @@ void CheckPlan(const Checkpoint& ck, const std::vector<Want>& wants, const LoadP
     needed += Bytes(t.dtype, n);
   }
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> all_reads(ck.files.size());
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> needed_ranges(ck.files.size());
   for (const ReadGroup& group : plan.groups) {
     ASSERT_FALSE(group.reads.empty());
     std::vector<std::pair<uint64_t, uint64_t>> covered;  // group's read ranges
@@ -109,6 +110,8 @@ void CheckPlan(const Checkpoint& ck, const std::vector<Want>& wants, const LoadP
           ASSERT_EQ(bytes, read.length);
         }
         std::memcpy(dest[seg.want].data() + Bytes(dtype, seg.dst_elem), buf + seg.src_byte, bytes);
+        needed_ranges[read.file].push_back({read.offset + seg.src_byte,
+                                            read.offset + seg.src_byte + bytes});
         for (uint64_t e = 0; e < seg.count; ++e) cover[seg.want][seg.dst_elem + e]++;
       }
     }
@@ -143,8 +146,32 @@ void CheckPlan(const Checkpoint& ck, const std::vector<Want>& wants, const LoadP
   }
   EXPECT_EQ(plan.bytes_needed, needed);
   EXPECT_EQ(plan.bytes_read, read_total);
-  EXPECT_LE(static_cast<double>(plan.bytes_read),
-            static_cast<double>(needed) * (1 + options.max_overread_fraction));
+  // Over-read: bytes inside reads that no segment needs form holes: a gap
+  // between pieces, plus the chunk edges beside it read so a chunk is
+  // whole (each at most join_gap_bytes J). Gaps wider than J stay within
+  // the budget; a hole of h > 3J holds such a gap of at least h - 2J.
+  const uint64_t J = options.join_gap_bytes;
+  uint64_t wide_holes = 0;
+  for (size_t f = 0; f < all_reads.size(); ++f) {
+    auto& need = needed_ranges[f];
+    std::sort(need.begin(), need.end());
+    for (const auto& [lo, hi] : all_reads[f]) {
+      uint64_t at = lo;
+      for (const auto& [a, b] : need) {
+        if (b <= at || a >= hi) continue;
+        if (at == lo) {
+          ASSERT_LE(a - at, options.join_gap_bytes) << "a read starts in a wide hole";
+        } else if (a > at && a - at > 3 * J) {
+          wide_holes += a - at - 2 * J;
+        }
+        at = std::max(at, b);
+      }
+      ASSERT_GT(at, lo) << "a read of nothing needed";
+      ASSERT_LE(hi - at, options.join_gap_bytes) << "a read ends in a wide hole";
+    }
+  }
+  EXPECT_LE(static_cast<double>(wide_holes),
+            static_cast<double>(needed) * options.max_overread_fraction);
   for (size_t w = 0; w < wants.size(); ++w) {
     const SavedTensor& t = ck.tensors[wants[w].tensor];
     for (size_t e = 0; e < cover[w].size(); ++e) {
@@ -182,32 +209,76 @@ TEST(LoadPlannerTest, BoxToBoxMergesFullTrailingDims) {
   Rng rng(2);
   Checkpoint ck = Lay(rng, {Tensor(DType::kBF16, {8, 16}, {Box2(0, 4, 0, 16), Box2(4, 8, 0, 16)})},
                       1, 0);
-  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(1, 3, 0, 16)}});
+  LoadPlanOptions exact;
+  exact.join_gap_bytes = 0;
+  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(1, 3, 0, 16)}}, exact);
   ASSERT_EQ(plan.groups.size(), 1u);
   ASSERT_EQ(plan.groups[0].reads.size(), 1u);
   EXPECT_EQ(plan.groups[0].reads[0].segments.size(), 1u);
   EXPECT_EQ(plan.groups[0].reads[0].length, 2u * 16 * 2);
+  EXPECT_TRUE(plan.groups[0].whole_chunks.empty());
+  // By default the unread first and last rows are read too: the chunk is
+  // whole, so its checksum can be verified.
+  const LoadPlan whole = PlanOk(ck, {Want{0, Box2(1, 3, 0, 16)}});
+  ASSERT_EQ(whole.groups.size(), 1u);
+  ASSERT_EQ(whole.groups[0].reads.size(), 1u);
+  EXPECT_EQ(whole.groups[0].reads[0].length, 4u * 16 * 2);
+  EXPECT_EQ(whole.groups[0].reads[0].segments[0].src_byte, 16u * 2);
+  EXPECT_EQ(whole.groups[0].whole_chunks.size(), 1u);
 }
 
 TEST(LoadPlannerTest, ColumnShardOfRowShardsReadsOnlyItsColumnsWithinBudget) {
   Rng rng(3);
   Checkpoint ck = Lay(rng, {Tensor(DType::kF32, {64, 64}, {Box2(0, 32, 0, 64), Box2(32, 64, 0, 64)})},
                       2, 0);
-  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(0, 64, 0, 16)}});
+  LoadPlanOptions options;
+  options.join_gap_bytes = 0;
+  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(0, 64, 0, 16)}}, options);
   EXPECT_EQ(plan.bytes_needed, 64u * 16 * 4);
   EXPECT_EQ(plan.bytes_read, plan.bytes_needed + 192);  // the 5% budget pays for one 192-byte gap
+}
+
+// Narrow gaps cost less than the requests they save: a column slice of
+// row-major chunks is one read per chunk, not one per row.
+TEST(LoadPlannerTest, ColumnShardReadsThroughNarrowGaps) {
+  Rng rng(3);
+  Checkpoint ck = Lay(rng, {Tensor(DType::kF32, {64, 64}, {Box2(0, 32, 0, 64), Box2(32, 64, 0, 64)})},
+                      2, 0);
+  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(0, 64, 16, 48)}});
+  auto count = [](const LoadPlan& p, size_t* reads, size_t* segments) {
+    *reads = *segments = 0;
+    for (const ReadGroup& g : p.groups) {
+      for (const ReadOp& r : g.reads) {
+        ++*reads;
+        *segments += r.segments.size();
+      }
+    }
+  };
+  size_t reads, segments;
+  count(plan, &reads, &segments);
+  EXPECT_LE(reads, 2u);  // one per chunk, or one for both where they are neighbours in a file
+  EXPECT_EQ(segments, 64u);
+  EXPECT_EQ(plan.bytes_read, 64u * 256);  // whole chunks, edges included: both verified
+  size_t whole = 0;
+  for (const ReadGroup& g : plan.groups) whole += g.whole_chunks.size();
+  EXPECT_EQ(whole, 2u);
+  LoadPlanOptions narrow;
+  narrow.join_gap_bytes = 127;  // the gaps are 128 bytes: each row its own read
+  narrow.max_overread_fraction = 0;
+  count(PlanOk(ck, {Want{0, Box2(0, 64, 16, 48)}}, narrow), &reads, &segments);
+  EXPECT_EQ(reads, 64u);
 }
 
 TEST(LoadPlannerTest, SmallGapsMergeWithinBudget) {
   Rng rng(4);
   // Columns 0..62 of 64: one-column gaps, 1/63 overread.
   Checkpoint ck = Lay(rng, {Tensor(DType::kU8, {32, 64}, {Box2(0, 32, 0, 64)})}, 1, 0);
-  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(0, 32, 0, 63)}});
+  const LoadPlan plan = PlanOk(ck, {Want{0, Box2(0, 32, 0, 63)}}, {64 << 20, 0.05, 0});
   ASSERT_EQ(plan.groups.size(), 1u);
   EXPECT_EQ(plan.groups[0].reads.size(), 1u);
   EXPECT_EQ(plan.bytes_read, 32u * 64 - 1);
   EXPECT_EQ(plan.groups[0].whole_chunks.size(), 0u);  // the last byte is not read
-  const LoadPlan strict = PlanOk(ck, {Want{0, Box2(0, 32, 0, 63)}}, {64 << 20, 0.0});
+  const LoadPlan strict = PlanOk(ck, {Want{0, Box2(0, 32, 0, 63)}}, {64 << 20, 0.0, 0});
   EXPECT_EQ(strict.bytes_read, 32u * 63);
 }
 
@@ -331,7 +402,9 @@ TEST(LoadPlannerTest, RandomLayoutsMatchOracle) {
     }
     std::shuffle(wants.begin(), wants.end(), rng);
     const Checkpoint ck = Lay(rng, tensors, static_cast<uint32_t>(Uniform(rng, 1, 3)), 0.2);
-    const LoadPlanOptions options{kMaxRead[Uniform(rng, 0, 5)], kOverread[Uniform(rng, 0, 2)]};
+    static constexpr uint64_t kJoinGap[] = {0, 8, 128 << 10};
+    const LoadPlanOptions options{kMaxRead[Uniform(rng, 0, 5)], kOverread[Uniform(rng, 0, 2)],
+                                  kJoinGap[Uniform(rng, 0, 2)]};
     const LoadPlan plan = PlanOk(ck, wants, options);
     for (const ReadGroup& g : plan.groups) {
       for (const ReadOp& r : g.reads) total_segments += r.segments.size();
