@@ -98,6 +98,12 @@ class RandomAccessFile {
   // preadv where the implementation can). Errors as ReadAt. The default
   // reads piece by piece with ReadAt.
   virtual Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const;
+
+  // True when every byte of [offset, offset + n) is in the page cache, so a
+  // read of it is a memory copy (callers then read in cache-sized steps and
+  // checksum each step while it is still in the CPU cache). False when some
+  // is not, or the implementation cannot tell (the default).
+  virtual bool FullyCached(uint64_t offset, size_t n) const { return false; }
 };
 
 // An advisory lock on a path, held while the object lives. Other processes

@@ -78,6 +78,20 @@ TEST(Crc32cTest, CopyWithCrcCopiesAndChecksums) {
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i ^ (i >> 8));
   EXPECT_EQ(CopyWithCrc32c(dst.data(), src.data(), src.size(), 0), Crc32c(src.data(), src.size()));
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+  // Every alignment of the destination and sizes around the 64-byte stores
+  // and the 64 KiB blocks; bytes around the copy stay untouched.
+  for (size_t at : {0, 1, 7, 15, 16, 17, 31, 33}) {
+    for (size_t n : {0, 1, 15, 16, 63, 64, 65, 127, 65535, 65536, 65537, 200003}) {
+      std::fill(dst.begin(), dst.end(), '\x11');
+      const uint32_t crc = CopyWithCrc32c(dst.data() + at, src.data() + 3, n, 0x1234);
+      EXPECT_EQ(crc, Crc32cExtend(0x1234, src.data() + 3, n)) << at << " " << n;
+      EXPECT_EQ(std::memcmp(dst.data() + at, src.data() + 3, n), 0) << at << " " << n;
+      if (at > 0) {
+        EXPECT_EQ(dst[at - 1], '\x11') << at << " " << n;
+      }
+      EXPECT_EQ(dst[at + n], '\x11') << at << " " << n;
+    }
+  }
 }
 
 TEST(ThreadPoolTest, TaskGroupRunsAllAndReportsFirstError) {

@@ -26,8 +26,12 @@ inline uint32_t Crc32c(std::span<const std::byte> data) {
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 // Copies `n` bytes from `src` to `dst` (non-overlapping) and returns the
-// checksum of the bytes, extending `crc`. Interleaves copy and checksum in
-// cache-sized blocks so the data is read from memory once.
+// checksum of the bytes, extending `crc`. Works in cache-sized blocks, so
+// the source is read from memory once: the checksum reads a block, the copy
+// takes it from the cache. On x86-64 the copy uses non-temporal stores,
+// which neither read nor cache the destination: ~1.4x faster here, for a
+// destination the CPU does not read soon (staging for O_DIRECT writes). The
+// checksum is of the source: `src` must not change during the call.
 uint32_t CopyWithCrc32c(void* dst, const void* src, size_t n, uint32_t crc);
 
 }  // namespace shardsafe

@@ -323,6 +323,40 @@ TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
   EXPECT_TRUE(LoadToRanks(load, Path("ck"), unverified)[0].ok());
 }
 
+// A large tensor in the page cache is read in cache-sized steps, each
+// checksummed right after its copy: a corrupt byte in any step is found.
+TEST_F(SaveLoadTest, CorruptByteInALargeCachedTensorIsFound) {
+  const Shape s{3 << 18};  // 3 MiB of F32: several steps
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));
+  std::vector<LoadResult> results;
+  ASSERT_TRUE(LoadToRanks(load, Path("ck"), {}, &results)[0].ok());
+  EXPECT_EQ(results[0].chunks_verified, 1u);
+  EXPECT_TRUE(MatchesOracle(load[0][0]));
+  const std::string file = Path("ck") + "/data-00000-000.safetensors";
+  const auto size = std::filesystem::file_size(file);
+  for (uint64_t from_end : {uint64_t{3} << 20, uint64_t{1} << 20, uint64_t{5}}) {
+    const auto at = static_cast<std::streamoff>(size - from_end);
+    char old;
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(at);
+      f.get(old);
+      f.seekp(at);
+      f.put(static_cast<char>(old ^ 0x10));
+    }
+    Status st = LoadToRanks(load, Path("ck"))[0];
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << from_end;
+    EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.put(old);
+  }
+}
+
 // Many small tensors share one coalesced read (one group, many whole
 // chunks, a scattered read into every destination): a corrupt byte in any
 // of them is still found and the right tensor named.
@@ -338,7 +372,7 @@ TEST_F(SaveLoadTest, CorruptByteAmongManySmallTensorsIsNamed) {
   const auto file_size = std::filesystem::file_size(file);
   const uint64_t payload = uint64_t{kTensors} * 140;
   for (int victim : {0, 151, kTensors - 1}) {
-    const uint64_t at = file_size - payload + uint64_t{victim} * 140 + 77;
+    const uint64_t at = file_size - payload + static_cast<uint64_t>(victim) * 140 + 77;
     char old;
     {
       std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);

@@ -293,6 +293,35 @@ TEST_P(PosixFileRoundTripTest, LargeScatteredReadsOfUncachedDataAreCopiedOutRigh
   EXPECT_EQ((*file)->ReadScattered(data.size() - (1 << 20), past).code(), StatusCode::kDataLoss);
 }
 
+TEST_P(PosixFileRoundTripTest, FullyCachedTellsWhetherEveryPageIsInThePageCache) {
+  const std::string path = dir_.File("cached");
+  const std::string data = RandomBytes((3 << 20) + 77, 12);
+  WriteInPieces(path, data, Options(), {data.size()});
+  ReadOptions ro;
+  ro.direct = GetParam().direct;
+  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
+  ASSERT_TRUE(file.ok());
+  std::string buf(data.size(), '\0');
+  {  // a buffered read fills the page cache
+    auto buffered = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{});
+    ASSERT_TRUE(buffered.ok());
+    ASSERT_TRUE((*buffered)->ReadAt(0, buf.data(), buf.size()).ok());
+  }
+  EXPECT_TRUE((*file)->FullyCached(0, data.size()));
+  EXPECT_TRUE((*file)->FullyCached(4095, 2));  // across a page boundary
+  EXPECT_TRUE((*file)->FullyCached(5, 0));
+  if (GetParam().where == Where::kTmpfs) return;  // tmpfs pages cannot be dropped
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // drop it all, then cache the first MiB
+  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);    // and no more (no readahead)
+  ASSERT_EQ(pread(fd, buf.data(), 1 << 20, 0), 1 << 20);
+  close(fd);
+  EXPECT_TRUE((*file)->FullyCached(0, 1 << 20));
+  EXPECT_FALSE((*file)->FullyCached(0, data.size()));
+  EXPECT_FALSE((*file)->FullyCached((1 << 20) + 4096, 10));
+}
+
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
   const std::string path = dir_.File("short");
   WriteInPieces(path, RandomBytes(10000, 1), Options(), {10000});

@@ -62,19 +62,23 @@ struct Cachestat {
   uint64_t nr_recently_evicted;
 };
 
-// True when no page of [offset, offset + n) is in the page cache; false
-// when some are, or the kernel cannot tell.
-bool NothingCached(int fd, uint64_t offset, size_t n) {
+// Pages of [offset, offset + n) in the page cache, or -1 when the kernel
+// cannot tell.
+int64_t CachedPages(int fd, uint64_t offset, size_t n) {
   static std::atomic<bool> unsupported{false};
-  if (unsupported.load(std::memory_order_relaxed)) return false;
+  if (unsupported.load(std::memory_order_relaxed)) return -1;
   CachestatRange range{offset, n};
   Cachestat stat{};
   if (syscall(__NR_cachestat, fd, &range, &stat, 0) != 0) {
     if (errno == ENOSYS || errno == EPERM) unsupported.store(true, std::memory_order_relaxed);
-    return false;
+    return -1;
   }
-  return stat.nr_cache == 0;
+  return static_cast<int64_t>(stat.nr_cache);
 }
+
+// True when no page of [offset, offset + n) is in the page cache; false
+// when some are, or the kernel cannot tell.
+bool NothingCached(int fd, uint64_t offset, size_t n) { return CachedPages(fd, offset, n) == 0; }
 
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
@@ -88,6 +92,12 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   Status ReadAt(uint64_t offset, void* dst, size_t n) const override;
   Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const override;
   uint64_t size() const override { return size_; }
+  bool FullyCached(uint64_t offset, size_t n) const override {
+    if (n == 0) return true;
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t pages = (offset + n + page - 1) / page - offset / page;
+    return CachedPages(fd_, offset, n) == static_cast<int64_t>(pages);
+  }
   bool direct() const { return direct_fd_ >= 0; }
 
  private:
