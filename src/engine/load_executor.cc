@@ -157,6 +157,16 @@ Status ConvertInPieces(const Context& ctx, const RandomAccessFile& file, const R
   return Status();
 }
 
+// How much of `read` to read at a time. Data in the page cache is read in
+// steps that fit the CPU cache, each checksummed right after its copy (one
+// pass over memory instead of two); other data in one request (the disk
+// wants large ones), checksummed after it.
+uint64_t CachedStep(const RandomAccessFile& file, const ReadOp& read, const GroupChecksums* sums) {
+  constexpr uint64_t kCachedStep = 512 << 10;
+  const bool step = sums && read.length > kCachedStep && file.FullyCached(read.offset, read.length);
+  return step ? kCachedStep : read.length;
+}
+
 // A read of several runs, none converted and none overlapping another: one
 // scattered read puts each run straight into its destination (no scratch
 // copy); only the bytes between runs land in `scratch`. False in *done when
@@ -192,25 +202,26 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
     }
     pieces.push_back({r.dst, static_cast<size_t>(r.n)});
   }
-  SS_RETURN_IF_ERROR(file.ReadScattered(read.offset, pieces));
-  if (sums) {
-    for (const Run& r : runs) sums->Add(read.offset + r.at, r.n, r.dst);
+  // Runs are read in batches of about CachedStep(...) bytes, each batch
+  // checksummed right after it is read.
+  const uint64_t step = CachedStep(file, read, sums);
+  for (size_t i = 0, j; i < runs.size(); i = j) {
+    uint64_t bytes = runs[i].n;
+    for (j = i + 1; j < runs.size() && bytes + runs[j].n <= step; ++j) bytes += runs[j].n;
+    SS_RETURN_IF_ERROR(file.ReadScattered(read.offset + runs[i].at,
+                                          std::span(pieces).subspan(i, j - i)));
+    if (!sums) continue;
+    for (size_t k = i; k < j; ++k) sums->Add(read.offset + runs[k].at, runs[k].n, runs[k].dst);
   }
   *done = true;
   return Status();
 }
 
-// A read straight into its destination. Data in the page cache is read in
-// steps that fit the CPU cache, each checksummed right after its copy (one
-// pass over memory instead of two); other data in one request, checksummed
-// after it.
+// A read straight into its destination, in CachedStep pieces.
 Status ReadIntoDest(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
                     GroupChecksums* sums) {
-  constexpr uint64_t kCachedStep = 512 << 10;
   char* dst = DestBytes(ctx, read.segments[0]);
-  const uint64_t step = sums && read.length > kCachedStep && file.FullyCached(read.offset, read.length)
-                            ? kCachedStep
-                            : read.length;
+  const uint64_t step = CachedStep(file, read, sums);
   for (uint64_t done = 0; done < read.length; done += step) {
     const uint64_t n = std::min(step, read.length - done);
     SS_RETURN_IF_ERROR(file.ReadAt(read.offset + done, dst + done, n));

@@ -87,8 +87,10 @@ class DomBuilder : public nlohmann::json_sax<json> {
       top.push_back(std::move(v));
       return &top.back();
     }
-    path_.back() = key_;
-    return &(top[key_] = std::move(v));
+    auto& object = top.get_ref<json::object_t&>();
+    auto it = object.emplace(std::move(key_), std::move(v)).first;  // key() ruled out repeats
+    path_.back() = &it->first;  // map nodes do not move
+    return &it->second;
   }
   bool Put(json v) {
     Place(std::move(v));
@@ -99,7 +101,7 @@ class DomBuilder : public nlohmann::json_sax<json> {
       return Fail("JSON nested deeper than " + std::to_string(kMaxNesting) + " levels");
     }
     stack_.push_back(Place(std::move(container)));
-    path_.emplace_back();
+    path_.push_back(nullptr);
     return true;
   }
   bool Close() {
@@ -113,13 +115,13 @@ class DomBuilder : public nlohmann::json_sax<json> {
   }
   std::string Path() const {
     std::string path;
-    for (size_t i = 0; i + 1 < path_.size(); ++i) path += "/" + path_[i];
+    for (size_t i = 0; i + 1 < path_.size(); ++i) path += "/" + (path_[i] ? *path_[i] : "");
     return path.empty() ? "the top-level object" : "object " + path;
   }
 
   json root_;
   std::vector<json*> stack_;
-  std::vector<std::string> path_;  // the key each open container sits under
+  std::vector<const std::string*> path_;  // the key each open container sits under
   std::string key_;
   std::optional<std::string> problem_;
 };
@@ -153,9 +155,22 @@ std::string FieldWhere(const std::string& where, const char* field) {
   return Join(where, "field \"" + std::string(field) + "\"");
 }
 
-Result<uint64_t> AsU64(const json& v, const std::string& where) {
+// Where a number sits: `where`, its field, and its position in an array
+// field (-1: not in one). The text is built only for an error message, so
+// that the walk of a large index allocates nothing per number.
+struct NumberAt {
+  const std::string& where;
+  const char* field;
+  int64_t index = -1;
+  std::string str() const {
+    const std::string f = FieldWhere(where, field);
+    return index < 0 ? f : f + "[" + std::to_string(index) + "]";
+  }
+};
+
+Result<uint64_t> AsU64(const json& v, const NumberAt& at) {
   if (!v.is_number_unsigned()) {
-    return Loss(where, "expected an integer in [0, 2^64), got " + Describe(v));
+    return Loss(at.str(), "expected an integer in [0, 2^64), got " + Describe(v));
   }
   return v.get<uint64_t>();
 }
@@ -163,7 +178,7 @@ Result<uint64_t> AsU64(const json& v, const std::string& where) {
 Result<uint64_t> U64Field(const json& obj, const char* field, const std::string& where,
                           uint64_t max = UINT64_MAX) {
   SS_ASSIGN_OR_RETURN(const json* v, Get(obj, field, where));
-  SS_ASSIGN_OR_RETURN(uint64_t n, AsU64(*v, FieldWhere(where, field)));
+  SS_ASSIGN_OR_RETURN(uint64_t n, AsU64(*v, NumberAt{where, field}));
   if (n > max) {
     return Loss(FieldWhere(where, field),
                 std::to_string(n) + " is out of range (at most " + std::to_string(max) + ")");
@@ -190,9 +205,9 @@ Result<const json*> TypedField(const json& obj, const char* field, const std::st
 Result<Shape> U64ArrayField(const json& obj, const char* field, const std::string& where) {
   SS_ASSIGN_OR_RETURN(const json* v, TypedField(obj, field, where, json::value_t::array));
   Shape out;
+  out.reserve(v->size());
   for (size_t i = 0; i < v->size(); ++i) {
-    SS_ASSIGN_OR_RETURN(uint64_t n, AsU64((*v)[i], FieldWhere(where, field) + "[" +
-                                                      std::to_string(i) + "]"));
+    SS_ASSIGN_OR_RETURN(uint64_t n, AsU64((*v)[i], NumberAt{where, field, static_cast<int64_t>(i)}));
     out.push_back(n);
   }
   return out;
