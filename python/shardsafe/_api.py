@@ -375,7 +375,7 @@ def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _
             shape = b.shape if isinstance(src, hf.Direct) else keys.saved[p.key][1]
             if math.prod(p.size) == 0 and math.prod(shape) != 0:
                 continue  # an empty box of a non-empty tensor reads nothing
-            r = _Read(p.key, shape, p.offset, p.size, b.local[p.index])
+            r = _Read(p.key, shape, p.offset, p.size, b.local[p.index] if p.index else b.local)
             scale = scales.get(p.key)
             if scale is not None:
                 so, ss = hf.scale_box(p.offset, p.size)
