@@ -28,6 +28,15 @@ Slice Cols(uint64_t rows, uint64_t begin, uint64_t end) {
 Slice Whole(const Shape& s) { return {Box::Whole(s), std::nullopt}; }
 Slice Flat(const Shape& s, uint64_t b, uint64_t e) { return {Box::Whole(s), FlatRange{b, e}}; }
 
+// XORs byte `at` of `file` with `mask` (a second call puts it back).
+void FlipByte(const std::string& file, uint64_t at, char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  const char old = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(old ^ mask));
+}
+
 std::vector<std::string> ListNames(const std::string& dir) {
   std::vector<std::string> out;
   for (auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
@@ -339,21 +348,11 @@ TEST_F(SaveLoadTest, CorruptByteInALargeCachedTensorIsFound) {
   const std::string file = Path("ck") + "/data-00000-000.safetensors";
   const auto size = std::filesystem::file_size(file);
   for (uint64_t from_end : {uint64_t{3} << 20, uint64_t{1} << 20, uint64_t{5}}) {
-    const auto at = static_cast<std::streamoff>(size - from_end);
-    char old;
-    {
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(at);
-      f.get(old);
-      f.seekp(at);
-      f.put(static_cast<char>(old ^ 0x10));
-    }
+    FlipByte(file, size - from_end, 0x10);
     Status st = LoadToRanks(load, Path("ck"))[0];
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << from_end;
     EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(at);
-    f.put(old);
+    FlipByte(file, size - from_end, 0x10);
   }
 }
 
@@ -373,14 +372,7 @@ TEST_F(SaveLoadTest, CorruptByteAmongManySmallTensorsIsNamed) {
   const uint64_t payload = uint64_t{kTensors} * 140;
   for (int victim : {0, 151, kTensors - 1}) {
     const uint64_t at = file_size - payload + static_cast<uint64_t>(victim) * 140 + 77;
-    char old;
-    {
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(at);
-      f.get(old);
-      f.seekp(at);
-      f.put(static_cast<char>(old ^ 0x40));
-    }
+    FlipByte(file, at, 0x40);
     std::vector<std::vector<OwnedTarget>> load(1);
     for (int i = 0; i < kTensors; ++i) {
       load[0].push_back(MakeTarget("t" + std::to_string(1000 + i), DType::kF32, s, Whole(s)));
@@ -388,9 +380,7 @@ TEST_F(SaveLoadTest, CorruptByteAmongManySmallTensorsIsNamed) {
     Status st = LoadToRanks(load, Path("ck"))[0];
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << victim;
     EXPECT_THAT(st.message(), HasSubstr("\"t" + std::to_string(1000 + victim) + "\""));
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(at);
-    f.put(old);
+    FlipByte(file, at, 0x40);
   }
   std::vector<std::vector<OwnedTarget>> load(1);
   for (int i = 0; i < kTensors; ++i) {
@@ -426,13 +416,7 @@ TEST_F(SaveLoadTest, ColumnSplitLoadVerifiesEveryChunk) {
   // Column 300 of row 40: rank 1's columns, rank 1's saved rows.
   const std::string file = Path("ck") + "/data-00001-000.safetensors";
   const uint64_t at = std::filesystem::file_size(file) - 32 * 2048 + 8 * 2048 + 300 * 4;
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(at));
-    const char old = static_cast<char>(f.get());
-    f.seekp(static_cast<std::streamoff>(at));
-    f.put(static_cast<char>(old ^ 0x40));
-  }
+  FlipByte(file, at, 0x40);
   for (const Status& st : LoadToRanks(load, Path("ck"))) {
     EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.ToString();
     EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
