@@ -187,7 +187,6 @@ class Handle final : public AsyncSaveHandle {
   SaveStats stats_;
 };
 
-
 // Everything the background thread needs; owned by it.
 struct Job {
   SavePlan plan;

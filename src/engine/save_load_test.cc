@@ -332,27 +332,46 @@ TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
   EXPECT_TRUE(LoadToRanks(load, Path("ck"), unverified)[0].ok());
 }
 
-// A large tensor in the page cache is read in cache-sized steps, each
-// checksummed right after its copy: a corrupt byte in any step is found.
-TEST_F(SaveLoadTest, CorruptByteInALargeCachedTensorIsFound) {
-  const Shape s{3 << 18};  // 3 MiB of F32: several steps
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
-  std::vector<std::vector<OwnedTarget>> load(1);
-  load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));
-  std::vector<LoadResult> results;
-  ASSERT_TRUE(LoadToRanks(load, Path("ck"), {}, &results)[0].ok());
-  EXPECT_EQ(results[0].chunks_verified, 1u);
-  EXPECT_TRUE(MatchesOracle(load[0][0]));
-  const std::string file = Path("ck") + "/data-00000-000.safetensors";
-  const auto size = std::filesystem::file_size(file);
-  for (uint64_t from_end : {uint64_t{3} << 20, uint64_t{1} << 20, uint64_t{5}}) {
-    FlipByte(file, size - from_end, 0x10);
-    Status st = LoadToRanks(load, Path("ck"))[0];
-    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << from_end;
-    EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
-    FlipByte(file, size - from_end, 0x10);
+// Data wholly in the page cache is read in cache-sized steps, each
+// checksummed right after its copy: straight reads of one large tensor, and
+// batches of a scattered read over many tensors. A corrupt byte in the
+// first, a middle or the last step is found.
+TEST_F(SaveLoadTest, CorruptByteInCachedDataIsFoundInEveryStep) {
+  struct Layout {
+    int tensors;
+    uint64_t elems;  // F32 per tensor
+  };
+  for (const Layout l : {Layout{1, 3 << 18}, Layout{48, 16 << 10}}) {  // 3 MiB either way
+    const std::string ck = Path("ck" + std::to_string(l.tensors));
+    const Shape s{l.elems};
+    std::vector<std::vector<OwnedShard>> save(1);
+    std::vector<std::vector<OwnedTarget>> load(1);
+    for (int i = 0; i < l.tensors; ++i) {
+      save[0].push_back(MakeShard("w" + std::to_string(i), DType::kF32, s, Whole(s)));
+      load[0].push_back(MakeTarget("w" + std::to_string(i), DType::kF32, s, Whole(s)));
+    }
+    ASSERT_TRUE(SaveFromRanks(save, ck)[0].ok());
+    LoadOptions buffered;  // fills the page cache
+    buffered.direct_io = false;
+    std::vector<LoadResult> results;
+    ASSERT_TRUE(LoadToRanks(load, ck, buffered, &results)[0].ok());
+    EXPECT_EQ(results[0].chunks_verified, static_cast<uint64_t>(l.tensors));
+    for (const OwnedTarget& t : load[0]) EXPECT_TRUE(MatchesOracle(t));
+    const std::string file = ck + "/data-00000-000.safetensors";
+    const auto size = std::filesystem::file_size(file);
+    auto reader = DefaultFileSystem()->NewRandomAccessFile(file, ReadOptions{true});
+    ASSERT_TRUE(reader.ok());
+    ASSERT_TRUE((*reader)->FullyCached(0, size)) << "the stepped path would not run";
+    for (uint64_t from_end : {uint64_t{3} << 20, uint64_t{3} << 19, uint64_t{5}}) {
+      FlipByte(file, size - from_end, 0x10);
+      Status st = LoadToRanks(load, ck)[0];
+      EXPECT_EQ(st.code(), StatusCode::kDataLoss) << l.tensors << " " << from_end;
+      EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
+      FlipByte(file, size - from_end, 0x10);
+    }
+    results.clear();
+    ASSERT_TRUE(LoadToRanks(load, ck, {}, &results)[0].ok());  // restored: all verified again
+    EXPECT_EQ(results[0].chunks_verified, static_cast<uint64_t>(l.tensors));
   }
 }
 

@@ -86,8 +86,24 @@ class PosixFileRoundTripTest : public ::testing::TestWithParam<Mode> {
     EXPECT_TRUE(*read == expected) << "content differs for " << path;
   }
 
+  // `path` opened for reading as this mode reads (direct or buffered).
+  std::unique_ptr<RandomAccessFile> OpenReader(const std::string& path) {
+    auto file = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{GetParam().direct});
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    return file.ok() ? std::move(*file) : nullptr;
+  }
+
   ScratchDir dir_;
 };
+
+// Drops the pages of `path` from the page cache (clean pages only: write
+// and sync first).
+void DropFromPageCache(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << path;
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
 
 TEST_P(PosixFileRoundTripTest, OddSizesInOneAppend) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4097},
@@ -175,20 +191,18 @@ TEST_P(PosixFileRoundTripTest, ReadsAlignedAndUnalignedRanges) {
   const std::string path = dir_.File("ranges");
   const std::string data = RandomBytes((1 << 20) + 100, 9);
   WriteInPieces(path, data, Options(), {data.size()});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
-  EXPECT_EQ((*file)->size(), data.size());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
+  EXPECT_EQ(file->size(), data.size());
   if (GetParam().where == Where::kDisk) {
-    EXPECT_EQ(IsDirectRandomAccessFile(**file), ro.direct);
+    EXPECT_EQ(IsDirectRandomAccessFile(*file), GetParam().direct);
   }
   alignas(4096) static char aligned[1 << 20];
   const std::pair<uint64_t, size_t> ranges[] = {
       {0, 4096}, {4096, 65536}, {1, 4095}, {12345, 99999}, {0, 1 << 20}, {1 << 20, 100}};
   for (auto [offset, n] : ranges) {
     SCOPED_TRACE(offset);
-    ASSERT_TRUE((*file)->ReadAt(offset, aligned, n).ok());
+    ASSERT_TRUE(file->ReadAt(offset, aligned, n).ok());
     EXPECT_EQ(std::string(aligned, n), data.substr(offset, n));
   }
 }
@@ -219,20 +233,18 @@ TEST_P(PosixFileRoundTripTest, LargeUnalignedReadsGoThroughTheBounceBuffer) {
   const std::string path = dir_.File("bounce");
   const std::string data = RandomBytes((19 << 20) + 777, 5);
   WriteInPieces(path, data, Options(), {data.size()});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   std::vector<char> buf(data.size() + 1);
   const std::pair<uint64_t, size_t> ranges[] = {
       {1, 300000}, {4095, 9 << 20}, {777, data.size() - 777}, {0, data.size()},
       {data.size() - 300001, 300001}};
   for (auto [offset, n] : ranges) {
     SCOPED_TRACE(offset);
-    ASSERT_TRUE((*file)->ReadAt(offset, buf.data() + 1, n).ok());
+    ASSERT_TRUE(file->ReadAt(offset, buf.data() + 1, n).ok());
     EXPECT_TRUE(std::string(buf.data() + 1, n) == data.substr(offset, n));
   }
-  Status s = (*file)->ReadAt(data.size() - 300000, buf.data() + 1, 300001);
+  Status s = file->ReadAt(data.size() - 300000, buf.data() + 1, 300001);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
 }
 
@@ -262,23 +274,16 @@ TEST_P(PosixFileRoundTripTest, LargeScatteredReadsOfUncachedDataAreCopiedOutRigh
   const std::string path = dir_.File("scatter");
   const std::string data = RandomBytes((21 << 20) + 333, 9);
   WriteInPieces(path, data, Options(), {data.size()});
-  {
-    int fd = open(path.c_str(), O_RDONLY);  // drop what the write left cached
-    ASSERT_GE(fd, 0);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-  }
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  DropFromPageCache(path);  // what the write left cached
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   const uint64_t at = 12345;
   const size_t sizes[] = {1, 0, 8 << 20, 4093, 0, (3 << 20) + 5, 7, (8 << 20) - 2, 99999};
   std::vector<std::string> bufs;
   std::vector<RandomAccessFile::Piece> pieces;
   for (size_t n : sizes) bufs.emplace_back(n, '\0');
   for (std::string& b : bufs) pieces.push_back({b.data(), b.size()});
-  ASSERT_TRUE((*file)->ReadScattered(at, pieces).ok());
+  ASSERT_TRUE(file->ReadScattered(at, pieces).ok());
   uint64_t pos = at;
   for (size_t i = 0; i < bufs.size(); ++i) {
     EXPECT_TRUE(bufs[i] == data.substr(pos, bufs[i].size())) << "piece " << i;
@@ -290,70 +295,64 @@ TEST_P(PosixFileRoundTripTest, LargeScatteredReadsOfUncachedDataAreCopiedOutRigh
   }
   std::string tail(2 << 20, '\0');
   const RandomAccessFile::Piece past[] = {{tail.data(), tail.size()}};
-  EXPECT_EQ((*file)->ReadScattered(data.size() - (1 << 20), past).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(file->ReadScattered(data.size() - (1 << 20), past).code(), StatusCode::kDataLoss);
 }
 
 TEST_P(PosixFileRoundTripTest, FullyCachedTellsWhetherEveryPageIsInThePageCache) {
   const std::string path = dir_.File("cached");
   const std::string data = RandomBytes((3 << 20) + 77, 12);
   WriteInPieces(path, data, Options(), {data.size()});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   std::string buf(data.size(), '\0');
   {  // a buffered read fills the page cache
     auto buffered = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{});
     ASSERT_TRUE(buffered.ok());
     ASSERT_TRUE((*buffered)->ReadAt(0, buf.data(), buf.size()).ok());
   }
-  EXPECT_TRUE((*file)->FullyCached(0, data.size()));
-  EXPECT_TRUE((*file)->FullyCached(4095, 2));  // across a page boundary
-  EXPECT_TRUE((*file)->FullyCached(5, 0));
+  EXPECT_TRUE(file->FullyCached(0, data.size()));
+  EXPECT_TRUE(file->FullyCached(4095, 2));  // across a page boundary
+  EXPECT_TRUE(file->FullyCached(5, 0));
   if (GetParam().where == Where::kTmpfs) return;  // tmpfs pages cannot be dropped
+  DropFromPageCache(path);  // then cache the first MiB, and no more (no readahead)
   int fd = open(path.c_str(), O_RDONLY);
   ASSERT_GE(fd, 0);
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // drop it all, then cache the first MiB
-  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);    // and no more (no readahead)
+  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   ASSERT_EQ(pread(fd, buf.data(), 1 << 20, 0), 1 << 20);
   close(fd);
-  EXPECT_TRUE((*file)->FullyCached(0, 1 << 20));
-  EXPECT_FALSE((*file)->FullyCached(0, data.size()));
-  EXPECT_FALSE((*file)->FullyCached((1 << 20) + 4096, 10));
+  EXPECT_TRUE(file->FullyCached(0, 1 << 20));
+  EXPECT_FALSE(file->FullyCached(0, data.size()));
+  EXPECT_FALSE(file->FullyCached((1 << 20) + 4096, 10));
 }
 
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
   const std::string path = dir_.File("short");
   WriteInPieces(path, RandomBytes(10000, 1), Options(), {10000});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   alignas(4096) static char buf[16384];
-  Status s = (*file)->ReadAt(8192, buf, 8192);
+  Status s = file->ReadAt(8192, buf, 8192);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("file truncated: wanted 8192 bytes at offset 8192, file has 10000"),
             std::string::npos)
       << s.message();
   EXPECT_NE(s.message().find(path), std::string::npos);
-  EXPECT_EQ((*file)->ReadAt(10001, buf, 1).code(), StatusCode::kDataLoss);
-  EXPECT_TRUE((*file)->ReadAt(10000, buf, 0).ok());
+  EXPECT_EQ(file->ReadAt(10001, buf, 1).code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(file->ReadAt(10000, buf, 0).ok());
 }
 
 TEST_P(PosixFileRoundTripTest, ScatteredReadFillsPiecesInOrder) {
   const std::string path = dir_.File("scatter");
   const std::string data = RandomBytes(3000 * 1100 + 17, 4);
   WriteInPieces(path, data, Options(), {data.size()});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   // More pieces than one preadv takes (IOV_MAX), of uneven sizes, some empty.
   std::vector<std::string> bufs;
   std::vector<RandomAccessFile::Piece> pieces;
   for (size_t i = 0; i < 3000; ++i) bufs.emplace_back(i % 7 == 0 ? 0 : 1000 + i % 200, '\0');
   for (std::string& b : bufs) pieces.push_back({b.data(), b.size()});
-  ASSERT_TRUE((*file)->ReadScattered(17, pieces).ok());
+  ASSERT_TRUE(file->ReadScattered(17, pieces).ok());
   uint64_t at = 17;
   for (const std::string& b : bufs) {
     ASSERT_EQ(b, data.substr(at, b.size())) << "piece at " << at;
@@ -361,17 +360,15 @@ TEST_P(PosixFileRoundTripTest, ScatteredReadFillsPiecesInOrder) {
   }
   std::string tail(data.size() - at + 1, '\0');
   RandomAccessFile::Piece past[] = {{tail.data(), tail.size()}};
-  EXPECT_EQ((*file)->ReadScattered(at, past).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(file->ReadScattered(at, past).code(), StatusCode::kDataLoss);
 }
 
 TEST_P(PosixFileRoundTripTest, ConcurrentReadsSeeTheirOwnRanges) {
   const std::string path = dir_.File("concurrent");
   const std::string data = RandomBytes(4 << 20, 11);
   WriteInPieces(path, data, Options(), {data.size()});
-  ReadOptions ro;
-  ro.direct = GetParam().direct;
-  auto file = DefaultFileSystem()->NewRandomAccessFile(path, ro);
-  ASSERT_TRUE(file.ok());
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
   std::vector<std::thread> threads;
   std::vector<int> failures(4, 0);
   for (int t = 0; t < 4; ++t) {
@@ -380,7 +377,7 @@ TEST_P(PosixFileRoundTripTest, ConcurrentReadsSeeTheirOwnRanges) {
       char* aligned = buf.data() + (4096 - reinterpret_cast<uintptr_t>(buf.data()) % 4096) % 4096;
       for (int i = 0; i < 64; ++i) {
         const uint64_t offset = (static_cast<uint64_t>(t * 64 + i) * 16384) % (data.size() - 65536);
-        if (!(*file)->ReadAt(offset, aligned, 65536).ok() ||
+        if (!file->ReadAt(offset, aligned, 65536).ok() ||
             memcmp(aligned, data.data() + offset, 65536) != 0) {
           ++failures[t];
         }

@@ -94,7 +94,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   uint64_t size() const override { return size_; }
   bool FullyCached(uint64_t offset, size_t n) const override {
     if (n == 0) return true;
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const uint64_t pages = (offset + n + page - 1) / page - offset / page;
     return CachedPages(fd_, offset, n) == static_cast<int64_t>(pages);
   }
