@@ -137,6 +137,14 @@ struct LoadOptions {
   // bytes already in the page cache are still copied from there. Small
   // reads stay buffered. Off: every read goes through the page cache.
   bool direct_io = true;
+  // Ranks on one machine that need the same bytes (a resharded load) read
+  // each byte from the disk once, by one of them, and hand it to the others
+  // through shared memory (/dev/shm) instead of each reading it: at most
+  // `share_reads_max_bytes` per machine (also capped by half the free space
+  // of /dev/shm and half the available memory). Only with direct_io (buffered
+  // reads share the page cache already); a rank with it off reads alone.
+  bool share_reads = true;
+  uint64_t share_reads_max_bytes = uint64_t{8} << 30;
   FileSystem* fs = nullptr;
   ProgressFn progress;
 };
@@ -156,6 +164,7 @@ struct LoadResult {
   uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;
   uint64_t chunks_verified = 0;
+  uint64_t bytes_from_peers = 0;  // of bytes_read, read by another rank (share_reads)
   double seconds = 0;
 };
 

@@ -319,6 +319,7 @@ class LoadResult:
     metadata: Any
     bytes_read: int
     seconds: float
+    bytes_from_peers: int = 0  # of bytes_read, read by another rank on this machine
 
 
 @dataclass
@@ -431,7 +432,10 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
     strict=False loads what matches and reports both lists. Options:
-    verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes.
+    verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes,
+    share_reads (ranks on one machine that need the same bytes, as in a
+    resharded load, read each once and share it through /dev/shm; default
+    True), share_reads_max_bytes (its memory cap per machine, 8 GiB).
 
     Hugging Face checkpoints (details in shardsafe.hf):
     rename: ordered (pattern, replacement) regex rules (re.sub semantics,
@@ -476,7 +480,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
         _finish(state_dict, flat, keys.rename_values(json.loads(result["values"]) or {}), blobs,
                 unsafe_pickle)
     return LoadResult(desc["path"], desc["tag"], missing, unexpected,
-                      json.loads(result["metadata"]), result["bytes_read"], result["seconds"])
+                      json.loads(result["metadata"]), result["bytes_read"], result["seconds"],
+                      result["bytes_from_peers"])
 
 
 def _read(reads: list[_Read], source: _C.OpenedSource, comm: TorchComm | None,

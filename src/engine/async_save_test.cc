@@ -227,29 +227,16 @@ TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
 // Holds every Sync of the files it creates until Release(): an async save
 // stays in flight, its temporary directory in place, for as long as a test
 // needs.
-class GatedFileSystem final : public FileSystem {
+class GatedFileSystem final : public testing::ForwardingFileSystem {
  public:
-  explicit GatedFileSystem(FileSystem* base) : base_(base), gate_(open_.get_future().share()) {}
+  explicit GatedFileSystem(FileSystem* base)
+      : ForwardingFileSystem(base), gate_(open_.get_future().share()) {}
   void Release() { open_.set_value(); }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const WriteOptions& options) override {
     SS_ASSIGN_OR_RETURN(auto file, base_->NewWritableFile(path, options));
     return std::unique_ptr<WritableFile>(new File(std::move(file), gate_));
-  }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
-      const std::string& path, const ReadOptions& options) override {
-    return base_->NewRandomAccessFile(path, options);
-  }
-  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
-  Result<std::vector<DirEntry>> ListDir(const std::string& p) override { return base_->ListDir(p); }
-  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
-  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
-  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
-  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::unique_ptr<FileLock>> TryLock(const std::string& p) override {
-    return base_->TryLock(p);
   }
 
  private:
@@ -269,7 +256,6 @@ class GatedFileSystem final : public FileSystem {
     std::unique_ptr<WritableFile> f_;
     std::shared_future<void> gate_;
   };
-  FileSystem* base_;
   std::promise<void> open_;
   std::shared_future<void> gate_;
 };

@@ -10,6 +10,7 @@
 #include "engine/convert.h"
 #include "engine/load_executor.h"
 #include "engine/load_internal.h"
+#include "engine/shared_reads.h"
 #include "engine/source.h"
 
 namespace shardsafe {
@@ -58,12 +59,16 @@ std::string ListKeys(const std::vector<std::string>& keys) {
   return s;
 }
 
+std::vector<std::string> DataFilePaths(const CheckpointSource& src) {
+  std::vector<std::string> paths;
+  for (const IndexFile& f : src.index.files) paths.push_back(JoinPath(src.data_dir, f.name));
+  return paths;
+}
+
 Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
                              const LoadOptions& options, LoadResult* result) {
   Matched m;
-  for (const IndexFile& f : src.index.files) {
-    m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
-  }
+  m.sources.file_paths = DataFilePaths(src);
   std::map<std::string, uint32_t> tensor_ids;
   std::set<std::string> requested;
   for (const TensorTarget& t : request.tensors) {
@@ -130,20 +135,72 @@ Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& 
   return Status();
 }
 
-Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
-                      std::optional<int> blobs_of_rank, FileSystem& fs,
-                      const LoadOptions& options, LoadResult* result) {
+namespace {
+
+struct Prepared {
+  Matched m;
+  LoadPlan plan;
+};
+
+Result<Prepared> Prepare(const LoadRequest& request, const CheckpointSource& src,
+                         const LoadOptions& options, LoadResult* result) {
   SS_ASSIGN_OR_RETURN(Matched m, MatchTargets(request, src, options, result));
   LoadPlanOptions popts;
   popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
   SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(m.tensors, m.wants, popts));
   result->bytes_needed = plan.bytes_needed;
+  return Prepared{std::move(m), std::move(plan)};
+}
+
+Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blobs_of_rank,
+               FileSystem& fs, const LoadOptions& options, SharedReads* shared,
+               LoadResult* result) {
+  if (shared) {
+    p.m.sources.wrap_file = [shared](uint32_t i, std::unique_ptr<RandomAccessFile> f) {
+      return shared->WrapFile(i, std::move(f));
+    };
+  }
   LoadCounters counters;
-  Status s = ExecuteLoadPlan(plan, m.tensors, m.wants, m.dests, m.sources, fs, options, &counters);
+  Status s = ExecuteLoadPlan(p.plan, p.m.tensors, p.m.wants, p.m.dests, p.m.sources, fs, options,
+                             &counters);
   result->bytes_read = counters.bytes_read.load();
   result->chunks_verified = counters.chunks_verified.load();
   SS_RETURN_IF_ERROR(s);
   return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
+}
+
+SharedReadsOptions ShareOptions(const LoadOptions& options) {
+  SharedReadsOptions o;
+  o.enabled = options.share_reads && options.direct_io;
+  o.max_bytes = options.share_reads_max_bytes;
+  return o;
+}
+
+// Runs this rank's part of a collective load: node-shared reads (a
+// collective) around the local load.
+Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
+                 FileSystem& fs, const LoadOptions& options, LoadResult* result) {
+  Result<Prepared> prepared = Prepare(request, src, options, result);
+  SS_ASSIGN_OR_RETURN(
+      std::unique_ptr<SharedReads> shared,
+      SharedReads::Start(comm, prepared.ok() ? &prepared->plan : nullptr, DataFilePaths(src), fs,
+                         ShareOptions(options)));
+  if (!prepared.ok()) return prepared.status();
+  Status s = Execute(*prepared, src, comm.rank(), fs, options, shared.get(), result);
+  if (shared) {
+    shared->Finish();  // other ranks may wait for blocks this one reads
+    result->bytes_from_peers = shared->bytes_from_peers();
+  }
+  return s;
+}
+
+}  // namespace
+
+Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
+                      std::optional<int> blobs_of_rank, FileSystem& fs,
+                      const LoadOptions& options, LoadResult* result) {
+  SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
+  return Execute(p, src, blobs_of_rank, fs, options, /*shared=*/nullptr, result);
 }
 
 Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
@@ -173,7 +230,7 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
   result.metadata = src.index.metadata;
   result.layout = src.index.layout;
   result.saved_world_size = src.index.world_size;
-  Status local = LoadFromSource(request, src, comm.rank(), fs, options, &result);
+  Status local = LoadLocal(request, src, comm, fs, options, &result);
   SS_RETURN_IF_ERROR(AgreeOnStatus(comm, local).WithContext("loading " + src.path));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

@@ -21,6 +21,7 @@ class FileCache {
     if (!files_[index]) {
       SS_ASSIGN_OR_RETURN(files_[index], fs_.NewRandomAccessFile(sources_.file_paths[index],
                                                                  ReadOptions{direct_}));
+      if (sources_.wrap_file) files_[index] = sources_.wrap_file(index, std::move(files_[index]));
     }
     return files_[index].get();
   }

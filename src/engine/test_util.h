@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardsafe/checkpoint.h"
+#include "shardsafe/filesystem.h"
 
 namespace shardsafe::testing {
 
@@ -83,6 +84,37 @@ inline std::string MakeTempDir(const std::string& name) {
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
   return tmpl;
 }
+
+// A FileSystem that forwards every call to `base`: tests that inject a
+// fault override only the calls they change.
+class ForwardingFileSystem : public FileSystem {
+ public:
+  explicit ForwardingFileSystem(FileSystem* base) : base_(base) {}
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
+                                                        const WriteOptions& o) override {
+    return base_->NewWritableFile(p, o);
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
+                                                                const ReadOptions& o) override {
+    return base_->NewRandomAccessFile(p, o);
+  }
+  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Result<std::vector<DirEntry>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  Status RenameExchange(const std::string& a, const std::string& b) override {
+    return base_->RenameExchange(a, b);
+  }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& p) override {
+    return base_->TryLock(p);
+  }
+
+ protected:
+  FileSystem* const base_;
+};
 
 // A shard of the oracle tensor: owns its bytes, and views as a TensorShard.
 struct OwnedShard {

@@ -137,6 +137,8 @@ LoadOptions ParseLoadOptions(nb::dict d) {
                       .Get("io_threads", &LoadOptions::io_threads)
                       .Get("scratch_bytes", &LoadOptions::scratch_bytes)
                       .Get("direct_io", &LoadOptions::direct_io)
+                      .Get("share_reads", &LoadOptions::share_reads)
+                      .Get("share_reads_max_bytes", &LoadOptions::share_reads_max_bytes)
                       .Done();
   o.allow_partial = true;  // the Python layer reports missing keys itself
   return o;
@@ -169,6 +171,7 @@ nb::dict ToDict(const LoadResult& r) {
   d["bytes_needed"] = r.bytes_needed;
   d["bytes_read"] = r.bytes_read;
   d["chunks_verified"] = r.chunks_verified;
+  d["bytes_from_peers"] = r.bytes_from_peers;
   d["seconds"] = r.seconds;
   return d;
 }

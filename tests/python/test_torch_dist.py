@@ -249,6 +249,31 @@ def test_shard_and_replicate_on_1d_and_2d_meshes_reshard_both_ways(tmp_path):
     run_workers(_placements, 4, str(tmp_path))
 
 
+def _shared_reads(rank, world, tmp):
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(3))  # 4 MiB
+    shardsafe.save({"w": distribute_tensor(full, mesh, [Shard(0)])}, f"{tmp}/rows")
+    for share in (True, False):
+        target = distribute_tensor(torch.zeros_like(full), mesh, [Shard(1)])
+        res = shardsafe.load({"w": target}, f"{tmp}/rows", share_reads=share)
+        assert torch.equal(target.full_tensor(), full), share
+        # Every rank wants a quarter of every row, so reads every byte; each
+        # byte comes from the disk once (one 16 MiB block, rank 0 reads it),
+        # the other ranks take it from shared memory.
+        assert res.bytes_from_peers <= res.bytes_read
+        total = torch.tensor([res.bytes_from_peers, res.bytes_read], dtype=torch.float64)
+        dist.all_reduce(total)
+        if share:
+            assert total[0] >= 0.7 * total[1], total
+        else:
+            assert total[0] == 0
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("shardsafe-load-")]
+
+
+def test_resharded_load_reads_each_byte_once_per_machine(tmp_path):
+    run_workers(_shared_reads, 4, str(tmp_path))
+
+
 # ------------------------------------------------- errors on every rank --
 
 def _one_rank_bad(rank, world, tmp):
