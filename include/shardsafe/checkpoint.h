@@ -137,13 +137,18 @@ struct LoadOptions {
   // bytes already in the page cache are still copied from there. Small
   // reads stay buffered. Off: every read goes through the page cache.
   bool direct_io = true;
-  // Ranks on one machine that need the same bytes (a resharded load) read
-  // each byte from the disk once, by one of them, and hand it to the others
-  // through shared memory (/dev/shm) instead of each reading it: at most
-  // `share_reads_max_bytes` per machine (also capped by half the free space
-  // of /dev/shm and half the available memory). Only with direct_io (buffered
-  // reads share the page cache already); a rank with it off reads alone.
-  bool share_reads = true;
+  // Node-shared reads: ranks on one machine that need the same bytes (a
+  // resharded load) read each byte from the disk once, by one of them, and
+  // hand it to the others through shared memory (/dev/shm) instead of each
+  // reading it: at most `share_reads_max_bytes` per machine (also capped by
+  // half the free space of /dev/shm and half the available memory). Only
+  // with direct_io (buffered reads share the page cache already); a rank
+  // with it off reads alone. Must be the same on every rank (it adds a
+  // collective). Off by default: it halves the disk reads of such a load
+  // but stages the shared bytes in fresh memory, which costs more than the
+  // second read where first-touching memory is slower than the disk (the
+  // virtual machines it was measured on; bench/README.md).
+  bool share_reads = false;
   uint64_t share_reads_max_bytes = uint64_t{8} << 30;
   FileSystem* fs = nullptr;
   ProgressFn progress;

@@ -435,7 +435,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes,
     share_reads (ranks on one machine that need the same bytes, as in a
     resharded load, read each once and share it through /dev/shm; default
-    True), share_reads_max_bytes (its memory cap per machine, 8 GiB).
+    False; the same on every rank), share_reads_max_bytes (its memory cap
+    per machine, 8 GiB).
 
     Hugging Face checkpoints (details in shardsafe.hf):
     rename: ordered (pattern, replacement) regex rules (re.sub semantics,

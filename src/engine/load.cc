@@ -171,7 +171,7 @@ Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blob
 
 SharedReadsOptions ShareOptions(const LoadOptions& options) {
   SharedReadsOptions o;
-  o.enabled = options.share_reads && options.direct_io;
+  o.enabled = options.direct_io;
   o.max_bytes = options.share_reads_max_bytes;
   return o;
 }
@@ -181,10 +181,11 @@ SharedReadsOptions ShareOptions(const LoadOptions& options) {
 Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
                  FileSystem& fs, const LoadOptions& options, LoadResult* result) {
   Result<Prepared> prepared = Prepare(request, src, options, result);
-  SS_ASSIGN_OR_RETURN(
-      std::unique_ptr<SharedReads> shared,
-      SharedReads::Start(comm, prepared.ok() ? &prepared->plan : nullptr, DataFilePaths(src), fs,
-                         ShareOptions(options)));
+  std::unique_ptr<SharedReads> shared;
+  if (options.share_reads) {  // the same on every rank: Start is collective
+    SS_ASSIGN_OR_RETURN(shared, SharedReads::Start(comm, prepared.ok() ? &prepared->plan : nullptr,
+                                                   DataFilePaths(src), fs, ShareOptions(options)));
+  }
   if (!prepared.ok()) return prepared.status();
   Status s = Execute(*prepared, src, comm.rank(), fs, options, shared.get(), result);
   if (shared) {

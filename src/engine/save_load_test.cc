@@ -12,6 +12,7 @@ namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::FlipByte;
 using testing::MakeShard;
 using testing::MakeTarget;
 using testing::MatchesOracle;
@@ -27,15 +28,6 @@ Slice Cols(uint64_t rows, uint64_t begin, uint64_t end) {
 }
 Slice Whole(const Shape& s) { return {Box::Whole(s), std::nullopt}; }
 Slice Flat(const Shape& s, uint64_t b, uint64_t e) { return {Box::Whole(s), FlatRange{b, e}}; }
-
-// XORs byte `at` of `file` with `mask` (a second call puts it back).
-void FlipByte(const std::string& file, uint64_t at, char mask) {
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(at));
-  const char old = static_cast<char>(f.get());
-  f.seekp(static_cast<std::streamoff>(at));
-  f.put(static_cast<char>(old ^ mask));
-}
 
 std::vector<std::string> ListNames(const std::string& dir) {
   std::vector<std::string> out;

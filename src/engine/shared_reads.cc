@@ -13,15 +13,19 @@
 #include <system_error>
 #include <thread>
 
+#include "base/crc32c.h"
 #include "engine/wire.h"
+#include "storage/aligned_buffer.h"  // kDirectIoAlignment, AlignUp
 #include "storage/shared_memory.h"
 
 namespace shardsafe {
 namespace {
 
-constexpr uint64_t kAlign = 4096;
-uint64_t AlignDown(uint64_t v) { return v / kAlign * kAlign; }
-uint64_t AlignUp(uint64_t v) { return AlignDown(v + kAlign - 1); }
+uint64_t AlignDown(uint64_t v) { return v / kDirectIoAlignment * kDirectIoAlignment; }
+// Readers checksum their blocks in pieces of this many bytes (from the
+// block's start), so a rank that needs only part of a chunk can have the
+// chunk's checksum without reading the rest.
+constexpr uint64_t kPiece = 16 << 10;
 
 // A byte range [begin, end) of data file `file`.
 struct Extent {
@@ -51,12 +55,15 @@ struct Block {
 struct MachinePlan {
   std::vector<int> ranks;  // ascending; ranks[0] creates the memory
   std::vector<Block> blocks;  // by (file, begin)
+  uint64_t block_bytes = 0;   // a multiple of kPiece
+  uint64_t header_bytes = 0;  // mapped; block data follows
   uint64_t bytes = 0;         // of the shared memory
   std::string name;
 };
 
-// The shared memory starts with a header: a progress counter, then one
-// BlockWord per block; block data follows at 4 KiB boundaries.
+// The shared memory starts with a header: a progress counter, one
+// BlockWord per block, then block_bytes / kPiece piece checksums per block;
+// block data follows at 4 KiB boundaries.
 enum BlockState : uint32_t { kPending = 0, kReady = 1, kUnavailable = 2 };
 struct BlockWord {
   uint32_t state;
@@ -181,31 +188,31 @@ std::vector<Extent> SharedRanges(const std::vector<Offer>& offers, const std::ve
   return out;
 }
 
-uint64_t HeaderBytes(size_t blocks) {
-  return AlignUp(sizeof(Header) + blocks * sizeof(BlockWord));
+uint64_t HeaderBytes(size_t blocks, uint64_t block_bytes) {
+  return AlignUp(sizeof(Header) + blocks * (sizeof(BlockWord) + block_bytes / kPiece * 4));
 }
 
 MachinePlan PlanMachine(const std::vector<Offer>& offers, std::vector<int> ranks,
                         const SharedReadsOptions& options) {
   MachinePlan m;
   m.ranks = std::move(ranks);
+  m.block_bytes = std::max(options.block_bytes / kPiece * kPiece, kPiece);
   uint64_t budget = UINT64_MAX;
   for (int r : m.ranks) budget = std::min(budget, offers[r].budget);
   uint64_t data = 0;
-  const uint64_t step = std::max(AlignDown(options.block_bytes), kAlign);
   for (const Extent& e : SharedRanges(offers, m.ranks)) {
-    for (uint64_t at = e.begin; at < e.end; at += step) {
-      const uint64_t end = std::min(e.end, at + step);
+    for (uint64_t at = e.begin; at < e.end; at += m.block_bytes) {
+      const uint64_t end = std::min(e.end, at + m.block_bytes);
       const int reader = m.ranks[m.blocks.size() % m.ranks.size()];
-      if (HeaderBytes(m.blocks.size() + 1) + data + (end - at) > budget) break;
+      if (HeaderBytes(m.blocks.size() + 1, m.block_bytes) + data + (end - at) > budget) break;
       m.blocks.push_back({e.file, at, end, reader, data});
       data += end - at;
     }
   }
   if (data < options.min_bytes) m.blocks.clear();
-  const uint64_t header = HeaderBytes(m.blocks.size());
-  for (Block& b : m.blocks) b.data_at += header;
-  m.bytes = header + data;
+  m.header_bytes = HeaderBytes(m.blocks.size(), m.block_bytes);
+  for (Block& b : m.blocks) b.data_at += m.header_bytes;
+  m.bytes = m.header_bytes + data;
   char name[64];
   std::snprintf(name, sizeof name, "shardsafe-load-%016llx",
                 static_cast<unsigned long long>(offers[m.ranks[0]].token));
@@ -260,18 +267,30 @@ struct SharedReads::State {
     }
   }
 
-  Header* header() const { return reinterpret_cast<Header*>(mem->data()); }
+  Header* header() const { return reinterpret_cast<Header*>(mem->mapped()); }
   BlockWord& word(size_t block) const {
-    return reinterpret_cast<BlockWord*>(mem->data() + sizeof(Header))[block];
+    return reinterpret_cast<BlockWord*>(mem->mapped() + sizeof(Header))[block];
+  }
+  // The piece checksums of block `block`.
+  uint32_t* crcs(size_t block) const {
+    auto* all = reinterpret_cast<uint32_t*>(mem->mapped() + sizeof(Header) +
+                                            plan.blocks.size() * sizeof(BlockWord));
+    return all + block * (plan.block_bytes / kPiece);
   }
 
   void RunReader();
   void ReadBlock(size_t index, std::map<uint32_t, std::unique_ptr<RandomAccessFile>>* files);
-  // True once block `index` is in shared memory; false if it never will be.
-  bool Await(size_t index) const;
+  // The file offset up to which block `index` is in shared memory (its
+  // reader has read it), waiting for the reader; the block's start if it
+  // never will be.
+  uint64_t Await(size_t index) const;
   // The block of `file` holding byte `offset`, or the first one after it
   // (of_file[file].size() when none).
   size_t Find(uint32_t file, uint64_t offset) const;
+  // The checksum of [offset, offset + n), which lies within the part of
+  // block `index` its reader read: from the piece checksums, reading only
+  // the bytes of pieces the range covers in part.
+  Result<uint32_t> BlockCrc(size_t index, uint64_t offset, uint64_t n) const;
 
   FileSystem& fs;
   const std::vector<std::string> paths;
@@ -279,6 +298,7 @@ struct SharedReads::State {
   const int rank;
   const std::unique_ptr<SharedMemory> mem;
   const SharedReadsOptions options;
+  const uint32_t piece_shift = Crc32cShift(kPiece);
   std::vector<std::vector<size_t>> of_file;  // block indices by file, ascending offset
   std::vector<size_t> mine;                  // blocks this rank reads
   std::atomic<size_t> next_mine{0};
@@ -291,9 +311,9 @@ struct SharedReads::State {
 void SharedReads::State::ReadBlock(size_t index,
                                    std::map<uint32_t, std::unique_ptr<RandomAccessFile>>* files) {
   const Block& b = plan.blocks[index];
-  char* dst = mem->data() + b.data_at;
   uint64_t valid = 0;
-  Status s = mem->Reserve(b.data_at, b.end - b.begin);
+  Result<char*> dst = mem->MapRange(b.data_at, b.end - b.begin);
+  Status s = dst.status();
   if (s.ok() && !(*files)[b.file]) {
     auto opened = fs.NewRandomAccessFile(paths[b.file], ReadOptions{.direct = true});
     s = opened.status();
@@ -302,10 +322,17 @@ void SharedReads::State::ReadBlock(size_t index,
   if (s.ok()) {
     const RandomAccessFile& file = *(*files)[b.file];
     valid = file.size() > b.begin ? std::min(b.end, file.size()) - b.begin : 0;
-    s = file.ReadAt(b.begin, dst, valid);
+    s = file.ReadAt(b.begin, *dst, valid);
   }
+  if (s.ok()) {
+    uint32_t* piece_crcs = crcs(index);
+    for (uint64_t at = 0; at < valid; at += kPiece) {
+      piece_crcs[at / kPiece] = Crc32c(*dst + at, std::min(kPiece, valid - at));
+    }
+  }
+  if (dst.ok()) SharedMemory::UnmapRange(*dst, b.end - b.begin);
   BlockWord& w = word(index);
-  std::atomic_ref<uint64_t>(w.valid).store(valid, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(w.valid).store(s.ok() ? valid : 0, std::memory_order_relaxed);
   std::atomic_ref<uint32_t>(w.state).store(s.ok() ? kReady : kUnavailable,
                                            std::memory_order_release);
   std::atomic_ref<uint32_t>(header()->progress).fetch_add(1, std::memory_order_release);
@@ -317,14 +344,14 @@ void SharedReads::State::RunReader() {
   for (size_t i = next_mine++; i < mine.size(); i = next_mine++) ReadBlock(mine[i], &files);
 }
 
-bool SharedReads::State::Await(size_t index) const {
-  if (given_up[index].load(std::memory_order_relaxed)) return false;
+uint64_t SharedReads::State::Await(size_t index) const {
+  const Block& b = plan.blocks[index];
+  if (given_up[index].load(std::memory_order_relaxed)) return b.begin;
   const std::atomic_ref<uint32_t> state(word(index).state);
-  uint32_t s = state.load(std::memory_order_acquire);
-  if (s != kPending) return s == kReady;
   const std::atomic_ref<uint32_t> progress(header()->progress);
   uint32_t seen = progress.load(std::memory_order_relaxed);
   auto since = std::chrono::steady_clock::now();
+  uint32_t s;
   while ((s = state.load(std::memory_order_acquire)) == kPending) {
     FutexWait(&word(index).state, kPending, std::chrono::milliseconds(100));
     const uint32_t now_seen = progress.load(std::memory_order_relaxed);
@@ -333,15 +360,16 @@ bool SharedReads::State::Await(size_t index) const {
       seen = now_seen;
       since = now;
     } else if (now - since > options.stall_timeout) {
-      if (given_up[index].exchange(true)) return false;  // another thread said so
+      if (given_up[index].exchange(true)) return b.begin;  // another thread said so
       std::fprintf(stderr, "shardsafe: rank %d: shared read of %s [%llu, %llu) stalled; reading "
-                   "it directly\n", rank, paths[plan.blocks[index].file].c_str(),
-                   static_cast<unsigned long long>(plan.blocks[index].begin),
-                   static_cast<unsigned long long>(plan.blocks[index].end));
-      return false;
+                   "it directly\n", rank, paths[b.file].c_str(),
+                   static_cast<unsigned long long>(b.begin), static_cast<unsigned long long>(b.end));
+      return b.begin;
     }
   }
-  return s == kReady;
+  return s == kReady ? b.begin + std::atomic_ref<uint64_t>(word(index).valid).load(
+                                     std::memory_order_relaxed)
+                     : b.begin;
 }
 
 size_t SharedReads::State::Find(uint32_t file, uint64_t offset) const {
@@ -352,71 +380,153 @@ size_t SharedReads::State::Find(uint32_t file, uint64_t offset) const {
          v.begin();
 }
 
+Result<uint32_t> SharedReads::State::BlockCrc(size_t index, uint64_t offset, uint64_t n) const {
+  const Block& b = plan.blocks[index];
+  const uint64_t valid_end = b.begin + std::atomic_ref<uint64_t>(word(index).valid).load(
+                                           std::memory_order_relaxed);
+  const uint32_t* piece_crcs = crcs(index);
+  uint32_t crc = 0;
+  char edge[kPiece];
+  while (n > 0) {
+    const uint64_t piece = (offset - b.begin) / kPiece;
+    const uint64_t piece_begin = b.begin + piece * kPiece;
+    const uint64_t piece_end = std::min(piece_begin + kPiece, valid_end);
+    const uint64_t len = std::min(n, piece_end - offset);
+    uint32_t c;
+    if (offset == piece_begin && len == piece_end - piece_begin) {
+      c = piece_crcs[piece];
+    } else {
+      SS_RETURN_IF_ERROR(mem->Read(b.data_at + (offset - b.begin), edge, len));
+      c = Crc32c(edge, len);
+    }
+    crc = len == kPiece ? Crc32cCombineShifted(crc, c, piece_shift) : Crc32cCombine(crc, c, len);
+    offset += len;
+    n -= len;
+  }
+  return crc;
+}
+
 namespace {
 
 // A data file whose shared ranges come from shared memory.
 class SharedFile final : public RandomAccessFile {
  public:
   SharedFile(SharedReads::State* st, uint32_t index, std::unique_ptr<RandomAccessFile> base)
-      : st_(st), index_(index), base_(std::move(base)) {}
+      : st_(st), index_(index), base_(std::move(base)), blocks_(st->of_file[index]) {}
 
   Status ReadAt(uint64_t offset, void* dst, size_t n) const override {
     char* p = static_cast<char*>(dst);
-    const std::vector<size_t>& blocks = st_->of_file[index_];
-    size_t k = st_->Find(index_, offset);
     while (n > 0) {
-      if (k == blocks.size() || st_->plan.blocks[blocks[k]].begin > offset) {
-        // Up to the next block: not shared.
-        const uint64_t upto = k == blocks.size() ? offset + n : st_->plan.blocks[blocks[k]].begin;
-        const size_t len = std::min<uint64_t>(n, upto - offset);
-        SS_RETURN_IF_ERROR(base_->ReadAt(offset, p, len));
-        Advance(len, &offset, &p, &n);
-        continue;
-      }
-      const size_t bi = blocks[k];
-      const Block& b = st_->plan.blocks[bi];
-      const size_t in_block = std::min<uint64_t>(n, b.end - offset);
-      const uint64_t valid = st_->Await(bi)
-          ? std::atomic_ref<uint64_t>(st_->word(bi).valid).load(std::memory_order_relaxed)
-          : 0;
-      const uint64_t have = b.begin + valid > offset ? b.begin + valid - offset : 0;
-      if (have >= in_block) {
-        std::memcpy(p, st_->mem->data() + b.data_at + (offset - b.begin), in_block);
-        if (b.reader != st_->rank) st_->from_peers += in_block;
+      const Span span = At(offset, n);
+      if (span.shared) {
+        SS_RETURN_IF_ERROR(st_->mem->Read(DataAt(span, offset), p, span.n));
+        Count(span);
       } else {
-        SS_RETURN_IF_ERROR(base_->ReadAt(offset, p, in_block));
+        SS_RETURN_IF_ERROR(base_->ReadAt(offset, p, span.n));
       }
-      Advance(in_block, &offset, &p, &n);
-      ++k;
+      offset += span.n;
+      p += span.n;
+      n -= span.n;
+    }
+    return Status();
+  }
+
+  // The pieces that lie in one block go in one scattered read of it.
+  Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const override {
+    while (!pieces.empty()) {
+      const Span span = At(offset, pieces[0].n);
+      size_t k = 1;
+      uint64_t n = pieces[0].n;
+      if (span.shared && span.n == n) {
+        const uint64_t room = span.shared_end - offset;
+        for (; k < pieces.size() && n + pieces[k].n <= room; ++k) n += pieces[k].n;
+        SS_RETURN_IF_ERROR(st_->mem->ReadScattered(DataAt(span, offset), pieces.first(k)));
+        Count({span.block, n, true, span.shared_end});
+      } else {
+        SS_RETURN_IF_ERROR(ReadAt(offset, pieces[0].dst, n));
+      }
+      offset += n;
+      pieces = pieces.subspan(k);
     }
     return Status();
   }
 
   uint64_t size() const override { return base_->size(); }
 
-  bool FullyCached(uint64_t offset, size_t n) const override {
-    const std::vector<size_t>& blocks = st_->of_file[index_];
+  // Reads of shared ranges are memory copies.
+  bool FullyCached(uint64_t offset, size_t n) const override { return InBlocks(offset, n); }
+  bool KnowsCrc32c(uint64_t offset, size_t n) const override { return InBlocks(offset, n); }
+
+  Result<uint32_t> Crc32cOf(uint64_t offset, size_t n) const override {
+    uint32_t crc = 0;
+    while (n > 0) {
+      const Span span = At(offset, n);
+      uint32_t c = 0;
+      if (span.shared) {
+        SS_ASSIGN_OR_RETURN(c, st_->BlockCrc(span.block, offset, span.n));
+      } else {
+        SS_ASSIGN_OR_RETURN(c, BaseCrc(offset, span.n));
+      }
+      crc = Crc32cCombine(crc, c, span.n);
+      offset += span.n;
+      n -= span.n;
+    }
+    return crc;
+  }
+
+ private:
+  // The longest prefix of [offset, offset + n) served one way: from block
+  // `block` in shared memory (its reader read it), or from the file.
+  struct Span {
+    size_t block;
+    uint64_t n;
+    bool shared;
+    uint64_t shared_end;  // where the block's shared bytes end
+  };
+  Span At(uint64_t offset, uint64_t n) const {
+    const size_t k = st_->Find(index_, offset);
+    if (k == blocks_.size()) return {0, n, false, 0};
+    const Block& b = st_->plan.blocks[blocks_[k]];
+    if (b.begin > offset) return {0, std::min(n, b.begin - offset), false, 0};
+    const uint64_t in_block = std::min(n, b.end - offset);
+    const uint64_t shared_end = st_->Await(blocks_[k]);
+    if (shared_end >= offset + in_block) return {blocks_[k], in_block, true, shared_end};
+    return {0, in_block, false, 0};  // unavailable: the file itself
+  }
+  uint64_t DataAt(const Span& span, uint64_t offset) const {
+    const Block& b = st_->plan.blocks[span.block];
+    return b.data_at + (offset - b.begin);
+  }
+  void Count(const Span& span) const {
+    if (st_->plan.blocks[span.block].reader != st_->rank) st_->from_peers += span.n;
+  }
+  bool InBlocks(uint64_t offset, uint64_t n) const {
     for (size_t k = st_->Find(index_, offset); n > 0; ++k) {
-      if (k == blocks.size()) return false;
-      const Block& b = st_->plan.blocks[blocks[k]];
+      if (k == blocks_.size()) return false;
+      const Block& b = st_->plan.blocks[blocks_[k]];
       if (b.begin > offset) return false;
-      const size_t len = std::min<uint64_t>(n, b.end - offset);
+      const uint64_t len = std::min(n, b.end - offset);
       offset += len;
       n -= len;
     }
     return true;
   }
-
- private:
-  static void Advance(size_t len, uint64_t* offset, char** p, size_t* n) {
-    *offset += len;
-    *p += len;
-    *n -= len;
+  Result<uint32_t> BaseCrc(uint64_t offset, uint64_t n) const {
+    std::vector<char> buf(std::min<uint64_t>(n, 1 << 20));
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t len = std::min<uint64_t>(buf.size(), n - done);
+      SS_RETURN_IF_ERROR(base_->ReadAt(offset + done, buf.data(), len));
+      crc = Crc32cExtend(crc, buf.data(), len);
+      done += len;
+    }
+    return crc;
   }
 
   SharedReads::State* const st_;
   const uint32_t index_;
   const std::unique_ptr<RandomAccessFile> base_;
+  const std::vector<size_t>& blocks_;  // of this file
 };
 
 }  // namespace
@@ -452,13 +562,13 @@ Result<std::unique_ptr<SharedReads>> SharedReads::Start(
 
   std::unique_ptr<SharedMemory> mem;
   if (creator) {
-    auto created = SharedMemory::Create(options.dir, m.name, m.bytes);
+    auto created = SharedMemory::Create(options.dir, m.name, m.bytes, m.header_bytes);
     if (created.ok()) mem = std::move(*created);
   }
   SS_ASSIGN_OR_RETURN(std::vector<bool> created, GatherFlags(comm, !creator || mem));
   const bool can_open = sharing && AllOf(created, m.ranks);
   if (can_open && !creator) {
-    auto opened = SharedMemory::Open(options.dir, m.name, m.bytes);
+    auto opened = SharedMemory::Open(options.dir, m.name, m.bytes, m.header_bytes);
     if (opened.ok()) mem = std::move(*opened);
   }
   SS_ASSIGN_OR_RETURN(std::vector<bool> opened, GatherFlags(comm, !can_open || mem));

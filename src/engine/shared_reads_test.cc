@@ -11,6 +11,7 @@
 namespace shardsafe {
 namespace {
 
+using testing::FlipByte;
 using testing::MakeShard;
 using testing::MakeTarget;
 using testing::MatchesOracle;
@@ -195,16 +196,18 @@ TEST_F(SharedReadsTest, AStalledPeerIsGivenUpOn) {
   EXPECT_EQ(got[1].second, 0u);  // gave up on rank 0's blocks, read them itself
 }
 
-// End to end: saved as row blocks, loaded as column blocks by two ranks.
+// End to end: w saved as row halves, loaded as column halves by two ranks.
 class SharedLoadTest : public ::testing::Test {
  protected:
   void SetUp() override { root_ = testing::MakeTempDir("shared-load") + "/ckpt"; }
   void TearDown() override { std::filesystem::remove_all(std::filesystem::path(root_).parent_path()); }
 
-  void SaveRows() {
+  void SaveRows(const Shape& shape) {
+    shape_ = shape;
+    const uint64_t half = shape_[0] / 2;
     RunRanks(2, [&](int r, Comm& comm) {
       std::vector<OwnedShard> shards = {
-          MakeShard("w", DType::kF32, kShape, {Box{{r * 512ull, 0}, {512, 1024}}, std::nullopt}),
+          MakeShard("w", DType::kF32, shape_, {Box{{r * half, 0}, {half, shape_[1]}}, std::nullopt}),
           MakeShard("b", DType::kBF16, {1024}, {Box{{r * 512ull}, {512}}, std::nullopt})};
       SaveState state;
       for (const auto& s : shards) state.tensors.push_back(s.View());
@@ -212,51 +215,95 @@ class SharedLoadTest : public ::testing::Test {
     });
   }
 
-  // Loads columns [r * 512, r * 512 + 512) of w (or rows, `same`), and all
-  // of b, on rank r.
-  std::vector<LoadResult> Load2(bool same, LoadOptions options) {
-    std::vector<LoadResult> out(2);
+  // Rank r loads column half r of w (or row half r, `same`), and all of b.
+  // Returns each rank's result.
+  std::vector<Result<LoadResult>> Load2(bool same, LoadOptions options) {
+    std::vector<Result<LoadResult>> out(2, InternalError("not run"));
     RunRanks(2, [&](int r, Comm& comm) {
-      const Box box = same ? Box{{r * 512ull, 0}, {512, 1024}} : Box{{0, r * 512ull}, {1024, 512}};
+      const uint64_t rows = shape_[0], cols = shape_[1];
+      const Box box = same ? Box{{r * rows / 2, 0}, {rows / 2, cols}}
+                           : Box{{0, r * cols / 2}, {rows, cols / 2}};
       // push_back moves: a copy's target.data would point at the original.
       std::vector<OwnedTarget> targets;
-      targets.push_back(MakeTarget("w", DType::kF32, kShape, {box, std::nullopt}));
+      targets.push_back(MakeTarget("w", DType::kF32, shape_, {box, std::nullopt}));
       targets.push_back(MakeTarget("b", DType::kBF16, {1024}, {Box{{0}, {1024}}, std::nullopt}));
       LoadRequest req;
       for (auto& t : targets) req.tensors.push_back(t.target);
-      auto res = Load(req, root_, comm, options);
-      ASSERT_TRUE(res.ok()) << res.status().ToString();
+      out[r] = Load(req, root_, comm, options);
+      if (!out[r].ok()) return;
       for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << "rank " << r << " " << t.target.key;
-      out[r] = std::move(*res);
     });
     return out;
   }
 
-  const Shape kShape{1024, 1024};  // 4 MiB of F32
+  static LoadOptions Sharing() {
+    LoadOptions o;
+    o.share_reads = true;
+    return o;
+  }
+
+  Shape shape_;
   std::string root_;
 };
 
 TEST_F(SharedLoadTest, ReshardedLoadTakesPeersBytesAndVerifiesThem) {
-  SaveRows();
-  auto got = Load2(/*same=*/false, LoadOptions{});
-  for (const LoadResult& r : got) {
-    EXPECT_GT(r.bytes_from_peers, 0u);
-    EXPECT_LE(r.bytes_from_peers, r.bytes_read);
-    EXPECT_GT(r.chunks_verified, 0u);
+  // Rows of 4 KiB: each rank reads the other's half of every row too (into
+  // scratch) and checksums it. Rows of 128 KiB: each reads only its half
+  // and takes the checksums of the rest from the block readers.
+  for (const Shape& shape : {Shape{1024, 1024}, Shape{64, 32768}}) {
+    SaveRows(shape);
+    for (const Result<LoadResult>& r : Load2(/*same=*/false, Sharing())) {
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_GT(r->bytes_from_peers, 0u) << shape[1];
+      EXPECT_LE(r->bytes_from_peers, r->bytes_read) << shape[1];
+      EXPECT_GT(r->chunks_verified, 0u) << shape[1];
+      // Each rank reads one of the two files (one block each) for both and
+      // takes the other's: all of it with narrow rows, its half with wide.
+      if (shape[1] == 1024) {
+        EXPECT_GT(r->bytes_from_peers * 3, r->bytes_read);
+      } else {
+        EXPECT_LT(r->bytes_from_peers * 3, r->bytes_read);
+      }
+    }
+    std::filesystem::remove_all(root_);
+  }
+}
+
+TEST_F(SharedLoadTest, CorruptBytesARankSkipsAreStillCaught) {
+  SaveRows({64, 32768});  // 8 MiB; rank 0's file holds rows 0-31
+  // A byte of row 16 of w, in rank 1's column half: rank 0 does not read it.
+  const std::string file = root_ + "/data-00000-000.safetensors";
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<std::byte> needle =
+      testing::OracleShard("w", DType::kF32, shape_, {Box{{16, 20000}, {1, 16}}, std::nullopt});
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(needle.data()), needle.size()));
+  ASSERT_NE(at, std::string::npos);
+  FlipByte(file, at + 5, 0x01);
+  for (const Result<LoadResult>& r : Load2(/*same=*/false, Sharing())) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find("checksum mismatch"), std::string::npos)
+        << r.status().ToString();
   }
 }
 
 TEST_F(SharedLoadTest, SameLayoutOrSharingOffReadsAlone) {
-  SaveRows();
-  for (const LoadResult& r : Load2(/*same=*/true, LoadOptions{})) {
-    EXPECT_EQ(r.bytes_from_peers, 0u) << "only b overlaps: below min_bytes";
+  SaveRows({1024, 1024});
+  for (const Result<LoadResult>& r : Load2(/*same=*/true, Sharing())) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->bytes_from_peers, 0u) << "only b overlaps: below min_bytes";
   }
-  LoadOptions off;
-  off.share_reads = false;
-  for (const LoadResult& r : Load2(/*same=*/false, off)) EXPECT_EQ(r.bytes_from_peers, 0u);
-  LoadOptions buffered;
+  for (const Result<LoadResult>& r : Load2(/*same=*/false, LoadOptions{})) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->bytes_from_peers, 0u) << "off by default";
+  }
+  LoadOptions buffered = Sharing();
   buffered.direct_io = false;
-  for (const LoadResult& r : Load2(/*same=*/false, buffered)) EXPECT_EQ(r.bytes_from_peers, 0u);
+  for (const Result<LoadResult>& r : Load2(/*same=*/false, buffered)) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->bytes_from_peers, 0u);
+  }
 }
 
 }  // namespace

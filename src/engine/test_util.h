@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -83,6 +84,15 @@ inline std::string MakeTempDir(const std::string& name) {
   std::string tmpl = std::string(base ? base : "/tmp") + "/shardsafe-" + name + "-XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();
   return tmpl;
+}
+
+inline // XORs byte `at` of `file` with `mask` (a second call puts it back).
+void FlipByte(const std::string& file, uint64_t at, char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  const char old = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(old ^ mask));
 }
 
 // A FileSystem that forwards every call to `base`: tests that inject a
