@@ -632,18 +632,21 @@ def run_reshard(ctx: Ctx, mix: str) -> None:
             ctx.fresh_dir(p, create=False)
             if who == "shardsafe":
                 save = lambda: shardsafe.save(src, p)  # noqa: E731
-                load = lambda st: shardsafe.load(st, p)  # noqa: E731
+                load = lambda st, **o: shardsafe.load(st, p, **o)  # noqa: E731
             else:
                 save = lambda: dcp.save(src, storage_writer=dcp.FileSystemWriter(p))  # noqa: E731
                 load = lambda st: dcp.load(st, storage_reader=dcp.FileSystemReader(p))  # noqa: E731
             s, _ = ctx.timed(save)
             ctx.record(mix, f"{who} save [{w}r]", nbytes, s, "Shard(0)")
-            for dim, st, op in ((0, same, "load cold same"), (1, other, "load cold resharded")):
+            cases = [(0, same, "load cold same", {}), (1, other, "load cold resharded", {})]
+            if who == "shardsafe":
+                cases.append((1, other, "load cold resharded share_reads", {"share_reads": True}))
+            for dim, st, op, opts in cases:
                 ctx.drop_caches()
                 if check:
                     zero_state(st)
                 disk0 = disk_read_bytes(dev)
-                s, _ = ctx.timed(lambda: load(st))
+                s, _ = ctx.timed(lambda: load(st, **opts))
                 disk = (disk_read_bytes(dev) - disk0) / nbytes
                 note = verify(ctx, specs, st, dim, f"{who} {op}") if check else ""
                 ctx.record(mix, f"{who} {op} [{w}r]", nbytes, s,
@@ -746,6 +749,9 @@ def ratios(rows: dict, mixes: list[str], world: int) -> list[dict]:
           k("shardsafe save"), "time", "<= 1.15", le(1.15))
         R(f"resharded / same-layout load (time) {wr}", m, k(f"shardsafe load cold resharded {wr}"),
           k(f"shardsafe load cold same {wr}"), "time", "<= 1.15", le(1.15))
+        R(f"resharded share_reads / same-layout (time) {wr}", m,
+          k(f"shardsafe load cold resharded share_reads {wr}"), k(f"shardsafe load cold same {wr}"),
+          "time", "(info)", None)
         R("save vs dcp save (1 thread)", m, k("shardsafe save"), k("dcp save (thread_count 1)"),
           "tp", ">= 1.5 (never < 1)", ge(1.5))
         R("save vs dcp save (4 threads)", m, k("shardsafe save"), k("dcp save (thread_count 4)"),

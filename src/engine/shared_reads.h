@@ -14,12 +14,15 @@
 //    the machine's ranks allows; block i is read by the machine's i-th rank
 //    modulo their number.
 // 3. The lowest rank of the machine creates the shared memory in `dir`
-//    (AllGather of the outcome), the others open it (AllGather of the
-//    outcome), the creator unlinks the name. A machine where any of this
-//    fails shares nothing: its ranks read as before.
+//    (AllGather of the outcome), the others open it and map its header
+//    (AllGather of the outcome), the creator unlinks the name. A machine
+//    where any of this fails shares nothing: its ranks read as before.
 // 4. Each rank's reader threads read its blocks in file order (O_DIRECT
-//    where it can) and mark each ready; its loader runs at the same time
-//    and takes the bytes of a block from shared memory once it is ready.
+//    where it can) into a mapping of the block, checksum each 16 KiB piece
+//    into the header and mark the block ready; its loader runs at the same
+//    time and copies the bytes of a block out (pread) once it is ready. A
+//    loader that needs only some of a range's bytes can take the checksum
+//    of the rest from the piece checksums (RandomAccessFile::Crc32cOf).
 //
 // Nothing here can fail a load: a block its reader could not read (no
 // memory for it, an I/O error) is marked unavailable, and a block that
@@ -50,7 +53,7 @@ struct SharedReadsOptions {
   // A machine shares only when its ranks read at least this many bytes in
   // common (a few replicated small tensors are not worth the collectives).
   uint64_t min_bytes = uint64_t{1} << 20;
-  uint64_t block_bytes = uint64_t{16} << 20;  // a multiple of 4 KiB
+  uint64_t block_bytes = uint64_t{16} << 20;  // rounded down to a multiple of 16 KiB
   int reader_threads = 2;
   std::chrono::milliseconds stall_timeout{60000};
 };
