@@ -8,7 +8,8 @@
 // takes for the end of input). The second walks the DOM field by field;
 // every failure says where it is ("tensor "a": chunk 3: field "at": ...").
 // Geometry is checked per chunk (ValidateSlice, byte count, byte range in
-// its file); whether a tensor's chunks tile it is left to the engine.
+// its file), then across chunks: no two (of tensors or blobs) share a byte
+// of a file. Whether a tensor's chunks tile it is left to the engine.
 //
 // Stricter than the list in the document, because the engine relies on it:
 // file names must be unique, file and blob ranks must be < world_size, a
@@ -16,8 +17,10 @@
 // most, a tensor's element count must fit in 64 bits, and JSON nesting is
 // limited to kMaxNesting levels (deeper input would make later recursive
 // walks of `values` or `metadata` overflow the stack).
+#include <algorithm>
 #include <climits>
 #include <set>
+#include <tuple>
 
 #include "format/index.h"
 
@@ -417,6 +420,55 @@ Result<CheckpointIndex> ParseRoot(const json& root) {
   return index;
 }
 
+// Where a chunk with data lies, and whose it is, for the overlap check.
+struct Occupant {
+  uint32_t file;
+  uint64_t begin;
+  uint64_t end;
+  const std::string* owner;  // key of a tensor or name of a blob
+  bool blob;
+  size_t chunk;
+};
+
+// `tensor "k"<separator>chunk i`
+std::string OccupantName(const Occupant& o, const char* separator) {
+  return std::string(o.blob ? "blob" : "tensor") + " \"" + *o.owner + "\"" + separator +
+         "chunk " + std::to_string(o.chunk);
+}
+
+// No byte of a data file belongs to two chunks: readers (the streamed
+// checksums, node-shared reads) rely on it, and a hostile index could
+// otherwise make one tensor's bytes pass for another's.
+Status CheckNoSharedBytes(const CheckpointIndex& index) {
+  std::vector<Occupant> all;
+  for (const auto& [key, t] : index.tensors) {
+    for (size_t i = 0; i < t.chunks.size(); ++i) {
+      const IndexChunk& c = t.chunks[i];
+      if (c.bytes > 0) all.push_back({c.file, c.at, c.at + c.bytes, &key, false, i});
+    }
+  }
+  for (const auto& [name, b] : index.blobs) {
+    for (size_t i = 0; i < b.chunks.size(); ++i) {
+      const IndexBlobChunk& c = b.chunks[i];
+      if (c.bytes > 0) all.push_back({c.file, c.at, c.at + c.bytes, &name, true, i});
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const Occupant& a, const Occupant& b) {
+    return std::tie(a.file, a.begin) < std::tie(b.file, b.begin);
+  });
+  for (size_t i = 1; i < all.size(); ++i) {
+    const Occupant& a = all[i - 1];
+    const Occupant& b = all[i];
+    if (a.file != b.file || a.end <= b.begin) continue;
+    return Loss(OccupantName(b, ": "),
+                "byte range [" + std::to_string(b.begin) + ", " + std::to_string(b.end) +
+                    ") of file " + index.files[b.file].name + " overlaps [" +
+                    std::to_string(a.begin) + ", " + std::to_string(a.end) + ") of " +
+                    OccupantName(a, " "));
+  }
+  return Status();
+}
+
 }  // namespace
 
 Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source) {
@@ -424,6 +476,7 @@ Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view sourc
   if (!root.ok()) return root.status().WithContext(source);
   Result<CheckpointIndex> index = ParseRoot(*root);
   if (!index.ok()) return index.status().WithContext(source);
+  if (Status s = CheckNoSharedBytes(*index); !s.ok()) return s.WithContext(source);
   return index;
 }
 

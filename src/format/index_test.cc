@@ -143,7 +143,7 @@ TEST(IndexTest, IgnoresUnknownFields) {
   EXPECT_TRUE(ParseJson(j).ok());
 }
 
-// Tiling is the engine's job: overlapping chunks pass here.
+// Tiling is the engine's job: chunks whose boxes overlap pass here.
 TEST(IndexTest, DoesNotCheckTiling) {
   EXPECT_TRUE(ParseJson(With("/tensors/layers.0.w/chunks/1/offset", {0, 0})).ok());
 }
@@ -395,6 +395,31 @@ TEST(IndexTest, RejectsBlobByteRangeOutsideFile) {
   EXPECT_DATA_LOSS(ParseJson(With("/blobs/rng/chunks/1/at", 95)),
                    "blob \"rng\": chunk 1: byte range [95, 105) exceeds file "
                    "data-00001-000.safetensors (100 bytes)");
+}
+
+TEST(IndexTest, RejectsChunksSharingBytesOfAFile) {
+  json j = Valid();
+  j["/blobs/rng/chunks/0/at"_json_pointer] = 39;  // the tensor's chunk 0 is [8, 40)
+  auto r = ParseJson(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(r.status().message(),
+            "/ckpt/shardsafe.json: blob \"rng\": chunk 0: byte range [39, 49) of file "
+            "data-00000-000.safetensors overlaps [8, 40) of tensor \"layers.0.w\" chunk 0");
+  // Between two chunks of one tensor, too.
+  j = Valid();
+  j["/tensors/layers.0.w/chunks/1/file"_json_pointer] = 0;
+  j["/tensors/layers.0.w/chunks/1/at"_json_pointer] = 20;
+  EXPECT_DATA_LOSS(ParseJson(j), "tensor \"layers.0.w\": chunk 1: byte range [20, 52) of file "
+                                 "data-00000-000.safetensors overlaps [8, 40) of tensor "
+                                 "\"layers.0.w\" chunk 0");
+}
+
+TEST(IndexTest, AcceptsTouchingAndEmptyChunks) {
+  json j = Valid();
+  j["/blobs/rng/chunks/0/bytes"_json_pointer] = 0;
+  j["/blobs/rng/chunks/0/at"_json_pointer] = 10;  // empty: holds no byte
+  EXPECT_TRUE(ParseJson(j).ok());
 }
 
 // --- Entry names (docs/format.md §2) --------------------------------------------
