@@ -640,7 +640,8 @@ def run_reshard(ctx: Ctx, mix: str) -> None:
             ctx.record(mix, f"{who} save [{w}r]", nbytes, s, "Shard(0)")
             cases = [(0, same, "load cold same", {}), (1, other, "load cold resharded", {})]
             if who == "shardsafe":
-                cases.append((1, other, "load cold resharded share_reads", {"share_reads": True}))
+                cases.append((1, other, "load cold resharded share_reads=False",
+                              {"share_reads": False}))
             for dim, st, op, opts in cases:
                 ctx.drop_caches()
                 if check:
@@ -749,9 +750,9 @@ def ratios(rows: dict, mixes: list[str], world: int) -> list[dict]:
           k("shardsafe save"), "time", "<= 1.15", le(1.15))
         R(f"resharded / same-layout load (time) {wr}", m, k(f"shardsafe load cold resharded {wr}"),
           k(f"shardsafe load cold same {wr}"), "time", "<= 1.15", le(1.15))
-        R(f"resharded share_reads / same-layout (time) {wr}", m,
-          k(f"shardsafe load cold resharded share_reads {wr}"), k(f"shardsafe load cold same {wr}"),
-          "time", "(info)", None)
+        R(f"resharded share_reads=False / same-layout (time) {wr}", m,
+          k(f"shardsafe load cold resharded share_reads=False {wr}"),
+          k(f"shardsafe load cold same {wr}"), "time", "(info)", None)
         R("save vs dcp save (1 thread)", m, k("shardsafe save"), k("dcp save (thread_count 1)"),
           "tp", ">= 1.5 (never < 1)", ge(1.5))
         R("save vs dcp save (4 threads)", m, k("shardsafe save"), k("dcp save (thread_count 4)"),

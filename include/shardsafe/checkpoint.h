@@ -137,19 +137,13 @@ struct LoadOptions {
   // bytes already in the page cache are still copied from there. Small
   // reads stay buffered. Off: every read goes through the page cache.
   bool direct_io = true;
-  // Node-shared reads: ranks on one machine that need the same bytes (a
-  // resharded load) read each byte from the disk once, by one of them, and
-  // hand it to the others through shared memory (/dev/shm) instead of each
-  // reading it: at most `share_reads_max_bytes` per machine (also capped by
-  // half the free space of /dev/shm and half the available memory). Only
-  // with direct_io (buffered reads share the page cache already); a rank
-  // with it off reads alone. Must be the same on every rank (it adds a
-  // collective). Off by default: it halves the disk reads of such a load
-  // but stages the shared bytes in fresh memory, which costs more than the
-  // second read where first-touching memory is slower than the disk (the
-  // virtual machines it was measured on; bench/README.md).
-  bool share_reads = false;
-  uint64_t share_reads_max_bytes = uint64_t{8} << 30;
+  // Shared reads: a rank reads a data file through the page cache instead
+  // of with O_DIRECT when other ranks on its machine read at least half of
+  // the bytes it reads of that file (a resharded load: saved Shard(0),
+  // loaded Shard(1); replicated tensors), so that the disk reads those bytes
+  // once, not once per rank. Adds one collective: must be the same on
+  // every rank. Off: each rank chooses alone.
+  bool share_reads = true;
   FileSystem* fs = nullptr;
   ProgressFn progress;
 };
@@ -169,7 +163,9 @@ struct LoadResult {
   uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;
   uint64_t chunks_verified = 0;
-  uint64_t bytes_from_peers = 0;  // of bytes_read, read by another rank (share_reads)
+  // Of the bytes this rank read through the page cache because of
+  // share_reads, those another rank on its machine read too.
+  uint64_t bytes_shared = 0;
   double seconds = 0;
 };
 

@@ -104,14 +104,6 @@ class RandomAccessFile {
   // checksum each step while it is still in the CPU cache). False when some
   // is not, or the implementation cannot tell (the default).
   virtual bool FullyCached(uint64_t offset, size_t n) const { return false; }
-
-  // True when the file can give the CRC-32C of [offset, offset + n) without
-  // the caller reading those bytes (with node-shared reads, the rank that
-  // read them from the disk checksummed them), so a reader that needs only
-  // some of them can skip the rest. Crc32cOf then returns it (errors as
-  // ReadAt); the default of both: false / Unimplemented.
-  virtual bool KnowsCrc32c(uint64_t offset, size_t n) const { return false; }
-  virtual Result<uint32_t> Crc32cOf(uint64_t offset, size_t n) const;
 };
 
 // An advisory lock on a path, held while the object lives. Other processes

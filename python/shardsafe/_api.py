@@ -319,7 +319,9 @@ class LoadResult:
     metadata: Any
     bytes_read: int
     seconds: float
-    bytes_from_peers: int = 0  # of bytes_read, read by another rank on this machine
+    # of bytes_read, read through the page cache because another rank on this
+    # machine read them too (share_reads)
+    bytes_shared: int = 0
 
 
 @dataclass
@@ -433,10 +435,10 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     key is missing from the checkpoint or a saved key is wanted by no rank;
     strict=False loads what matches and reports both lists. Options:
     verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes,
-    share_reads (ranks on one machine that need the same bytes, as in a
-    resharded load, read each once and share it through /dev/shm; default
-    False; the same on every rank), share_reads_max_bytes (its memory cap
-    per machine, 8 GiB).
+    share_reads (default True, the same on every rank: a rank reads a file
+    through the page cache instead of with O_DIRECT when other ranks on its
+    machine read at least half of its bytes of it, as in a resharded load,
+    so that the disk reads them once).
 
     Hugging Face checkpoints (details in shardsafe.hf):
     rename: ordered (pattern, replacement) regex rules (re.sub semantics,
@@ -482,7 +484,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                 unsafe_pickle)
     return LoadResult(desc["path"], desc["tag"], missing, unexpected,
                       json.loads(result["metadata"]), result["bytes_read"], result["seconds"],
-                      result["bytes_from_peers"])
+                      result["bytes_shared"])
 
 
 def _read(reads: list[_Read], source: _C.OpenedSource, comm: TorchComm | None,

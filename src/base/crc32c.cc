@@ -61,13 +61,7 @@ uint32_t ShiftBytes(uint64_t n) {
 // The checksum is linear: the pre- and post-inversions of A's and B's
 // computations cancel, leaving crc(A) shifted past B's bytes, plus crc(B).
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
-  return Crc32cCombineShifted(crc_a, crc_b, ShiftBytes(len_b));
-}
-
-uint32_t Crc32cShift(uint64_t len_b) { return ShiftBytes(len_b); }
-
-uint32_t Crc32cCombineShifted(uint32_t crc_a, uint32_t crc_b, uint32_t shift) {
-  return MulModP(crc_a, shift) ^ crc_b;
+  return MulModP(crc_a, ShiftBytes(len_b)) ^ crc_b;
 }
 
 #if defined(__SSE2__)

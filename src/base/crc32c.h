@@ -24,10 +24,6 @@ inline uint32_t Crc32c(std::span<const std::byte> data) {
 // The checksum of A followed by B, from Crc32c(A), Crc32c(B) and B's length:
 // lets pieces of one chunk be checksummed on different threads.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
-// The same in two steps, for combining many B's of one length: the shift
-// for that length once (~1 us), then each combine (~30 ns).
-uint32_t Crc32cShift(uint64_t len_b);
-uint32_t Crc32cCombineShifted(uint32_t crc_a, uint32_t crc_b, uint32_t shift);
 
 // Copies `n` bytes from `src` to `dst` (non-overlapping) and returns the
 // checksum of the bytes, extending `crc`. Works in cache-sized blocks, so

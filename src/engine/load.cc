@@ -59,16 +59,12 @@ std::string ListKeys(const std::vector<std::string>& keys) {
   return s;
 }
 
-std::vector<std::string> DataFilePaths(const CheckpointSource& src) {
-  std::vector<std::string> paths;
-  for (const IndexFile& f : src.index.files) paths.push_back(JoinPath(src.data_dir, f.name));
-  return paths;
-}
-
 Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
                              const LoadOptions& options, LoadResult* result) {
   Matched m;
-  m.sources.file_paths = DataFilePaths(src);
+  for (const IndexFile& f : src.index.files) {
+    m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
+  }
   std::map<std::string, uint32_t> tensor_ids;
   std::set<std::string> requested;
   for (const TensorTarget& t : request.tensors) {
@@ -153,13 +149,7 @@ Result<Prepared> Prepare(const LoadRequest& request, const CheckpointSource& src
 }
 
 Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blobs_of_rank,
-               FileSystem& fs, const LoadOptions& options, SharedReads* shared,
-               LoadResult* result) {
-  if (shared) {
-    p.m.sources.wrap_file = [shared](uint32_t i, std::unique_ptr<RandomAccessFile> f) {
-      return shared->WrapFile(i, std::move(f));
-    };
-  }
+               FileSystem& fs, const LoadOptions& options, LoadResult* result) {
   LoadCounters counters;
   Status s = ExecuteLoadPlan(p.plan, p.m.tensors, p.m.wants, p.m.dests, p.m.sources, fs, options,
                              &counters);
@@ -169,30 +159,22 @@ Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blob
   return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
 }
 
-SharedReadsOptions ShareOptions(const LoadOptions& options) {
-  SharedReadsOptions o;
-  o.enabled = options.direct_io;
-  o.max_bytes = options.share_reads_max_bytes;
-  return o;
-}
-
-// Runs this rank's part of a collective load: node-shared reads (a
-// collective) around the local load.
+// Runs this rank's part of a collective load: the shared-reads collective,
+// then the local load.
 Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
                  FileSystem& fs, const LoadOptions& options, LoadResult* result) {
   Result<Prepared> prepared = Prepare(request, src, options, result);
-  std::unique_ptr<SharedReads> shared;
-  if (options.share_reads) {  // the same on every rank: Start is collective
-    SS_ASSIGN_OR_RETURN(shared, SharedReads::Start(comm, prepared.ok() ? &prepared->plan : nullptr,
-                                                   DataFilePaths(src), fs, ShareOptions(options)));
+  if (options.share_reads) {  // the same on every rank: the plan is collective
+    SharedReadsOptions share;
+    share.enabled = options.direct_io;  // buffered reads share the page cache already
+    SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
+                        PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
+                                        src.index.files.size(), share));
+    if (prepared.ok()) prepared->m.sources.buffered = std::move(shared.buffered);
+    result->bytes_shared = shared.bytes_shared;
   }
   if (!prepared.ok()) return prepared.status();
-  Status s = Execute(*prepared, src, comm.rank(), fs, options, shared.get(), result);
-  if (shared) {
-    shared->Finish();  // other ranks may wait for blocks this one reads
-    result->bytes_from_peers = shared->bytes_from_peers();
-  }
-  return s;
+  return Execute(*prepared, src, comm.rank(), fs, options, result);
 }
 
 }  // namespace
@@ -201,7 +183,7 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
                       std::optional<int> blobs_of_rank, FileSystem& fs,
                       const LoadOptions& options, LoadResult* result) {
   SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
-  return Execute(p, src, blobs_of_rank, fs, options, /*shared=*/nullptr, result);
+  return Execute(p, src, blobs_of_rank, fs, options, result);
 }
 
 Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,

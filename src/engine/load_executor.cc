@@ -19,9 +19,9 @@ class FileCache {
   Result<const RandomAccessFile*> Get(uint32_t index) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!files_[index]) {
+      const bool buffered = index < sources_.buffered.size() && sources_.buffered[index];
       SS_ASSIGN_OR_RETURN(files_[index], fs_.NewRandomAccessFile(sources_.file_paths[index],
-                                                                 ReadOptions{direct_}));
-      if (sources_.wrap_file) files_[index] = sources_.wrap_file(index, std::move(files_[index]));
+                                                                 ReadOptions{direct_ && !buffered}));
     }
     return files_[index].get();
   }
@@ -108,20 +108,6 @@ class GroupChecksums {
     }
   }
 
-  // As Add, with the checksums of the bytes from `file` (which knows them:
-  // KnowsCrc32c) instead of the bytes. Not with a stream.
-  Status AddKnown(const RandomAccessFile& file, uint64_t offset, uint64_t length) {
-    while (next_ < ranges_.size() && ranges_[next_].second <= offset) ++next_;
-    for (size_t i = next_; i < ranges_.size() && ranges_[i].first < offset + length; ++i) {
-      const auto [lo, hi] = ranges_[i];
-      const uint64_t a = std::max(lo, offset), b = std::min(hi, offset + length);
-      if (a >= b) continue;
-      SS_ASSIGN_OR_RETURN(uint32_t crc, file.Crc32cOf(a, b - a));
-      crcs_[i] = Crc32cCombine(crcs_[i], crc, b - a);
-    }
-    return Status();
-  }
-
   Status Verify() {
     if (stream()) return stream()->status();
     for (size_t i = 0; i < group_.whole_chunks.size(); ++i) {
@@ -182,17 +168,6 @@ uint64_t CachedStep(const RandomAccessFile& file, const ReadOp& read, const Grou
   return step ? kCachedStep : read.length;
 }
 
-// Whether a read of `runs` runs with `gaps` bytes between them reads only
-// the runs (one request each) and takes the checksums of the whole from
-// the file: when the file knows them and the gaps are large enough that
-// copying them would cost more than the extra requests (~1 us each).
-bool SkipGaps(const RandomAccessFile& file, const ReadOp& read, const GroupChecksums* sums,
-              size_t runs, uint64_t gaps) {
-  constexpr uint64_t kMinGapPerRun = 8 << 10;
-  return (sums == nullptr || !sums->stream()) && gaps >= runs / 2 * kMinGapPerRun &&
-         file.KnowsCrc32c(read.offset, read.length);
-}
-
 // A read of several runs, none converted and none overlapping another: one
 // scattered read puts each run straight into its destination (no scratch
 // copy); only the bytes between runs land in `scratch`. False in *done when
@@ -218,14 +193,6 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
   if (cursor < read.length) {
     runs.push_back({cursor, read.length - cursor, nullptr});
     gaps += read.length - cursor;
-  }
-  if (SkipGaps(file, read, sums, runs.size(), gaps)) {
-    for (const Run& r : runs) {
-      if (r.dst != nullptr) SS_RETURN_IF_ERROR(file.ReadAt(read.offset + r.at, r.dst, r.n));
-    }
-    if (sums) SS_RETURN_IF_ERROR(sums->AddKnown(file, read.offset, read.length));
-    *done = true;
-    return Status();
   }
   if (scratch->size() < gaps) scratch->resize(gaps);
   std::vector<RandomAccessFile::Piece> pieces;

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,11 +28,10 @@ struct LoadSources {
   std::vector<std::string> tensor_keys; // by SavedTensor index
   // Expected checksum per (tensor, chunk); nullopt where none is recorded.
   std::vector<std::vector<std::optional<uint32_t>>> crcs;
-  // When set, each data file the executor opens (by index) is passed
-  // through it: node-shared reads (engine/shared_reads.h) serve some ranges
-  // from shared memory.
-  std::function<std::unique_ptr<RandomAccessFile>(uint32_t, std::unique_ptr<RandomAccessFile>)>
-      wrap_file;
+  // By data file index (empty: none): files to read through the page cache
+  // even with LoadOptions::direct_io, because other ranks on this machine
+  // read the same bytes (engine/shared_reads.h).
+  std::vector<bool> buffered;
 };
 
 struct LoadCounters {

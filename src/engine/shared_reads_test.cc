@@ -3,15 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <thread>
+#include <mutex>
+#include <utility>
 
 #include "engine/test_util.h"
 
 namespace shardsafe {
 namespace {
 
-using testing::FlipByte;
 using testing::MakeShard;
 using testing::MakeTarget;
 using testing::MatchesOracle;
@@ -19,291 +18,187 @@ using testing::OwnedShard;
 using testing::OwnedTarget;
 using testing::RunRanks;
 
-char PatternByte(uint64_t at) { return static_cast<char>((at * 131 + (at >> 9)) & 0xFF); }
+constexpr uint64_t kMiB = 1 << 20;
 
-// A plan of one group per range of file 0.
-LoadPlan PlanOf(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+struct Range {
+  uint32_t file;
+  uint64_t begin;
+  uint64_t end;
+};
+
+// A plan of one group per range.
+LoadPlan PlanOf(const std::vector<Range>& ranges) {
   LoadPlan plan;
-  for (auto [begin, end] : ranges) {
+  for (const Range& r : ranges) {
     ReadGroup g;
-    g.reads.push_back({0, begin, end - begin, {}});
+    g.reads.push_back({r.file, r.begin, r.end - r.begin, {}});
     plan.groups.push_back(std::move(g));
   }
   return plan;
 }
 
-// Forwards to the POSIX file system; the files it opens for O_DIRECT reads
-// (those of the shared-read readers) fail or are slow.
-class ReaderFaultFs final : public testing::ForwardingFileSystem {
- public:
-  enum class Mode { kFailOpen, kSlowRead };
-  explicit ReaderFaultFs(Mode mode) : ForwardingFileSystem(DefaultFileSystem()), mode_(mode) {}
+// Rank r plans ranges[r] (none: a null plan) on machine machines[r] over 3
+// data files; returns each rank's outcome.
+std::vector<SharedReadPlan> PlanAll(const std::vector<std::vector<Range>>& ranges,
+                                    const std::vector<std::string>& machines,
+                                    SharedReadsOptions options = {}) {
+  const int n = static_cast<int>(ranges.size());
+  std::vector<SharedReadPlan> out(n);
+  RunRanks(n, [&](int r, Comm& comm) {
+    SharedReadsOptions o = options;
+    o.machine = machines[r];
+    const LoadPlan plan = PlanOf(ranges[r]);
+    auto shared = PlanSharedReads(comm, ranges[r].empty() ? nullptr : &plan, 3, o);
+    ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+    out[r] = std::move(*shared);
+  });
+  return out;
+}
 
+const std::vector<bool> kNone = {false, false, false};
+
+TEST(SharedReadsTest, FilesWhoseBytesAnotherRankReadsGoThroughThePageCache) {
+  // Both read all of file 0 (in different pieces); file 1 is split.
+  const auto out = PlanAll({{{0, 0, 2 * kMiB}, {0, 2 * kMiB, 4 * kMiB}, {1, 0, 2 * kMiB}},
+                            {{0, 0, 3 * kMiB}, {0, 3 * kMiB, 4 * kMiB}, {1, 2 * kMiB, 4 * kMiB}}},
+                           {"m", "m"});
+  for (const SharedReadPlan& p : out) {
+    EXPECT_EQ(p.buffered, (std::vector<bool>{true, false, false}));
+    EXPECT_EQ(p.bytes_shared, 4 * kMiB);
+  }
+}
+
+TEST(SharedReadsTest, AFileIsSharedWhenAtLeastHalfOfWhatARankReadsOfItIs) {
+  // Rank 0 reads 8 MiB of file 2, 2 MiB of which rank 1 reads too: rank 0
+  // reads alone, rank 1 (all of whose reads are shared) through the cache.
+  const auto out = PlanAll({{{2, 0, 8 * kMiB}}, {{2, 6 * kMiB, 8 * kMiB}}}, {"m", "m"});
+  EXPECT_EQ(out[0].buffered, kNone);
+  EXPECT_EQ(out[0].bytes_shared, 0u);
+  EXPECT_EQ(out[1].buffered, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(out[1].bytes_shared, 2 * kMiB);
+}
+
+TEST(SharedReadsTest, FewSharedBytesAreNotWorthIt) {
+  const auto out = PlanAll({{{0, 0, kMiB / 2}}, {{0, 0, kMiB / 2}}}, {"m", "m"});
+  for (const SharedReadPlan& p : out) EXPECT_EQ(p.buffered, kNone);
+  SharedReadsOptions low;
+  low.min_bytes = 4096;
+  for (const SharedReadPlan& p : PlanAll({{{0, 0, kMiB / 2}}, {{0, 0, kMiB / 2}}}, {"m", "m"}, low)) {
+    EXPECT_EQ(p.buffered, (std::vector<bool>{true, false, false}));
+  }
+}
+
+TEST(SharedReadsTest, RanksOnOtherMachinesDoNotCount) {
+  const std::vector<std::vector<Range>> same = {{{0, 0, 4 * kMiB}}, {{0, 0, 4 * kMiB}},
+                                                {{0, 0, 4 * kMiB}}};
+  const auto out = PlanAll(same, {"a", "b", "a"});
+  EXPECT_EQ(out[0].buffered[0], true);
+  EXPECT_EQ(out[1].buffered, kNone) << "alone on machine b";
+  EXPECT_EQ(out[2].buffered[0], true);
+}
+
+TEST(SharedReadsTest, DisabledOrEmptyRanksShareNothing) {
+  SharedReadsOptions off;
+  off.enabled = false;
+  for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}, {{0, 0, 4 * kMiB}}}, {"m", "m"}, off)) {
+    EXPECT_EQ(p.buffered, kNone);
+  }
+  // Rank 1 has no plan: rank 0 has no one to share with.
+  for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}, {}}, {"m", "m"})) {
+    EXPECT_EQ(p.buffered, kNone);
+  }
+  // One rank: no collective, nothing shared.
+  for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}}, {"m"})) EXPECT_EQ(p.buffered, kNone);
+}
+
+// Records whether each data file was opened for O_DIRECT reads.
+class RecordingFs final : public testing::ForwardingFileSystem {
+ public:
+  RecordingFs() : ForwardingFileSystem(DefaultFileSystem()) {}
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
                                                                 const ReadOptions& o) override {
-    if (o.direct && mode_ == Mode::kFailOpen) return UnavailableError(path + ": injected");
-    SS_ASSIGN_OR_RETURN(auto file, base_->NewRandomAccessFile(path, o));
-    if (!o.direct) return file;
-    return std::unique_ptr<RandomAccessFile>(new SlowFile(std::move(file)));
+    if (std::filesystem::path(path).filename().string().rfind("data-", 0) == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      (o.direct ? direct_ : buffered_)++;
+    }
+    return base_->NewRandomAccessFile(path, o);
+  }
+  std::pair<int, int> TakeCounts() {  // {direct, buffered}
+    std::lock_guard<std::mutex> lock(mu_);
+    return {std::exchange(direct_, 0), std::exchange(buffered_, 0)};
   }
 
  private:
-  class SlowFile final : public RandomAccessFile {
-   public:
-    explicit SlowFile(std::unique_ptr<RandomAccessFile> f) : f_(std::move(f)) {}
-    Status ReadAt(uint64_t offset, void* dst, size_t n) const override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      return f_->ReadAt(offset, dst, n);
-    }
-    uint64_t size() const override { return f_->size(); }
-
-   private:
-    std::unique_ptr<RandomAccessFile> f_;
-  };
-
-  const Mode mode_;
+  std::mutex mu_;
+  int direct_ = 0;
+  int buffered_ = 0;
 };
 
-class SharedReadsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir("shared-reads");
-    shm_dir_ = dir_ + "/shm";
-    std::filesystem::create_directory(shm_dir_);
-    path_ = dir_ + "/data";
-    std::ofstream out(path_, std::ios::binary);
-    for (uint64_t i = 0; i < kFileBytes; ++i) out.put(PatternByte(i));
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  SharedReadsOptions Options() const {
-    SharedReadsOptions o;
-    o.dir = shm_dir_;
-    o.block_bytes = 64 << 10;
-    o.min_bytes = 0;
-    return o;
-  }
-
-  // Rank r plans ranges[r], starts shared reads and reads each of its
-  // ranges through the wrapped file in uneven pieces, checking every byte.
-  // Returns whether each rank shared and its bytes from peers.
-  std::vector<std::pair<bool, uint64_t>> ReadAll(
-      const std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& ranges,
-      const std::vector<FileSystem*>& fs, const SharedReadsOptions& options) {
-    const int n = static_cast<int>(ranges.size());
-    std::vector<std::pair<bool, uint64_t>> out(n);
-    RunRanks(n, [&](int r, Comm& comm) {
-      const LoadPlan plan = PlanOf(ranges[r]);
-      auto shared = SharedReads::Start(comm, &plan, {path_}, *fs[r], options);
-      ASSERT_TRUE(shared.ok()) << shared.status().ToString();
-      auto base = DefaultFileSystem()->NewRandomAccessFile(path_, ReadOptions{});
-      ASSERT_TRUE(base.ok());
-      std::unique_ptr<RandomAccessFile> file = std::move(*base);
-      if (*shared) file = (*shared)->WrapFile(0, std::move(file));
-      for (auto [begin, end] : ranges[r]) {
-        for (uint64_t at = begin; at < end;) {
-          const uint64_t len = std::min<uint64_t>(end - at, 50'000 + at % 7919);
-          std::vector<char> buf(len);
-          ASSERT_TRUE(file->ReadAt(at, buf.data(), len).ok()) << "rank " << r << " at " << at;
-          for (uint64_t i = 0; i < len; ++i) {
-            ASSERT_EQ(buf[i], PatternByte(at + i)) << "rank " << r << " byte " << at + i;
-          }
-          at += len;
-        }
-      }
-      if (*shared) (*shared)->Finish();
-      out[r] = {*shared != nullptr, *shared ? (*shared)->bytes_from_peers() : 0};
-    });
-    return out;
-  }
-
-  bool ShmDirEmpty() const { return std::filesystem::is_empty(shm_dir_); }
-
-  static constexpr uint64_t kFileBytes = (1 << 20) + 1234;  // ends mid-page
-  std::string dir_, shm_dir_, path_;
-};
-
-TEST_F(SharedReadsTest, OverlappingRangesAreReadOnceAndHandedOver) {
-  // Ranks 0 and 1 both read most of the file (to its unaligned end); rank 2
-  // reads a range nobody else does and still reads some shared blocks for
-  // them.
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges = {
-      {{100, 700'000}, {800'000, kFileBytes}},
-      {{5'000, 705'000}, {795'000, kFileBytes}},
-      {{710'000, 790'000}}};
-  std::vector<FileSystem*> fs(3, DefaultFileSystem());
-  auto got = ReadAll(ranges, fs, Options());
-  for (int r = 0; r < 3; ++r) EXPECT_TRUE(got[r].first) << "rank " << r;
-  // Blocks are dealt round-robin, so ranks 0 and 1 each took about 2/3 of
-  // their bytes from the others.
-  EXPECT_GT(got[0].second, 300'000u);
-  EXPECT_GT(got[1].second, 300'000u);
-  EXPECT_EQ(got[2].second, 0u);  // nothing it reads is shared
-  EXPECT_TRUE(ShmDirEmpty());    // the name is gone once everyone has it mapped
-}
-
-TEST_F(SharedReadsTest, DisjointRangesShareNothing) {
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges = {
-      {{0, 500'000}}, {{500'000, kFileBytes}}};
-  std::vector<FileSystem*> fs(2, DefaultFileSystem());
-  auto got = ReadAll(ranges, fs, Options());
-  EXPECT_FALSE(got[0].first);
-  EXPECT_FALSE(got[1].first);
-  EXPECT_TRUE(ShmDirEmpty());
-}
-
-TEST_F(SharedReadsTest, NoSharedMemoryMeansEachRankReadsAlone) {
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges = {
-      {{0, kFileBytes}}, {{0, kFileBytes}}};
-  SharedReadsOptions o = Options();
-  o.dir = dir_ + "/missing";
-  std::vector<FileSystem*> fs(2, DefaultFileSystem());
-  auto got = ReadAll(ranges, fs, o);
-  EXPECT_FALSE(got[0].first);
-  EXPECT_FALSE(got[1].first);
-  o.dir = shm_dir_;
-  o.max_bytes = 0;  // no budget: nothing to share
-  got = ReadAll(ranges, fs, o);
-  EXPECT_FALSE(got[0].first);
-  o.enabled = false;
-  got = ReadAll(ranges, fs, Options());  // rank 1 alone is willing
-  EXPECT_TRUE(got[0].first);
-  got = ReadAll(ranges, fs, o);
-  EXPECT_FALSE(got[1].first);
-}
-
-TEST_F(SharedReadsTest, BlocksAPeerCannotReadAreReadDirectly) {
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges = {
-      {{0, kFileBytes}}, {{0, kFileBytes}}};
-  ReaderFaultFs failing(ReaderFaultFs::Mode::kFailOpen);
-  std::vector<FileSystem*> fs = {&failing, DefaultFileSystem()};
-  auto got = ReadAll(ranges, fs, Options());
-  ASSERT_TRUE(got[0].first && got[1].first);
-  EXPECT_EQ(got[1].second, 0u);  // rank 0's blocks were all unavailable
-  EXPECT_GT(got[0].second, 0u);  // rank 1's were fine
-}
-
-TEST_F(SharedReadsTest, AStalledPeerIsGivenUpOn) {
-  const std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges = {
-      {{0, kFileBytes}}, {{0, kFileBytes}}};
-  ReaderFaultFs slow(ReaderFaultFs::Mode::kSlowRead);
-  std::vector<FileSystem*> fs = {&slow, DefaultFileSystem()};
-  SharedReadsOptions o = Options();
-  o.block_bytes = 512 << 10;  // 3 blocks: rank 0 reads 2 of them, 1.5 s each
-  o.stall_timeout = std::chrono::milliseconds(200);
-  auto got = ReadAll(ranges, fs, o);
-  ASSERT_TRUE(got[0].first && got[1].first);
-  EXPECT_EQ(got[1].second, 0u);  // gave up on rank 0's blocks, read them itself
-}
-
-// End to end: w saved as row halves, loaded as column halves by two ranks.
 class SharedLoadTest : public ::testing::Test {
  protected:
-  void SetUp() override { root_ = testing::MakeTempDir("shared-load") + "/ckpt"; }
-  void TearDown() override { std::filesystem::remove_all(std::filesystem::path(root_).parent_path()); }
-
-  void SaveRows(const Shape& shape) {
-    shape_ = shape;
-    const uint64_t half = shape_[0] / 2;
+  void SetUp() override {
+    root_ = testing::MakeTempDir("shared-load") + "/ckpt";
+    // 4 MiB of w in rows, a small tensor b in halves, over two ranks.
     RunRanks(2, [&](int r, Comm& comm) {
       std::vector<OwnedShard> shards = {
-          MakeShard("w", DType::kF32, shape_, {Box{{r * half, 0}, {half, shape_[1]}}, std::nullopt}),
+          MakeShard("w", DType::kF32, kShape, {Box{{r * 512ull, 0}, {512, 2048}}, std::nullopt}),
           MakeShard("b", DType::kBF16, {1024}, {Box{{r * 512ull}, {512}}, std::nullopt})};
       SaveState state;
       for (const auto& s : shards) state.tensors.push_back(s.View());
       ASSERT_TRUE(Save(state, root_, comm, SaveOptions{}).ok());
     });
   }
+  void TearDown() override { std::filesystem::remove_all(std::filesystem::path(root_).parent_path()); }
 
-  // Rank r loads column half r of w (or row half r, `same`), and all of b.
-  // Returns each rank's result.
-  std::vector<Result<LoadResult>> Load2(bool same, LoadOptions options) {
-    std::vector<Result<LoadResult>> out(2, InternalError("not run"));
+  // Rank r loads column half r of w (or row half r, `same`), and all of b,
+  // checking the bytes. Returns each rank's result.
+  std::vector<LoadResult> Load2(bool same, LoadOptions options) {
+    options.fs = &fs_;
+    std::vector<LoadResult> out(2);
     RunRanks(2, [&](int r, Comm& comm) {
-      const uint64_t rows = shape_[0], cols = shape_[1];
-      const Box box = same ? Box{{r * rows / 2, 0}, {rows / 2, cols}}
-                           : Box{{0, r * cols / 2}, {rows, cols / 2}};
+      const Box box = same ? Box{{r * 512ull, 0}, {512, 2048}} : Box{{0, r * 1024ull}, {1024, 1024}};
       // push_back moves: a copy's target.data would point at the original.
       std::vector<OwnedTarget> targets;
-      targets.push_back(MakeTarget("w", DType::kF32, shape_, {box, std::nullopt}));
+      targets.push_back(MakeTarget("w", DType::kF32, kShape, {box, std::nullopt}));
       targets.push_back(MakeTarget("b", DType::kBF16, {1024}, {Box{{0}, {1024}}, std::nullopt}));
       LoadRequest req;
       for (auto& t : targets) req.tensors.push_back(t.target);
-      out[r] = Load(req, root_, comm, options);
-      if (!out[r].ok()) return;
+      Result<LoadResult> loaded = Load(req, root_, comm, options);
+      ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+      out[r] = std::move(*loaded);
       for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << "rank " << r << " " << t.target.key;
     });
     return out;
   }
 
-  static LoadOptions Sharing() {
-    LoadOptions o;
-    o.share_reads = true;
-    return o;
-  }
-
-  Shape shape_;
+  const Shape kShape = {1024, 2048};
   std::string root_;
+  RecordingFs fs_;
 };
 
-TEST_F(SharedLoadTest, ReshardedLoadTakesPeersBytesAndVerifiesThem) {
-  // Rows of 4 KiB: each rank reads the other's half of every row too (into
-  // scratch) and checksums it. Rows of 128 KiB: each reads only its half
-  // and takes the checksums of the rest from the block readers.
-  for (const Shape& shape : {Shape{1024, 1024}, Shape{64, 32768}}) {
-    SaveRows(shape);
-    for (const Result<LoadResult>& r : Load2(/*same=*/false, Sharing())) {
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_GT(r->bytes_from_peers, 0u) << shape[1];
-      EXPECT_LE(r->bytes_from_peers, r->bytes_read) << shape[1];
-      EXPECT_GT(r->chunks_verified, 0u) << shape[1];
-      // Each rank reads one of the two files (one block each) for both and
-      // takes the other's: all of it with narrow rows, its half with wide.
-      if (shape[1] == 1024) {
-        EXPECT_GT(r->bytes_from_peers * 3, r->bytes_read);
-      } else {
-        EXPECT_LT(r->bytes_from_peers * 3, r->bytes_read);
-      }
-    }
-    std::filesystem::remove_all(root_);
+TEST_F(SharedLoadTest, ReshardedLoadReadsSharedFilesThroughThePageCache) {
+  for (const LoadResult& r : Load2(/*same=*/false, LoadOptions{})) {
+    // Each rank wants half of every row of both files, and reads them whole.
+    EXPECT_GE(r.bytes_shared, 4 * kMiB - kMiB / 4);
+    EXPECT_LE(r.bytes_shared, r.bytes_read);
+    EXPECT_GT(r.chunks_verified, 0u);
   }
+  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(0, 4)) << "two files, two ranks, all buffered";
 }
 
-TEST_F(SharedLoadTest, CorruptBytesARankSkipsAreStillCaught) {
-  SaveRows({64, 32768});  // 8 MiB; rank 0's file holds rows 0-31
-  // A byte of row 16 of w, in rank 1's column half: rank 0 does not read it.
-  const std::string file = root_ + "/data-00000-000.safetensors";
-  std::ifstream in(file, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::vector<std::byte> needle =
-      testing::OracleShard("w", DType::kF32, shape_, {Box{{16, 20000}, {1, 16}}, std::nullopt});
-  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(needle.data()), needle.size()));
-  ASSERT_NE(at, std::string::npos);
-  FlipByte(file, at + 5, 0x01);
-  for (const Result<LoadResult>& r : Load2(/*same=*/false, Sharing())) {
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
-    EXPECT_NE(r.status().ToString().find("checksum mismatch"), std::string::npos)
-        << r.status().ToString();
+TEST_F(SharedLoadTest, SameLayoutOrSharingOffReadsWithDirectIo) {
+  for (const LoadResult& r : Load2(/*same=*/true, LoadOptions{})) {
+    EXPECT_EQ(r.bytes_shared, 0u) << "only b is read by both: below min_bytes";
   }
-}
-
-TEST_F(SharedLoadTest, SameLayoutOrSharingOffReadsAlone) {
-  SaveRows({1024, 1024});
-  for (const Result<LoadResult>& r : Load2(/*same=*/true, Sharing())) {
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->bytes_from_peers, 0u) << "only b overlaps: below min_bytes";
-  }
-  for (const Result<LoadResult>& r : Load2(/*same=*/false, LoadOptions{})) {
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->bytes_from_peers, 0u) << "off by default";
-  }
-  LoadOptions buffered = Sharing();
-  buffered.direct_io = false;
-  for (const Result<LoadResult>& r : Load2(/*same=*/false, buffered)) {
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->bytes_from_peers, 0u);
-  }
+  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(4, 0));
+  LoadOptions off;
+  off.share_reads = false;
+  for (const LoadResult& r : Load2(/*same=*/false, off)) EXPECT_EQ(r.bytes_shared, 0u);
+  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(4, 0));
+  LoadOptions buffered;
+  buffered.direct_io = false;  // shares the page cache anyway
+  for (const LoadResult& r : Load2(/*same=*/false, buffered)) EXPECT_EQ(r.bytes_shared, 0u);
+  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(0, 4));
 }
 
 }  // namespace

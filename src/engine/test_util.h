@@ -86,8 +86,8 @@ inline std::string MakeTempDir(const std::string& name) {
   return tmpl;
 }
 
-inline // XORs byte `at` of `file` with `mask` (a second call puts it back).
-void FlipByte(const std::string& file, uint64_t at, char mask) {
+// XORs byte `at` of `file` with `mask` (a second call puts it back).
+inline void FlipByte(const std::string& file, uint64_t at, char mask) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   f.seekg(static_cast<std::streamoff>(at));
   const char old = static_cast<char>(f.get());

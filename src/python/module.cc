@@ -138,7 +138,6 @@ LoadOptions ParseLoadOptions(nb::dict d) {
                       .Get("scratch_bytes", &LoadOptions::scratch_bytes)
                       .Get("direct_io", &LoadOptions::direct_io)
                       .Get("share_reads", &LoadOptions::share_reads)
-                      .Get("share_reads_max_bytes", &LoadOptions::share_reads_max_bytes)
                       .Done();
   o.allow_partial = true;  // the Python layer reports missing keys itself
   return o;
@@ -171,7 +170,7 @@ nb::dict ToDict(const LoadResult& r) {
   d["bytes_needed"] = r.bytes_needed;
   d["bytes_read"] = r.bytes_read;
   d["chunks_verified"] = r.chunks_verified;
-  d["bytes_from_peers"] = r.bytes_from_peers;
+  d["bytes_shared"] = r.bytes_shared;
   d["seconds"] = r.seconds;
   return d;
 }

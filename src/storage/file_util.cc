@@ -46,10 +46,6 @@ Status RandomAccessFile::ReadScattered(uint64_t offset, std::span<const Piece> p
   return Status();
 }
 
-Result<uint32_t> RandomAccessFile::Crc32cOf(uint64_t, size_t) const {
-  return UnimplementedError("this file does not know checksums of its ranges");
-}
-
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
   const std::string parent = ParentDir(path);
   const std::string tmp = JoinPath(parent, "." + BaseName(path) + ".tmp." + RandomHex());

@@ -12,6 +12,7 @@ ranks are terminated, and a collective that never completes times out.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import tempfile
 from typing import Any, Callable
@@ -24,6 +25,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=180)
 
 
 def _entry(rank: int, fn: Callable, world: int, init_file: str, args: tuple) -> None:
+    faulthandler.enable()  # a rank killed by a signal prints where it was
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
