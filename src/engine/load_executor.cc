@@ -168,6 +168,50 @@ uint64_t CachedStep(const RandomAccessFile& file, const ReadOp& read, const Grou
   return step ? kCachedStep : read.length;
 }
 
+// True when `read` has many short runs (a column split: each row is a run
+// of a few hundred bytes) that do not overlap: then copying it through
+// scratch and out again costs less than one iovec and one checksum call
+// per run (~300 ns each, against ~10 ns for a memcpy of such a run).
+bool HasShortRuns(const Context& ctx, const ReadOp& read) {
+  constexpr uint64_t kShortRun = 4 << 10;  // bytes of the read per run, gaps included
+  if (read.segments.size() < 2 || read.length / read.segments.size() >= kShortRun) return false;
+  uint64_t cursor = 0;
+  for (const Segment& seg : read.segments) {
+    if (seg.src_byte < cursor) return false;
+    cursor = seg.src_byte + seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+  }
+  return true;
+}
+
+// A read with short runs: read into scratch in CachedStep(...) steps, each
+// ending where a run ends, checksummed and scattered while in the CPU
+// cache.
+Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
+                          GroupChecksums* sums, std::vector<char>* scratch) {
+  const uint64_t step = CachedStep(file, read, sums);
+  const std::vector<Segment>& segs = read.segments;
+  auto end_of = [&](const Segment& seg) {
+    return seg.src_byte + seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+  };
+  uint64_t begin = 0;
+  for (size_t i = 0; begin < read.length;) {
+    // Runs [i, j): at least one, then as many as end within `step` of begin.
+    size_t j = i + 1;
+    while (j < segs.size() && end_of(segs[j]) - begin <= step) ++j;
+    const uint64_t end = j == segs.size() ? read.length : end_of(segs[j - 1]);
+    const uint64_t n = end - begin;
+    if (scratch->size() < n) scratch->resize(n);
+    SS_RETURN_IF_ERROR(file.ReadAt(read.offset + begin, scratch->data(), n));
+    if (sums) sums->Add(read.offset + begin, n, scratch->data());
+    for (; i < j; ++i) {
+      ConvertElements(scratch->data() + (segs[i].src_byte - begin), SavedDType(ctx, segs[i]),
+                      DestBytes(ctx, segs[i]), ctx.dests[segs[i].want].dtype, segs[i].count);
+    }
+    begin = end;
+  }
+  return Status();
+}
+
 // A read of several runs, none converted and none overlapping another: one
 // scattered read puts each run straight into its destination (no scratch
 // copy); only the bytes between runs land in `scratch`. False in *done when
@@ -237,6 +281,7 @@ Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& r
   if (read.length > max_scratch && IsSingleRun(ctx, read)) {
     return ConvertInPieces(ctx, file, read, max_scratch, sums, scratch);
   }
+  if (HasShortRuns(ctx, read)) return ReadThroughScratch(ctx, file, read, sums, scratch);
   bool scattered = false;
   SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, sums, scratch, &scattered));
   if (scattered) return Status();
