@@ -170,7 +170,12 @@ Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& 
     SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
                         PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
                                         src.index.files.size(), share));
-    if (prepared.ok()) prepared->m.sources.buffered = std::move(shared.buffered);
+    if (prepared.ok() && shared.bytes_shared > 0) {
+      prepared->m.sources.buffered = std::move(shared.buffered);
+      // Spread the ranks' starting points over the files (LoadSources::first_file).
+      prepared->m.sources.first_file = static_cast<uint32_t>(
+          uint64_t{static_cast<uint32_t>(comm.rank())} * src.index.files.size() / comm.size());
+    }
     result->bytes_shared = shared.bytes_shared;
   }
   if (!prepared.ok()) return prepared.status();

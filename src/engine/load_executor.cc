@@ -1,5 +1,6 @@
 #include "engine/load_executor.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 
@@ -321,15 +322,22 @@ Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& ten
   std::vector<size_t> free_slots;
   for (size_t i = 0; i < scratch.size(); ++i) free_slots.push_back(i);
   TaskGroup tasks(&pool);
-  for (const ReadGroup& group : plan.groups) {
-    tasks.Add([&]() -> Status {
+  // Groups are in file order; rotated to start at sources.first_file.
+  const auto first = std::find_if(plan.groups.begin(), plan.groups.end(), [&](const ReadGroup& g) {
+    return !g.reads.empty() && g.reads.front().file >= sources.first_file;
+  });
+  std::vector<const ReadGroup*> order;
+  for (auto it = first; it != plan.groups.end(); ++it) order.push_back(&*it);
+  for (auto it = plan.groups.begin(); it != first; ++it) order.push_back(&*it);
+  for (const ReadGroup* group : order) {
+    tasks.Add([&, group]() -> Status {
       size_t slot;
       {
         std::lock_guard<std::mutex> lock(slots_mu);
         slot = free_slots.back();
         free_slots.pop_back();
       }
-      Status s = RunGroup(ctx, group, options, &scratch[slot]);
+      Status s = RunGroup(ctx, *group, options, &scratch[slot]);
       std::lock_guard<std::mutex> lock(slots_mu);
       free_slots.push_back(slot);
       return s;

@@ -32,6 +32,11 @@ struct LoadSources {
   // even with LoadOptions::direct_io, because other ranks on this machine
   // read the same bytes (engine/shared_reads.h).
   std::vector<bool> buffered;
+  // Groups reading this data file and later ones go first, then those
+  // before it: ranks that read the same files start on different ones, so
+  // the disk streams each file to one of them while the others read the
+  // files already in the page cache.
+  uint32_t first_file = 0;
 };
 
 struct LoadCounters {
