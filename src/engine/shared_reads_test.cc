@@ -111,27 +111,36 @@ TEST(SharedReadsTest, DisabledOrEmptyRanksShareNothing) {
   for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}}, {"m"})) EXPECT_EQ(p.buffered, kNone);
 }
 
-// Records whether each data file was opened for O_DIRECT reads.
+// Records the data files opened, in order, and whether for O_DIRECT reads.
 class RecordingFs final : public testing::ForwardingFileSystem {
  public:
   RecordingFs() : ForwardingFileSystem(DefaultFileSystem()) {}
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
                                                                 const ReadOptions& o) override {
-    if (std::filesystem::path(path).filename().string().rfind("data-", 0) == 0) {
+    const std::string name = std::filesystem::path(path).filename();
+    if (name.rfind("data-", 0) == 0) {
       std::lock_guard<std::mutex> lock(mu_);
       (o.direct ? direct_ : buffered_)++;
+      opened_.push_back(name);
     }
     return base_->NewRandomAccessFile(path, o);
   }
   std::pair<int, int> TakeCounts() {  // {direct, buffered}
     std::lock_guard<std::mutex> lock(mu_);
+    opened_.clear();
     return {std::exchange(direct_, 0), std::exchange(buffered_, 0)};
+  }
+  std::vector<std::string> TakeOpened() {
+    std::lock_guard<std::mutex> lock(mu_);
+    direct_ = buffered_ = 0;
+    return std::exchange(opened_, {});
   }
 
  private:
   std::mutex mu_;
   int direct_ = 0;
   int buffered_ = 0;
+  std::vector<std::string> opened_;
 };
 
 class SharedLoadTest : public ::testing::Test {
@@ -153,9 +162,10 @@ class SharedLoadTest : public ::testing::Test {
   // Rank r loads column half r of w (or row half r, `same`), and all of b,
   // checking the bytes. Returns each rank's result.
   std::vector<LoadResult> Load2(bool same, LoadOptions options) {
-    options.fs = &fs_;
     std::vector<LoadResult> out(2);
     RunRanks(2, [&](int r, Comm& comm) {
+      LoadOptions mine = options;
+      mine.fs = r == 0 ? &fs_ : &fs1_;
       const Box box = same ? Box{{r * 512ull, 0}, {512, 2048}} : Box{{0, r * 1024ull}, {1024, 1024}};
       // push_back moves: a copy's target.data would point at the original.
       std::vector<OwnedTarget> targets;
@@ -163,7 +173,7 @@ class SharedLoadTest : public ::testing::Test {
       targets.push_back(MakeTarget("b", DType::kBF16, {1024}, {Box{{0}, {1024}}, std::nullopt}));
       LoadRequest req;
       for (auto& t : targets) req.tensors.push_back(t.target);
-      Result<LoadResult> loaded = Load(req, root_, comm, options);
+      Result<LoadResult> loaded = Load(req, root_, comm, mine);
       ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
       out[r] = std::move(*loaded);
       for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << "rank " << r << " " << t.target.key;
@@ -172,8 +182,17 @@ class SharedLoadTest : public ::testing::Test {
   }
 
   const Shape kShape = {1024, 2048};
+  // The counts of both ranks together.
+  std::pair<int, int> TakeCounts() {
+    const auto [a, b] = fs_.TakeCounts();
+    const auto [c, d] = fs1_.TakeCounts();
+    return {a + c, b + d};
+  }
+  // The data files each rank opened, in order.
+  std::vector<std::vector<std::string>> TakeOpened() { return {fs_.TakeOpened(), fs1_.TakeOpened()}; }
+
   std::string root_;
-  RecordingFs fs_;
+  RecordingFs fs_, fs1_;  // rank 0's, rank 1's
 };
 
 TEST_F(SharedLoadTest, ReshardedLoadReadsSharedFilesThroughThePageCache) {
@@ -183,22 +202,35 @@ TEST_F(SharedLoadTest, ReshardedLoadReadsSharedFilesThroughThePageCache) {
     EXPECT_LE(r.bytes_shared, r.bytes_read);
     EXPECT_GT(r.chunks_verified, 0u);
   }
-  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(0, 4)) << "two files, two ranks, all buffered";
+  EXPECT_EQ(TakeCounts(), std::make_pair(0, 4)) << "two files, two ranks, all buffered";
+}
+
+TEST_F(SharedLoadTest, RanksThatShareStartOnDifferentFiles) {
+  LoadOptions one_thread;  // files are opened in the order groups run
+  one_thread.io_threads = 1;
+  const std::vector<std::string> in_order = {"data-00000-000.safetensors",
+                                             "data-00001-000.safetensors"};
+  const std::vector<std::string> rotated = {in_order[1], in_order[0]};
+  Load2(/*same=*/false, one_thread);
+  EXPECT_EQ(TakeOpened(), (std::vector<std::vector<std::string>>{in_order, rotated}));
+  one_thread.share_reads = false;
+  Load2(/*same=*/false, one_thread);
+  EXPECT_EQ(TakeOpened(), (std::vector<std::vector<std::string>>{in_order, in_order}));
 }
 
 TEST_F(SharedLoadTest, SameLayoutOrSharingOffReadsWithDirectIo) {
   for (const LoadResult& r : Load2(/*same=*/true, LoadOptions{})) {
     EXPECT_EQ(r.bytes_shared, 0u) << "only b is read by both: below min_bytes";
   }
-  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(4, 0));
+  EXPECT_EQ(TakeCounts(), std::make_pair(4, 0));
   LoadOptions off;
   off.share_reads = false;
   for (const LoadResult& r : Load2(/*same=*/false, off)) EXPECT_EQ(r.bytes_shared, 0u);
-  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(4, 0));
+  EXPECT_EQ(TakeCounts(), std::make_pair(4, 0));
   LoadOptions buffered;
   buffered.direct_io = false;  // shares the page cache anyway
   for (const LoadResult& r : Load2(/*same=*/false, buffered)) EXPECT_EQ(r.bytes_shared, 0u);
-  EXPECT_EQ(fs_.TakeCounts(), std::make_pair(0, 4));
+  EXPECT_EQ(TakeCounts(), std::make_pair(0, 4));
 }
 
 }  // namespace
