@@ -53,11 +53,16 @@ DType SavedDType(const Context& ctx, const Segment& seg) {
   return ctx.tensors[ctx.wants[seg.want].tensor].dtype;
 }
 
+// Bytes of the saved data `seg` covers.
+uint64_t SavedBytes(const Context& ctx, const Segment& seg) {
+  return seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+}
+
 // True if the whole read is one contiguous run of one destination.
 bool IsSingleRun(const Context& ctx, const ReadOp& read) {
   if (read.segments.size() != 1) return false;
   const Segment& seg = read.segments[0];
-  return seg.src_byte == 0 && seg.count * DTypeBits(SavedDType(ctx, seg)) / 8 == read.length;
+  return seg.src_byte == 0 && SavedBytes(ctx, seg) == read.length;
 }
 
 // True if the read can go straight into its destination: one run, no
@@ -65,13 +70,6 @@ bool IsSingleRun(const Context& ctx, const ReadOp& read) {
 bool ReadsStraightIntoDest(const Context& ctx, const ReadOp& read) {
   return IsSingleRun(ctx, read) &&
          SavedDType(ctx, read.segments[0]) == ctx.dests[read.segments[0].want].dtype;
-}
-
-void Scatter(const Context& ctx, const ReadOp& read, const char* buf) {
-  for (const Segment& seg : read.segments) {
-    ConvertElements(buf + seg.src_byte, SavedDType(ctx, seg), DestBytes(ctx, seg),
-                    ctx.dests[seg.want].dtype, seg.count);
-  }
 }
 
 std::string ChunkName(const Context& ctx, const ChunkRef& ref) {
@@ -179,25 +177,23 @@ bool HasShortRuns(const Context& ctx, const ReadOp& read) {
   uint64_t cursor = 0;
   for (const Segment& seg : read.segments) {
     if (seg.src_byte < cursor) return false;
-    cursor = seg.src_byte + seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+    cursor = seg.src_byte + SavedBytes(ctx, seg);
   }
   return true;
 }
 
-// A read with short runs: read into scratch in CachedStep(...) steps, each
-// ending where a run ends, checksummed and scattered while in the CPU
-// cache.
+// Reads `read` into scratch in steps of about `step` bytes, each ending
+// where a run ends (one step: the whole read), checksums each step and
+// copies (converts) its runs out while it is in the CPU cache. Runs may
+// overlap only when the step is the whole read.
 Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
-                          GroupChecksums* sums, std::vector<char>* scratch) {
-  const uint64_t step = CachedStep(file, read, sums);
+                          uint64_t step, GroupChecksums* sums, std::vector<char>* scratch) {
   const std::vector<Segment>& segs = read.segments;
-  auto end_of = [&](const Segment& seg) {
-    return seg.src_byte + seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
-  };
+  auto end_of = [&](const Segment& seg) { return seg.src_byte + SavedBytes(ctx, seg); };
   uint64_t begin = 0;
   for (size_t i = 0; begin < read.length;) {
-    // Runs [i, j): at least one, then as many as end within `step` of begin.
-    size_t j = i + 1;
+    // Runs [i, j): one if any is left, then as many as end within `step` of begin.
+    size_t j = std::min(i + 1, segs.size());
     while (j < segs.size() && end_of(segs[j]) - begin <= step) ++j;
     const uint64_t end = j == segs.size() ? read.length : end_of(segs[j - 1]);
     const uint64_t n = end - begin;
@@ -230,7 +226,7 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
   for (const Segment& seg : read.segments) {
     if (SavedDType(ctx, seg) != ctx.dests[seg.want].dtype || seg.src_byte < cursor) return Status();
     if (seg.src_byte > cursor) runs.push_back({cursor, seg.src_byte - cursor, nullptr});
-    const uint64_t n = seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+    const uint64_t n = SavedBytes(ctx, seg);
     runs.push_back({seg.src_byte, n, DestBytes(ctx, seg)});
     gaps += seg.src_byte - cursor;
     cursor = seg.src_byte + n;
@@ -282,15 +278,13 @@ Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& r
   if (read.length > max_scratch && IsSingleRun(ctx, read)) {
     return ConvertInPieces(ctx, file, read, max_scratch, sums, scratch);
   }
-  if (HasShortRuns(ctx, read)) return ReadThroughScratch(ctx, file, read, sums, scratch);
+  if (HasShortRuns(ctx, read)) {
+    return ReadThroughScratch(ctx, file, read, CachedStep(file, read, sums), sums, scratch);
+  }
   bool scattered = false;
   SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, sums, scratch, &scattered));
   if (scattered) return Status();
-  if (scratch->size() < read.length) scratch->resize(read.length);
-  SS_RETURN_IF_ERROR(file.ReadAt(read.offset, scratch->data(), read.length));
-  if (sums) sums->Add(read.offset, read.length, scratch->data());
-  Scatter(ctx, read, scratch->data());
-  return Status();
+  return ReadThroughScratch(ctx, file, read, read.length, sums, scratch);
 }
 
 Status RunGroup(const Context& ctx, const ReadGroup& group, const LoadOptions& options,

@@ -436,8 +436,8 @@ std::string OccupantName(const Occupant& o, const char* separator) {
          "chunk " + std::to_string(o.chunk);
 }
 
-// No byte of a data file belongs to two chunks: readers (the streamed
-// checksums, node-shared reads) rely on it, and a hostile index could
+// No byte of a data file belongs to two chunks: the streamed checksums
+// (engine/stream_checksums.h) rely on it, and a hostile index could
 // otherwise make one tensor's bytes pass for another's.
 Status CheckNoSharedBytes(const CheckpointIndex& index) {
   std::vector<Occupant> all;
