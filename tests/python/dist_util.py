@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import os
 import tempfile
 from typing import Any, Callable
@@ -35,6 +36,14 @@ def _entry(rank: int, fn: Callable, world: int, init_file: str, args: tuple) -> 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+        # A group stays alive while something refers to it, and a test's
+        # `pytest.raises(...) as info` is a reference cycle (the traceback
+        # holds the frames, their locals the Comm, the Comm the group) that
+        # only the collector frees. Left to interpreter exit, gloo's worker
+        # thread may drop its last tensor there and abort taking the GIL
+        # ("terminate called without an active exception"); collected here,
+        # the group's destructor joins its threads first.
+        gc.collect()
 
 
 def run_workers(fn: Callable, world: int, *args: Any) -> None:
