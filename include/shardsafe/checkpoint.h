@@ -137,13 +137,17 @@ struct LoadOptions {
   // bytes already in the page cache are still copied from there. Small
   // reads stay buffered. Off: every read goes through the page cache.
   bool direct_io = true;
-  // Shared reads: a rank reads a data file through the page cache instead
-  // of with O_DIRECT when other ranks on its machine read at least half of
-  // the bytes it reads of that file (a resharded load: saved Shard(0),
-  // loaded Shard(1); replicated tensors), so that the disk reads those bytes
-  // once, not once per rank. Adds one collective: must be the same on
-  // every rank. Off: each rank chooses alone.
+  // Shared reads: when other ranks on its machine read at least half of the
+  // bytes a rank reads of a data file (a resharded load: saved Shard(0),
+  // loaded Shard(1); replicated tensors), the disk reads those bytes once,
+  // not once per rank: one of those ranks reads the file with O_DIRECT into
+  // a small shared-memory ring the others copy from (`shared_memory`), else
+  // they all read it through the page cache. Adds collectives: must be the
+  // same on every rank. Off: each rank reads alone.
   bool share_reads = true;
+  // Shared reads through shared-memory rings (/dev/shm, 4 x 16 MiB per
+  // reading rank); off, or when a ring cannot be set up: the page cache.
+  bool shared_memory = true;
   FileSystem* fs = nullptr;
   ProgressFn progress;
 };
@@ -163,8 +167,9 @@ struct LoadResult {
   uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;
   uint64_t chunks_verified = 0;
-  // Of the bytes this rank read through the page cache because of
-  // share_reads, those another rank on its machine read too.
+  // Of the bytes this rank read from a shared-memory ring or through the
+  // page cache because of share_reads, those another rank on its machine
+  // read too.
   uint64_t bytes_shared = 0;
   double seconds = 0;
 };

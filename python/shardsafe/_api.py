@@ -319,8 +319,8 @@ class LoadResult:
     metadata: Any
     bytes_read: int
     seconds: float
-    # of bytes_read, read through the page cache because another rank on this
-    # machine read them too (share_reads)
+    # of bytes_read, read from a shared-memory ring or the page cache because
+    # another rank on this machine read them too (share_reads)
     bytes_shared: int = 0
 
 
@@ -435,10 +435,12 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     key is missing from the checkpoint or a saved key is wanted by no rank;
     strict=False loads what matches and reports both lists. Options:
     verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes,
-    share_reads (default True, the same on every rank: a rank reads a file
-    through the page cache instead of with O_DIRECT when other ranks on its
-    machine read at least half of its bytes of it, as in a resharded load,
-    so that the disk reads them once).
+    share_reads (default True, the same on every rank: when other ranks on
+    its machine read at least half of the bytes a rank reads of a file, as
+    in a resharded load, the disk reads them once: one rank reads the file
+    with O_DIRECT into a small shared-memory ring the others copy from, or,
+    with shared_memory=False or when /dev/shm cannot hold the ring, all of
+    them read it through the page cache).
 
     Hugging Face checkpoints (details in shardsafe.hf):
     rename: ordered (pattern, replacement) regex rules (re.sub semantics,

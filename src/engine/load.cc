@@ -10,6 +10,7 @@
 #include "engine/convert.h"
 #include "engine/load_executor.h"
 #include "engine/load_internal.h"
+#include "engine/ring_reads.h"
 #include "engine/shared_reads.h"
 #include "engine/source.h"
 
@@ -159,17 +160,28 @@ Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blob
   return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
 }
 
+// How long a shared read waits for another rank's progress before it
+// decides that rank is gone (engine/shared_ring.h).
+constexpr std::chrono::milliseconds kRingStallTimeout = std::chrono::minutes(5);
+
 // Runs this rank's part of a collective load: the shared-reads collective,
 // then the local load.
 Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
                  FileSystem& fs, const LoadOptions& options, LoadResult* result) {
   Result<Prepared> prepared = Prepare(request, src, options, result);
+  std::unique_ptr<RingReads> rings;
   if (options.share_reads) {  // the same on every rank: the plan is collective
     SharedReadsOptions share;
     share.enabled = options.direct_io;  // buffered reads share the page cache already
+    share.rings = options.shared_memory;
+    std::vector<uint64_t> file_sizes;
+    for (const IndexFile& f : src.index.files) file_sizes.push_back(f.bytes);
     SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
                         PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
-                                        src.index.files.size(), share));
+                                        file_sizes, share));
+    SS_ASSIGN_OR_RETURN(rings, SetUpRings(comm, shared, file_sizes, kRingStallTimeout));
+    if (!rings) shared.buffered = shared.buffered_without_rings;
+    if (prepared.ok()) prepared->m.sources.rings = rings.get();
     if (prepared.ok() && shared.bytes_shared > 0) {
       prepared->m.sources.buffered = std::move(shared.buffered);
       // Spread the ranks' starting points over the files (LoadSources::first_file).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <thread>
+#include <tuple>
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
@@ -18,6 +20,9 @@ class FileCache {
       : fs_(fs), sources_(sources), direct_(direct), files_(sources.file_paths.size()) {}
 
   Result<const RandomAccessFile*> Get(uint32_t index) {
+    if (sources_.rings) {
+      if (const RandomAccessFile* ring = sources_.rings->FileFor(index)) return ring;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!files_[index]) {
       const bool buffered = index < sources_.buffered.size() && sources_.buffered[index];
@@ -316,31 +321,64 @@ Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& ten
   std::vector<size_t> free_slots;
   for (size_t i = 0; i < scratch.size(); ++i) free_slots.push_back(i);
   TaskGroup tasks(&pool);
-  // Groups are in file order; rotated to start at sources.first_file.
+  auto run = [&](const ReadGroup& group) -> Status {
+    size_t slot;
+    {
+      std::lock_guard<std::mutex> lock(slots_mu);
+      slot = free_slots.back();
+      free_slots.pop_back();
+    }
+    Status s = RunGroup(ctx, group, options, &scratch[slot]);
+    std::lock_guard<std::mutex> lock(slots_mu);
+    free_slots.push_back(slot);
+    return s;
+  };
+  const RingReads* rings = sources.rings;
+  Status produced;
+  std::thread producer;
+  if (rings && rings->produces()) {
+    producer = std::thread([&] { produced = rings->Produce(fs, sources.file_paths); });
+  }
+  // Groups are in file order; those of ring files run first, in order, on
+  // one worker (engine/ring_reads.h); the others are rotated to start at
+  // sources.first_file.
+  std::vector<const ReadGroup*> ring_groups, order;
+  for (const ReadGroup& g : plan.groups) {
+    if (!g.reads.empty() && rings && rings->FileFor(g.reads.front().file)) ring_groups.push_back(&g);
+  }
+  std::stable_sort(ring_groups.begin(), ring_groups.end(), [](const ReadGroup* a, const ReadGroup* b) {
+    return std::tie(a->reads.front().file, a->reads.front().offset) <
+           std::tie(b->reads.front().file, b->reads.front().offset);
+  });
+  if (rings) {
+    tasks.Add([&]() -> Status {
+      Status s;
+      for (size_t i = 0; s.ok() && i < ring_groups.size(); ++i) {
+        s = run(*ring_groups[i]);
+        const uint32_t file = ring_groups[i]->reads.front().file;
+        if (i + 1 == ring_groups.size() || ring_groups[i + 1]->reads.front().file != file) {
+          rings->FileDone(file);
+        }
+      }
+      rings->Detach();  // done, or stopped: no ring waits for this rank
+      return s;
+    });
+  }
   const auto first = std::find_if(plan.groups.begin(), plan.groups.end(), [&](const ReadGroup& g) {
     return !g.reads.empty() && g.reads.front().file >= sources.first_file;
   });
-  std::vector<const ReadGroup*> order;
   for (auto it = first; it != plan.groups.end(); ++it) order.push_back(&*it);
   for (auto it = plan.groups.begin(); it != first; ++it) order.push_back(&*it);
   for (const ReadGroup* group : order) {
-    tasks.Add([&, group]() -> Status {
-      size_t slot;
-      {
-        std::lock_guard<std::mutex> lock(slots_mu);
-        slot = free_slots.back();
-        free_slots.pop_back();
-      }
-      Status s = RunGroup(ctx, *group, options, &scratch[slot]);
-      std::lock_guard<std::mutex> lock(slots_mu);
-      free_slots.push_back(slot);
-      return s;
-    });
+    if (!group->reads.empty() && rings && rings->FileFor(group->reads.front().file)) continue;
+    tasks.Add([&, group] { return run(*group); });
   }
   while (!tasks.WaitFor(std::chrono::milliseconds(250))) {
     if (options.progress) options.progress({"read", counters->bytes_read.load(), plan.bytes_read});
   }
-  return tasks.Wait();
+  Status s = tasks.Wait();
+  if (producer.joinable()) producer.join();
+  return s.ok() ? produced : s;
 }
 
 }  // namespace shardsafe

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/ring_reads.h"
 #include "engine/stream_checksums.h"
 #include "layout/load_planner.h"
 #include "shardsafe/checkpoint.h"
@@ -37,6 +38,10 @@ struct LoadSources {
   // the disk streams each file to one of them while the others read the
   // files already in the page cache.
   uint32_t first_file = 0;
+  // Files read from shared-memory rings, and the ring this rank fills
+  // (engine/ring_reads.h); null: none. Their groups run on one worker in
+  // file and offset order, the producer on a thread of its own.
+  const RingReads* rings = nullptr;
 };
 
 struct LoadCounters {

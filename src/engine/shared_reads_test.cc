@@ -4,8 +4,10 @@
 
 #include <filesystem>
 #include <mutex>
+#include <thread>
 #include <utility>
 
+#include "engine/ring_reads.h"
 #include "engine/test_util.h"
 
 namespace shardsafe {
@@ -19,6 +21,7 @@ using testing::OwnedTarget;
 using testing::RunRanks;
 
 constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kFileSize = 64 * kMiB;
 
 struct Range {
   uint32_t file;
@@ -39,16 +42,22 @@ LoadPlan PlanOf(const std::vector<Range>& ranges) {
 
 // Rank r plans ranges[r] (none: a null plan) on machine machines[r] over 3
 // data files; returns each rank's outcome.
+SharedReadsOptions NoRings() {
+  SharedReadsOptions o;
+  o.rings = false;
+  return o;
+}
+
 std::vector<SharedReadPlan> PlanAll(const std::vector<std::vector<Range>>& ranges,
                                     const std::vector<std::string>& machines,
-                                    SharedReadsOptions options = {}) {
+                                    SharedReadsOptions options = NoRings()) {
   const int n = static_cast<int>(ranges.size());
   std::vector<SharedReadPlan> out(n);
   RunRanks(n, [&](int r, Comm& comm) {
     SharedReadsOptions o = options;
     o.machine = machines[r];
     const LoadPlan plan = PlanOf(ranges[r]);
-    auto shared = PlanSharedReads(comm, ranges[r].empty() ? nullptr : &plan, 3, o);
+    auto shared = PlanSharedReads(comm, ranges[r].empty() ? nullptr : &plan, {kFileSize, kFileSize, kFileSize}, o);
     ASSERT_TRUE(shared.ok()) << shared.status().ToString();
     out[r] = std::move(*shared);
   });
@@ -81,7 +90,7 @@ TEST(SharedReadsTest, AFileIsSharedWhenAtLeastHalfOfWhatARankReadsOfItIs) {
 TEST(SharedReadsTest, FewSharedBytesAreNotWorthIt) {
   const auto out = PlanAll({{{0, 0, kMiB / 2}}, {{0, 0, kMiB / 2}}}, {"m", "m"});
   for (const SharedReadPlan& p : out) EXPECT_EQ(p.buffered, kNone);
-  SharedReadsOptions low;
+  SharedReadsOptions low = NoRings();
   low.min_bytes = 4096;
   for (const SharedReadPlan& p : PlanAll({{{0, 0, kMiB / 2}}, {{0, 0, kMiB / 2}}}, {"m", "m"}, low)) {
     EXPECT_EQ(p.buffered, (std::vector<bool>{true, false, false}));
@@ -98,7 +107,7 @@ TEST(SharedReadsTest, RanksOnOtherMachinesDoNotCount) {
 }
 
 TEST(SharedReadsTest, DisabledOrEmptyRanksShareNothing) {
-  SharedReadsOptions off;
+  SharedReadsOptions off = NoRings();
   off.enabled = false;
   for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}, {{0, 0, 4 * kMiB}}}, {"m", "m"}, off)) {
     EXPECT_EQ(p.buffered, kNone);
@@ -109,6 +118,101 @@ TEST(SharedReadsTest, DisabledOrEmptyRanksShareNothing) {
   }
   // One rank: no collective, nothing shared.
   for (const SharedReadPlan& p : PlanAll({{{0, 0, 4 * kMiB}}}, {"m"})) EXPECT_EQ(p.buffered, kNone);
+}
+
+TEST(SharedReadsTest, SharedFilesAreSpreadOverRingsOneRankReadsEach) {
+  // Both ranks read all of files 0 and 1; only rank 1 reads file 2.
+  const std::vector<Range> all = {{0, 100, 5 * kMiB}, {1, 0, 3 * kMiB}};
+  std::vector<Range> more = all;
+  more.push_back({2, 0, 4 * kMiB});
+  SharedReadsOptions small_blocks;
+  small_blocks.ring_slot_bytes = 2 * kMiB;
+  const auto out = PlanAll({all, more}, {"m", "m"}, small_blocks);
+  for (int r = 0; r < 2; ++r) {
+    const SharedReadPlan& p = out[r];
+    EXPECT_TRUE(p.rings_anywhere);
+    EXPECT_EQ(p.buffered, kNone) << "rings, not the page cache";
+    EXPECT_EQ(p.buffered_without_rings, (std::vector<bool>{true, true, false}));
+    ASSERT_EQ(p.rings.size(), 2u);
+    EXPECT_EQ(p.ring_of_file, (std::vector<int>{0, 1, -1}));
+    EXPECT_EQ(p.produced, r) << "file r is read by rank r";
+    for (int i = 0; i < 2; ++i) {
+      const RingRole& role = p.rings[i];
+      EXPECT_EQ(role.producer, i);
+      EXPECT_EQ(role.consumers, 2u);
+      EXPECT_EQ(role.consumer, static_cast<uint32_t>(r));
+      EXPECT_EQ(role.slot_bytes, 2 * kMiB);
+      EXPECT_EQ(role.name, out[0].rings[i].name) << "every rank names it alike";
+    }
+    // File 0's bytes [100, 5 MiB) widened to 4 KiB, in blocks of 2 MiB.
+    const auto& b0 = p.rings[0].blocks;
+    ASSERT_EQ(b0.size(), 3u);
+    EXPECT_EQ(b0[0].offset, 0u);
+    EXPECT_EQ(b0[1].offset, 2 * kMiB);
+    EXPECT_EQ(b0[2].offset + b0[2].length, 5 * kMiB);
+    for (const RingBlock& b : b0) EXPECT_EQ(b.file, 0u);
+  }
+  EXPECT_NE(out[0].rings[0].name, out[0].rings[1].name);
+}
+
+TEST(SharedReadsTest, NoRingAcrossMachinesNorForReadsThatOverlap) {
+  const std::vector<Range> whole = {{0, 0, 4 * kMiB}};
+  for (const SharedReadPlan& p : PlanAll({whole, whole}, {"a", "b"}, {})) {
+    EXPECT_FALSE(p.rings_anywhere);
+  }
+  // Rank 1 reads part of file 0 twice: it cannot follow a ring forward, so
+  // the file is shared through the page cache (rank 0 still reads alone
+  // what nobody else reads in a ring... here nobody: no ring at all).
+  const std::vector<Range> twice = {{0, 0, 3 * kMiB}, {0, 2 * kMiB, 4 * kMiB}};
+  const auto out = PlanAll({whole, twice}, {"m", "m"}, {});
+  for (const SharedReadPlan& p : out) {
+    EXPECT_FALSE(p.rings_anywhere);
+    EXPECT_EQ(p.buffered, (std::vector<bool>{true, false, false}));
+  }
+}
+
+// Two ranks read all of a 3 MiB file through a ring of 2 slots of 64 KiB:
+// the producer reuses each slot ~24 times, the readers cross block edges.
+TEST(SharedRingTest, ManyBlocksThroughFewSlotsArriveIntact) {
+  const std::string dir = testing::MakeTempDir("ring");
+  const std::string path = dir + "/data";
+  std::string bytes(3 * kMiB + 1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / 4096);
+  {
+    auto out = DefaultFileSystem()->NewWritableFile(path, WriteOptions{});
+    ASSERT_TRUE(out.ok());
+    ASSERT_TRUE((*out)->Append(bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*out)->Close().ok());
+  }
+  SharedReadsOptions o;
+  o.machine = "m";
+  o.min_bytes = 4096;
+  o.ring_slot_bytes = 64 << 10;
+  o.ring_slots = 2;
+  RunRanks(2, [&](int r, Comm& comm) {
+    const LoadPlan plan = PlanOf({{0, 0, bytes.size()}});
+    auto shared = PlanSharedReads(comm, &plan, {bytes.size()}, o);
+    ASSERT_TRUE(shared.ok());
+    ASSERT_EQ(shared->produced, 0 == r ? 0 : -1);
+    auto rings = SetUpRings(comm, *shared, {bytes.size()}, std::chrono::seconds(30));
+    ASSERT_TRUE(rings.ok() && *rings) << rings.status().ToString();
+    Status produced;
+    std::thread producer([&] { produced = (*rings)->Produce(*DefaultFileSystem(), {path}); });
+    const RandomAccessFile* file = (*rings)->FileFor(0);
+    ASSERT_NE(file, nullptr);
+    std::string got(bytes.size(), '\0');
+    const size_t step = 100000 + r * 33333;  // not a multiple of the block size
+    for (size_t at = 0; at < got.size(); at += step) {
+      ASSERT_TRUE(file->ReadAt(at, got.data() + at, std::min(step, got.size() - at)).ok());
+    }
+    EXPECT_TRUE(got == bytes) << "rank " << r;
+    const Status back = file->ReadAt(0, got.data(), 10);
+    EXPECT_EQ(back.code(), StatusCode::kInternal) << "a ring does not go back";
+    (*rings)->Detach();
+    producer.join();
+    EXPECT_TRUE(produced.ok()) << produced.ToString();
+  });
+  std::filesystem::remove_all(dir);
 }
 
 // Records the data files opened, in order, and whether for O_DIRECT reads.
@@ -122,9 +226,12 @@ class RecordingFs final : public testing::ForwardingFileSystem {
       std::lock_guard<std::mutex> lock(mu_);
       (o.direct ? direct_ : buffered_)++;
       opened_.push_back(name);
+      if (fail_reads_) return std::unique_ptr<RandomAccessFile>(new FailingFile(path));
     }
     return base_->NewRandomAccessFile(path, o);
   }
+  // Every later read of a data file fails.
+  void FailReads() { fail_reads_ = true; }
   std::pair<int, int> TakeCounts() {  // {direct, buffered}
     std::lock_guard<std::mutex> lock(mu_);
     opened_.clear();
@@ -137,10 +244,23 @@ class RecordingFs final : public testing::ForwardingFileSystem {
   }
 
  private:
+  class FailingFile final : public RandomAccessFile {
+   public:
+    explicit FailingFile(std::string path) : path_(std::move(path)) {}
+    Status ReadAt(uint64_t, void*, size_t) const override {
+      return UnavailableError("read " + path_ + ": injected I/O error");
+    }
+    uint64_t size() const override { return 0; }
+
+   private:
+    std::string path_;
+  };
+
   std::mutex mu_;
   int direct_ = 0;
   int buffered_ = 0;
   std::vector<std::string> opened_;
+  bool fail_reads_ = false;
 };
 
 class SharedLoadTest : public ::testing::Test {
@@ -162,7 +282,16 @@ class SharedLoadTest : public ::testing::Test {
   // Rank r loads column half r of w (or row half r, `same`), and all of b,
   // checking the bytes. Returns each rank's result.
   std::vector<LoadResult> Load2(bool same, LoadOptions options) {
-    std::vector<LoadResult> out(2);
+    std::vector<LoadResult> out;
+    for (Result<LoadResult>& r : Try2(same, options)) {
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      out.push_back(r.ok() ? std::move(*r) : LoadResult{});
+    }
+    return out;
+  }
+  // As Load2, but returns each rank's outcome (bytes checked only on success).
+  std::vector<Result<LoadResult>> Try2(bool same, LoadOptions options) {
+    std::vector<Result<LoadResult>> out(2, InternalError("not run"));
     RunRanks(2, [&](int r, Comm& comm) {
       LoadOptions mine = options;
       mine.fs = r == 0 ? &fs_ : &fs1_;
@@ -173,9 +302,8 @@ class SharedLoadTest : public ::testing::Test {
       targets.push_back(MakeTarget("b", DType::kBF16, {1024}, {Box{{0}, {1024}}, std::nullopt}));
       LoadRequest req;
       for (auto& t : targets) req.tensors.push_back(t.target);
-      Result<LoadResult> loaded = Load(req, root_, comm, mine);
-      ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-      out[r] = std::move(*loaded);
+      out[r] = Load(req, root_, comm, mine);
+      if (!out[r].ok()) return;
       for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << "rank " << r << " " << t.target.key;
     });
     return out;
@@ -195,19 +323,43 @@ class SharedLoadTest : public ::testing::Test {
   RecordingFs fs_, fs1_;  // rank 0's, rank 1's
 };
 
-TEST_F(SharedLoadTest, ReshardedLoadReadsSharedFilesThroughThePageCache) {
+TEST_F(SharedLoadTest, ReshardedLoadReadsEachSharedFileOnceIntoARing) {
   for (const LoadResult& r : Load2(/*same=*/false, LoadOptions{})) {
     // Each rank wants half of every row of both files, and reads them whole.
     EXPECT_GE(r.bytes_shared, 4 * kMiB - kMiB / 4);
     EXPECT_LE(r.bytes_shared, r.bytes_read);
     EXPECT_GT(r.chunks_verified, 0u);
   }
+  // Rank r reads file r from the disk (O_DIRECT) into its ring; the other
+  // rank copies it from there.
+  EXPECT_EQ(TakeOpened(), (std::vector<std::vector<std::string>>{{"data-00000-000.safetensors"},
+                                                                 {"data-00001-000.safetensors"}}));
+}
+
+TEST_F(SharedLoadTest, WithoutSharedMemorySharedFilesGoThroughThePageCache) {
+  LoadOptions no_rings;
+  no_rings.shared_memory = false;
+  for (const LoadResult& r : Load2(/*same=*/false, no_rings)) {
+    EXPECT_GE(r.bytes_shared, 4 * kMiB - kMiB / 4);
+  }
   EXPECT_EQ(TakeCounts(), std::make_pair(0, 4)) << "two files, two ranks, all buffered";
+}
+
+TEST_F(SharedLoadTest, AFailedRingReadFailsTheRanksThatNeedIt) {
+  fs_.FailReads();  // rank 0 cannot read file 0, which both ranks need
+  for (const Result<LoadResult>& r : Try2(/*same=*/false, LoadOptions{})) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("data-00000-000.safetensors"), std::string::npos)
+        << r.status().ToString();
+    EXPECT_NE(r.status().message().find("injected I/O error"), std::string::npos)
+        << r.status().ToString();
+  }
 }
 
 TEST_F(SharedLoadTest, RanksThatShareStartOnDifferentFiles) {
   LoadOptions one_thread;  // files are opened in the order groups run
   one_thread.io_threads = 1;
+  one_thread.shared_memory = false;  // the page cache: every rank opens every file
   const std::vector<std::string> in_order = {"data-00000-000.safetensors",
                                              "data-00001-000.safetensors"};
   const std::vector<std::string> rotated = {in_order[1], in_order[0]};

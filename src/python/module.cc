@@ -138,6 +138,7 @@ LoadOptions ParseLoadOptions(nb::dict d) {
                       .Get("scratch_bytes", &LoadOptions::scratch_bytes)
                       .Get("direct_io", &LoadOptions::direct_io)
                       .Get("share_reads", &LoadOptions::share_reads)
+                      .Get("shared_memory", &LoadOptions::shared_memory)
                       .Done();
   o.allow_partial = true;  // the Python layer reports missing keys itself
   return o;

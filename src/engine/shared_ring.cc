@@ -1,0 +1,197 @@
+#include "engine/shared_ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+namespace shardsafe {
+namespace {
+
+constexpr uint64_t kMagic = 0x676e69526e616853;  // "ShanRing"
+constexpr size_t kPage = 4096;
+constexpr auto kPoll = std::chrono::milliseconds(50);  // liveness checks while waiting
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// Sleeps until *word may differ from `seen` (or kPoll passes). Shared, not
+// private, futex: the word lives in memory other processes map.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t seen) {
+  timespec ts{0, std::chrono::nanoseconds(kPoll).count()};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+size_t PageAlign(size_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+}  // namespace
+
+struct SharedRing::Header {
+  uint64_t magic;
+  uint32_t slots;
+  uint32_t consumers;
+  uint64_t slot_bytes;
+  uint64_t data_offset;
+  std::atomic<uint32_t> published;    // blocks published so far
+  std::atomic<uint32_t> release_seq;  // bumped on every release (the producer waits on it)
+  std::atomic<uint32_t> failed;
+  char message[512];
+  std::atomic<uint32_t> released[kMaxConsumers];
+};
+
+SharedRing::SharedRing(void* base, size_t bytes, std::chrono::milliseconds stall_timeout)
+    : header_(static_cast<Header*>(base)), mapped_bytes_(bytes), stall_timeout_(stall_timeout) {}
+
+SharedRing::~SharedRing() { munmap(header_, mapped_bytes_); }
+
+Result<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& name, uint32_t slots,
+                                                       uint64_t slot_bytes, uint32_t consumers,
+                                                       std::chrono::milliseconds stall_timeout) {
+  if (slots == 0 || consumers == 0 || consumers > kMaxConsumers || slot_bytes % kPage != 0) {
+    return InvalidArgumentError("shared ring " + name + ": bad geometry");
+  }
+  const size_t data_offset = PageAlign(sizeof(Header));
+  const size_t bytes = data_offset + size_t{slots} * slot_bytes;
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError(errno, "create shared memory", name);
+  // posix_fallocate, not ftruncate: a full /dev/shm fails here, not with
+  // SIGBUS on first touch.
+  const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* base = rc == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                              fd, 0)
+                       : MAP_FAILED;
+  const int err = rc != 0 ? rc : errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    Status s = ErrnoError(err, "allocate " + std::to_string(bytes) + " bytes of shared memory", name);
+    return err == ENOSPC || err == ENOMEM ? ResourceExhaustedError(s.message()) : s;
+  }
+  auto* h = new (base) Header{};
+  h->slots = slots;
+  h->consumers = consumers;
+  h->slot_bytes = slot_bytes;
+  h->data_offset = data_offset;
+  for (auto& r : h->released) r.store(0, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
+  return std::unique_ptr<SharedRing>(new SharedRing(base, bytes, stall_timeout));
+}
+
+Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
+                                                     std::chrono::milliseconds stall_timeout) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError(errno, "open shared memory", name);
+  struct stat st {};
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(Header)) {
+    base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                0);
+  }
+  const int err = errno;
+  close(fd);
+  if (base == MAP_FAILED) return ErrnoError(err, "map shared memory", name);
+  auto ring = std::unique_ptr<SharedRing>(
+      new SharedRing(base, static_cast<size_t>(st.st_size), stall_timeout));
+  const Header& h = *ring->header_;
+  const bool sane =
+      std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) == kMagic &&
+      h.consumers <= kMaxConsumers && h.data_offset >= sizeof(Header) &&
+      h.data_offset + uint64_t{h.slots} * h.slot_bytes <= static_cast<uint64_t>(st.st_size);
+  if (!sane) return InternalError("shared memory " + name + ": not a shardsafe ring");
+  return ring;
+}
+
+void SharedRing::Unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+uint64_t SharedRing::slot_bytes() const { return header_->slot_bytes; }
+
+char* SharedRing::Slot(uint32_t block) const {
+  return reinterpret_cast<char*>(header_) + header_->data_offset +
+         (block % header_->slots) * header_->slot_bytes;
+}
+
+Result<char*> SharedRing::AcquireSlot(uint32_t block) {
+  Header& h = *header_;
+  if (block < h.slots) return Slot(block);
+  const uint32_t need = block - h.slots + 1;  // releases of every consumer
+  auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
+  uint32_t last_low = 0;
+  for (;;) {
+    const uint32_t seq = h.release_seq.load(std::memory_order_acquire);
+    uint32_t low = kDetached;
+    for (uint32_t c = 0; c < h.consumers; ++c) {
+      low = std::min(low, h.released[c].load(std::memory_order_acquire));
+    }
+    if (low >= need) return Slot(block);
+    if (low != last_low) {  // progress
+      last_low = low;
+      deadline = std::chrono::steady_clock::now() + stall_timeout_;
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      return UnavailableError("shared read: no rank took block " + std::to_string(low) +
+                              " for " + std::to_string(stall_timeout_.count()) +
+                              " ms (did a rank stop?)");
+    }
+    FutexWait(&h.release_seq, seq);
+  }
+}
+
+void SharedRing::Publish(uint32_t block) {
+  header_->published.store(block + 1, std::memory_order_release);
+  FutexWakeAll(&header_->published);
+}
+
+void SharedRing::Fail(const std::string& message) {
+  Header& h = *header_;
+  if (h.failed.load(std::memory_order_acquire) == 0) {
+    const size_t n = std::min(message.size(), sizeof h.message - 1);
+    std::memcpy(h.message, message.data(), n);
+    h.message[n] = '\0';
+    h.failed.store(1, std::memory_order_release);
+  }
+  FutexWakeAll(&h.published);
+}
+
+Result<const char*> SharedRing::WaitBlock(uint32_t block) {
+  Header& h = *header_;
+  auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
+  uint32_t last = h.published.load(std::memory_order_acquire);
+  for (;;) {
+    const uint32_t published = h.published.load(std::memory_order_acquire);
+    if (published > block) return Slot(block);
+    if (h.failed.load(std::memory_order_acquire) != 0) {
+      return UnavailableError(std::string("shared read: the reading rank failed: ") + h.message);
+    }
+    if (published != last) {
+      last = published;
+      deadline = std::chrono::steady_clock::now() + stall_timeout_;
+    } else if (std::chrono::steady_clock::now() > deadline) {
+      return UnavailableError("shared read: block " + std::to_string(block) + " did not come for " +
+                              std::to_string(stall_timeout_.count()) +
+                              " ms (did the reading rank stop?)");
+    }
+    FutexWait(&h.published, published);
+  }
+}
+
+void SharedRing::Release(uint32_t c, uint32_t blocks) {
+  Header& h = *header_;
+  if (c >= h.consumers) return;
+  if (h.released[c].load(std::memory_order_relaxed) >= blocks) return;
+  h.released[c].store(blocks, std::memory_order_release);
+  h.release_seq.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&h.release_seq);
+}
+
+}  // namespace shardsafe
