@@ -46,7 +46,11 @@ class RingReads::RingFile final : public RandomAccessFile {
   uint64_t size() const override { return size_; }
   bool FullyCached(uint64_t, size_t) const override { return true; }  // memory, once published
 
-  void Done() const { ring_->Release(role_.consumer, released_ = std::max(released_, end_)); }
+  // All of this file is read: release up to the next file this rank reads
+  // from the same ring (blocks of files it does not read, it never holds).
+  void Done() const { ring_->Release(role_.consumer, released_ = std::max(released_, next_)); }
+  uint32_t first() const { return first_; }
+  void set_next(uint32_t next) { next_ = next; }
 
  private:
   Status OutOfRing(uint64_t offset) const {
@@ -58,6 +62,7 @@ class RingReads::RingFile final : public RandomAccessFile {
   const RingRole& role_;
   const uint32_t first_, end_;
   const uint64_t size_;
+  uint32_t next_ = SharedRing::kDetached;
   // Blocks before this one are released; only the one consumer thread reads.
   mutable uint32_t released_ = 0;
 };
@@ -180,6 +185,20 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
     reads->files_[f] = std::make_unique<RingReads::RingFile>(
         reads->rings_[i].get(), role, static_cast<uint32_t>(first - role.blocks.begin()),
         static_cast<uint32_t>(end - role.blocks.begin()), file_sizes[f]);
+  }
+  // Each ring: this rank needs nothing before the first file it reads from
+  // it, nor between one such file and the next (docs/design.md).
+  std::vector<RingReads::RingFile*> last(plan.rings.size(), nullptr);
+  for (uint32_t f = 0; f < reads->files_.size(); ++f) {
+    RingReads::RingFile* file = reads->files_[f].get();
+    if (!file) continue;
+    const int i = plan.ring_of_file[f];
+    if (last[i]) {
+      last[i]->set_next(file->first());
+    } else {
+      reads->rings_[i]->Release(reads->roles_[i].consumer, file->first());
+    }
+    last[i] = file;
   }
   reads->produced_ = plan.produced;
   return reads;
