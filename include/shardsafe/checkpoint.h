@@ -145,7 +145,7 @@ struct LoadOptions {
   // they all read it through the page cache. Adds collectives: must be the
   // same on every rank. Off: each rank reads alone.
   bool share_reads = true;
-  // Shared reads through shared-memory rings (/dev/shm, 4 x 16 MiB per
+  // Shared reads through shared-memory rings (/dev/shm, 8 x 8 MiB per
   // reading rank); off, or when a ring cannot be set up: the page cache.
   bool shared_memory = true;
   FileSystem* fs = nullptr;

@@ -104,6 +104,15 @@ class RandomAccessFile {
   // checksum each step while it is still in the CPU cache). False when some
   // is not, or the implementation cannot tell (the default).
   virtual bool FullyCached(uint64_t offset, size_t n) const { return false; }
+
+  // The bytes [offset, offset + n) where the file already holds them in
+  // memory, valid until the next call on this file, so a caller can
+  // checksum and copy them out without a copy of its own; null when it
+  // holds them nowhere (the default; read them with ReadAt). Errors as
+  // ReadAt.
+  virtual Result<const char*> View(uint64_t offset, size_t n) const {
+    return static_cast<const char*>(nullptr);
+  }
 };
 
 // An advisory lock on a path, held while the object lives. Other processes

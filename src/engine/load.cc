@@ -180,7 +180,6 @@ Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& 
                         PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
                                         file_sizes, share));
     SS_ASSIGN_OR_RETURN(rings, SetUpRings(comm, shared, file_sizes, kRingStallTimeout));
-    if (!rings) shared.buffered = shared.buffered_without_rings;
     if (prepared.ok()) prepared->m.sources.rings = rings.get();
     if (prepared.ok() && shared.bytes_shared > 0) {
       prepared->m.sources.buffered = std::move(shared.buffered);

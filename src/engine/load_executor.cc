@@ -187,9 +187,10 @@ bool HasShortRuns(const Context& ctx, const ReadOp& read) {
   return true;
 }
 
-// Reads `read` into scratch in steps of about `step` bytes, each ending
-// where a run ends (one step: the whole read), checksums each step and
-// copies (converts) its runs out while it is in the CPU cache. Runs may
+// Reads `read` in steps of about `step` bytes, each ending where a run
+// ends (one step: the whole read), into scratch unless the file holds the
+// step in memory (RandomAccessFile::View), checksums each step and copies
+// (converts) its runs out while it is in the CPU cache. Runs may
 // overlap only when the step is the whole read.
 Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
                           uint64_t step, GroupChecksums* sums, std::vector<char>* scratch) {
@@ -202,11 +203,16 @@ Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, cons
     while (j < segs.size() && end_of(segs[j]) - begin <= step) ++j;
     const uint64_t end = j == segs.size() ? read.length : end_of(segs[j - 1]);
     const uint64_t n = end - begin;
-    if (scratch->size() < n) scratch->resize(n);
-    SS_RETURN_IF_ERROR(file.ReadAt(read.offset + begin, scratch->data(), n));
-    if (sums) sums->Add(read.offset + begin, n, scratch->data());
+    // Bytes the file holds in memory are used in place (no copy to scratch).
+    SS_ASSIGN_OR_RETURN(const char* data, file.View(read.offset + begin, n));
+    if (!data) {
+      if (scratch->size() < n) scratch->resize(n);
+      SS_RETURN_IF_ERROR(file.ReadAt(read.offset + begin, scratch->data(), n));
+      data = scratch->data();
+    }
+    if (sums) sums->Add(read.offset + begin, n, data);
     for (; i < j; ++i) {
-      ConvertElements(scratch->data() + (segs[i].src_byte - begin), SavedDType(ctx, segs[i]),
+      ConvertElements(data + (segs[i].src_byte - begin), SavedDType(ctx, segs[i]),
                       DestBytes(ctx, segs[i]), ctx.dests[segs[i].want].dtype, segs[i].count);
     }
     begin = end;
@@ -321,63 +327,73 @@ Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& ten
   std::vector<size_t> free_slots;
   for (size_t i = 0; i < scratch.size(); ++i) free_slots.push_back(i);
   TaskGroup tasks(&pool);
-  auto run = [&](const ReadGroup& group) -> Status {
-    size_t slot;
-    {
-      std::lock_guard<std::mutex> lock(slots_mu);
-      slot = free_slots.back();
-      free_slots.pop_back();
-    }
-    Status s = RunGroup(ctx, group, options, &scratch[slot]);
-    std::lock_guard<std::mutex> lock(slots_mu);
-    free_slots.push_back(slot);
-    return s;
-  };
+  // Groups are in file order, rotated to start at sources.first_file; those
+  // of ring files run on a thread per ring (not the pool: a ring's readers
+  // must all be running for its producer to move on), in file and offset
+  // order (engine/ring_reads.h).
   const RingReads* rings = sources.rings;
-  Status produced;
-  std::thread producer;
-  if (rings && rings->produces()) {
-    producer = std::thread([&] { produced = rings->Produce(fs, sources.file_paths); });
-  }
-  // Groups are in file order; those of ring files run first, in order, on
-  // one worker (engine/ring_reads.h); the others are rotated to start at
-  // sources.first_file.
-  std::vector<const ReadGroup*> ring_groups, order;
-  for (const ReadGroup& g : plan.groups) {
-    if (!g.reads.empty() && rings && rings->FileFor(g.reads.front().file)) ring_groups.push_back(&g);
-  }
-  std::stable_sort(ring_groups.begin(), ring_groups.end(), [](const ReadGroup* a, const ReadGroup* b) {
-    return std::tie(a->reads.front().file, a->reads.front().offset) <
-           std::tie(b->reads.front().file, b->reads.front().offset);
-  });
-  if (rings) {
-    tasks.Add([&]() -> Status {
-      Status s;
-      for (size_t i = 0; s.ok() && i < ring_groups.size(); ++i) {
-        s = run(*ring_groups[i]);
-        const uint32_t file = ring_groups[i]->reads.front().file;
-        if (i + 1 == ring_groups.size() || ring_groups[i + 1]->reads.front().file != file) {
-          rings->FileDone(file);
-        }
-      }
-      rings->Detach();  // done, or stopped: no ring waits for this rank
-      return s;
-    });
-  }
+  std::vector<const ReadGroup*> order;
   const auto first = std::find_if(plan.groups.begin(), plan.groups.end(), [&](const ReadGroup& g) {
     return !g.reads.empty() && g.reads.front().file >= sources.first_file;
   });
   for (auto it = first; it != plan.groups.end(); ++it) order.push_back(&*it);
   for (auto it = plan.groups.begin(); it != first; ++it) order.push_back(&*it);
+  std::vector<std::vector<const ReadGroup*>> by_ring(rings ? rings->num_rings() : 0);
   for (const ReadGroup* group : order) {
-    if (!group->reads.empty() && rings && rings->FileFor(group->reads.front().file)) continue;
-    tasks.Add([&, group] { return run(*group); });
+    const int ring = rings && !group->reads.empty() ? rings->RingOf(group->reads.front().file) : -1;
+    if (ring >= 0) {
+      by_ring[ring].push_back(group);
+      continue;
+    }
+    tasks.Add([&, group]() -> Status {
+      size_t slot;
+      {
+        std::lock_guard<std::mutex> lock(slots_mu);
+        slot = free_slots.back();
+        free_slots.pop_back();
+      }
+      Status s = RunGroup(ctx, *group, options, &scratch[slot]);
+      std::lock_guard<std::mutex> lock(slots_mu);
+      free_slots.push_back(slot);
+      return s;
+    });
   }
-  while (!tasks.WaitFor(std::chrono::milliseconds(250))) {
+  Status produced;
+  std::thread producer;
+  if (rings && rings->produces()) {
+    producer = std::thread([&] { produced = rings->Produce(fs, sources.file_paths); });
+  }
+  ThreadPool ring_pool(by_ring.size());
+  TaskGroup ring_tasks(&ring_pool);
+  for (std::vector<const ReadGroup*>& groups : by_ring) {
+    ring_tasks.Add([&]() -> Status {
+      std::stable_sort(groups.begin(), groups.end(), [](const ReadGroup* a, const ReadGroup* b) {
+        return std::tie(a->reads.front().file, a->reads.front().offset) <
+               std::tie(b->reads.front().file, b->reads.front().offset);
+      });
+      std::vector<char> ring_scratch;
+      for (size_t k = 0; k < groups.size(); ++k) {
+        SS_RETURN_IF_ERROR(RunGroup(ctx, *groups[k], options, &ring_scratch));
+        const uint32_t file = groups[k]->reads.front().file;
+        if (k + 1 == groups.size() || groups[k + 1]->reads.front().file != file) {
+          rings->FileDone(file);
+        }
+      }
+      return Status();
+    });
+  }
+  // `&`, not `&&`: both groups get their wait.
+  while (!(tasks.WaitFor(std::chrono::milliseconds(125)) &
+           ring_tasks.WaitFor(std::chrono::milliseconds(125)))) {
     if (options.progress) options.progress({"read", counters->bytes_read.load(), plan.bytes_read});
   }
   Status s = tasks.Wait();
+  Status consumed = ring_tasks.Wait();
+  // Done, or stopped (a ring task that failed, or one skipped after it):
+  // no ring waits for this rank any more.
+  for (size_t i = 0; i < by_ring.size(); ++i) rings->Detach(static_cast<int>(i));
   if (producer.joinable()) producer.join();
+  if (s.ok()) s = consumed;
   return s.ok() ? produced : s;
 }
 

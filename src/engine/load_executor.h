@@ -31,16 +31,17 @@ struct LoadSources {
   std::vector<std::vector<std::optional<uint32_t>>> crcs;
   // By data file index (empty: none): files to read through the page cache
   // even with LoadOptions::direct_io, because other ranks on this machine
-  // read the same bytes (engine/shared_reads.h).
+  // read the same bytes (engine/shared_reads.h); `rings` comes first.
   std::vector<bool> buffered;
   // Groups reading this data file and later ones go first, then those
   // before it: ranks that read the same files start on different ones, so
   // the disk streams each file to one of them while the others read the
   // files already in the page cache.
   uint32_t first_file = 0;
-  // Files read from shared-memory rings, and the ring this rank fills
-  // (engine/ring_reads.h); null: none. Their groups run on one worker in
-  // file and offset order, the producer on a thread of its own.
+  // Files read from shared-memory rings (instead of the disk or the page
+  // cache), and the ring this rank fills (engine/ring_reads.h); null: none.
+  // Their groups run on one worker in file and offset order, the producer
+  // on a thread of its own.
   const RingReads* rings = nullptr;
 };
 

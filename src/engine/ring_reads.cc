@@ -17,17 +17,7 @@ class RingReads::RingFile final : public RandomAccessFile {
 
   Status ReadAt(uint64_t offset, void* dst, size_t n) const override {
     if (n == 0) return Status();
-    const auto begin = role_.blocks.begin() + first_, stop = role_.blocks.begin() + end_;
-    auto it = std::upper_bound(begin, stop, offset,
-                               [](uint64_t o, const RingBlock& b) { return o < b.offset; });
-    if (it == begin) return OutOfRing(offset);
-    uint32_t k = static_cast<uint32_t>(it - role_.blocks.begin()) - 1;
-    if (k < released_) {
-      return InternalError("shared read at byte " + std::to_string(offset) +
-                           " goes back to a block already released");
-    }
-    released_ = k;
-    ring_->Release(role_.consumer, k);
+    SS_ASSIGN_OR_RETURN(uint32_t k, Enter(offset));
     char* out = static_cast<char*>(dst);
     for (uint64_t pos = offset; n > 0; ++k) {
       if (k >= end_) return OutOfRing(pos);
@@ -43,6 +33,15 @@ class RingReads::RingFile final : public RandomAccessFile {
     }
     return Status();
   }
+  // The slot itself when the range lies in one block.
+  Result<const char*> View(uint64_t offset, size_t n) const override {
+    if (n == 0) return static_cast<const char*>(nullptr);
+    SS_ASSIGN_OR_RETURN(uint32_t k, Enter(offset));
+    const RingBlock& b = role_.blocks[k];
+    if (offset + n > b.offset + b.length) return static_cast<const char*>(nullptr);
+    SS_ASSIGN_OR_RETURN(const char* data, ring_->WaitBlock(k));
+    return data + (offset - b.offset);
+  }
   uint64_t size() const override { return size_; }
   bool FullyCached(uint64_t, size_t) const override { return true; }  // memory, once published
 
@@ -53,6 +52,21 @@ class RingReads::RingFile final : public RandomAccessFile {
   void set_next(uint32_t next) { next_ = next; }
 
  private:
+  // The block holding byte `offset`; releases the blocks before it (reads
+  // only go forward).
+  Result<uint32_t> Enter(uint64_t offset) const {
+    const auto begin = role_.blocks.begin() + first_, stop = role_.blocks.begin() + end_;
+    auto it = std::upper_bound(begin, stop, offset,
+                               [](uint64_t o, const RingBlock& b) { return o < b.offset; });
+    if (it == begin) return OutOfRing(offset);
+    const uint32_t k = static_cast<uint32_t>(it - role_.blocks.begin()) - 1;
+    if (k < released_) {
+      return InternalError("shared read at byte " + std::to_string(offset) +
+                           " goes back to a block already released");
+    }
+    ring_->Release(role_.consumer, released_ = k);
+    return k;
+  }
   Status OutOfRing(uint64_t offset) const {
     return InternalError("shared read at byte " + std::to_string(offset) +
                          " is outside the blocks planned for it");
@@ -77,10 +91,12 @@ void RingReads::FileDone(uint32_t f) const {
   if (const RingFile* file = f < files_.size() ? files_[f].get() : nullptr) file->Done();
 }
 
-void RingReads::Detach() const {
-  for (size_t i = 0; i < roles_.size(); ++i) {
-    if (rings_[i]) rings_[i]->Release(roles_[i].consumer, SharedRing::kDetached);
-  }
+int RingReads::RingOf(uint32_t f) const {
+  return f < files_.size() && files_[f] ? ring_of_file_[f] : -1;
+}
+
+void RingReads::Detach(int i) const {
+  rings_[i]->Release(roles_[i].consumer, SharedRing::kDetached);
 }
 
 Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths) const {
@@ -88,35 +104,30 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths)
   const RingRole& role = roles_[produced_];
   SharedRing& ring = *rings_[produced_];
   // kReaders blocks in flight (the disk wants a queue, not one request at a
-  // time); reader i takes blocks i, i + kReaders, ... in order. Blocks are
+  // time); reader i takes blocks i, i + readers, ... in order. Blocks are
   // published in order, each once it and all before it are in.
   const uint32_t readers = std::min<uint32_t>(kReaders, role.slots);
   const uint32_t count = static_cast<uint32_t>(role.blocks.size());
+  for (const RingBlock& b : role.blocks) {
+    if (b.file >= paths.size()) return InternalError("ring block of an unknown data file");
+  }
   std::mutex mu;
   std::vector<bool> done(count, false);
   uint32_t next = 0;  // guarded by mu: the first block not yet published
   std::vector<Status> failed(readers);
   auto read = [&](uint32_t reader) {
     std::unique_ptr<RandomAccessFile> file;
-    uint32_t open_file = UINT32_MAX;
+    auto read_block = [&](const RingBlock& b, uint32_t k) -> Status {
+      if (!file || b.file != role.blocks[k - readers].file) {  // k >= readers: same reader
+        SS_ASSIGN_OR_RETURN(file, fs.NewRandomAccessFile(paths[b.file], ReadOptions{true}));
+      }
+      SS_ASSIGN_OR_RETURN(char* slot, ring.AcquireSlot(k));
+      return file->ReadAt(b.offset, slot, b.length);
+    };
     for (uint32_t k = reader; k < count; k += readers) {
       const RingBlock& b = role.blocks[k];
-      Status s;
-      if (b.file != open_file) {
-        auto opened = b.file < paths.size()
-                          ? fs.NewRandomAccessFile(paths[b.file], ReadOptions{true})
-                          : Result<std::unique_ptr<RandomAccessFile>>(
-                                InternalError("ring block of an unknown file"));
-        if (opened.ok()) {
-          file = std::move(*opened);
-          open_file = b.file;
-        }
-        s = opened.status();
-      }
-      Result<char*> slot = s.ok() ? ring.AcquireSlot(k) : Result<char*>(s);
-      s = slot.ok() ? file->ReadAt(b.offset, *slot, b.length) : slot.status();
-      if (!s.ok()) {
-        if (b.file < paths.size()) s = s.WithContext("reading " + paths[b.file]);
+      if (Status s = read_block(b, k); !s.ok()) {
+        s = s.WithContext("reading " + paths[b.file]);
         ring.Fail(s.ToString());
         failed[reader] = s;
         return;
@@ -200,6 +211,7 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
     }
     last[i] = file;
   }
+  reads->ring_of_file_ = plan.ring_of_file;
   reads->produced_ = plan.produced;
   return reads;
 }

@@ -2,11 +2,12 @@
 // engine/shared_ring.h moves the bytes): the ring it fills, if any, and
 // the data files it reads from rings instead of from the disk.
 //
-// Order, which keeps several rings free of deadlock (docs/design.md
-// "Shared reads"): a producer publishes its blocks in ring order (file,
-// then offset; it reads a few ahead, each reader in that order); a consumer reads all of its ring files on one thread, in
-// ascending file order and ascending offsets within a file, never going
-// back.
+// Order, which keeps rings free of deadlock (docs/design.md "Shared
+// reads"): a producer publishes its blocks in ring order (file, then
+// offset; it reads a few ahead, each reader in that order); a consumer
+// reads each ring on a thread of its own, in ascending file order and
+// ascending offsets within a file, never going back. So each ring depends
+// only on its own producer and consumers.
 #pragma once
 
 #include <chrono>
@@ -29,14 +30,17 @@ class RingReads {
   // the disk. Its reads must go forward (see above); one that goes back
   // fails with Internal.
   const RandomAccessFile* FileFor(uint32_t f) const;
+  // The ring (index < num_rings()) data file `f` is read from, or -1.
+  int RingOf(uint32_t f) const;
+  size_t num_rings() const { return roles_.size(); }
   bool produces() const { return produced_ >= 0; }
   // The producer's loop: reads every block of its ring (O_DIRECT) from
   // `paths` and publishes it. On failure the consumers learn the message.
   Status Produce(FileSystem& fs, const std::vector<std::string>& paths) const;
   // This rank has read all it reads of data file `f` from its ring.
   void FileDone(uint32_t f) const;
-  // This rank copies nothing more from any ring (done or stopped).
-  void Detach() const;
+  // This rank copies nothing more from ring `i` (done or stopped).
+  void Detach(int i) const;
 
  private:
   friend Result<std::unique_ptr<RingReads>> SetUpRings(Comm&, const SharedReadPlan&,
@@ -48,6 +52,7 @@ class RingReads {
   std::vector<RingRole> roles_;
   std::vector<std::unique_ptr<SharedRing>> rings_;  // by role
   std::vector<std::unique_ptr<RingFile>> files_;    // by data file; null: from disk
+  std::vector<int> ring_of_file_;                   // by data file: index into rings_
   int produced_ = -1;
 };
 

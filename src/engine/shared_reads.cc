@@ -173,10 +173,11 @@ void AddBlocks(const std::vector<Offer>& offers, const std::vector<int>& consume
   }
 }
 
-// Rings for the ranks of every machine, from every offer; this rank's roles
-// in `out`.
-void AssignRings(const std::vector<Offer>& offers, int me, const std::vector<uint64_t>& file_sizes,
-                 const SharedReadsOptions& options, SharedReadPlan* out) {
+// Rings for the ranks of every machine, from every offer and which files
+// each rank shares; this rank's roles in `out`.
+void AssignRings(const std::vector<Offer>& offers, const std::vector<std::vector<bool>>& shares,
+                 int me, const std::vector<uint64_t>& file_sizes, const SharedReadsOptions& options,
+                 SharedReadPlan* out) {
   const size_t num_files = file_sizes.size();
   std::map<std::string, std::vector<int>> machines;
   for (size_t r = 0; r < offers.size(); ++r) {
@@ -187,10 +188,9 @@ void AssignRings(const std::vector<Offer>& offers, int me, const std::vector<uin
     // participants[f]: the ranks of this machine that share file f.
     std::vector<std::vector<int>> participants(num_files);
     for (int r : ranks) {
-      const std::vector<bool> shares = SharesFiles(offers, r, num_files, options, nullptr);
       for (size_t f = 0; f < num_files; ++f) {
         const auto& no = offers[r].no_ring;
-        if (shares[f] && std::find(no.begin(), no.end(), f) == no.end()) {
+        if (shares[r][f] && std::find(no.begin(), no.end(), f) == no.end()) {
           participants[f].push_back(r);
         }
       }
@@ -259,21 +259,27 @@ Result<SharedReadPlan> PlanSharedReads(Comm& comm, const LoadPlan* plan,
     mine.extents = PlanExtents(*plan, &mine.no_ring);
   }
   SS_ASSIGN_OR_RETURN(std::vector<std::string> msgs, comm.AllGather(EncodeOffer(mine)));
+  const int me = comm.rank();
   std::vector<Offer> offers(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
-    if (static_cast<int>(r) == comm.rank()) {
+    if (static_cast<int>(r) == me) {
       offers[r] = mine;
     } else {
       SS_ASSIGN_OR_RETURN(offers[r], DecodeOffer(msgs[r]));
     }
   }
-  if (options.rings) AssignRings(offers, comm.rank(), file_sizes, options, &out);
-  if (!mine.enabled) return out;
-  out.buffered = SharesFiles(offers, comm.rank(), num_files, options, &out.bytes_shared);
-  out.buffered_without_rings = out.buffered;
-  for (size_t f = 0; f < num_files; ++f) {
-    if (out.ring_of_file[f] >= 0) out.buffered[f] = false;
+  // Which files each rank shares: every rank's when rings are planned (all
+  // ranks must reach the same assignment), else only this rank's.
+  std::vector<std::vector<bool>> shares(offers.size());
+  for (size_t r = 0; r < offers.size(); ++r) {
+    const bool is_me = static_cast<int>(r) == me;
+    if (offers[r].enabled && (options.rings || is_me)) {
+      shares[r] = SharesFiles(offers, static_cast<int>(r), num_files, options,
+                              is_me ? &out.bytes_shared : nullptr);
+    }
   }
+  if (options.rings) AssignRings(offers, shares, me, file_sizes, options, &out);
+  if (mine.enabled) out.buffered = shares[me];
   return out;
 }
 

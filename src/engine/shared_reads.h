@@ -59,7 +59,9 @@ struct SharedReadsOptions {
 };
 
 struct SharedReadPlan {
-  // By data file index: read through the page cache (shared, no ring).
+  // By data file index: this rank shares the file. It reads it from its
+  // ring when `ring_of_file` names one and the rings are set up, else
+  // through the page cache.
   std::vector<bool> buffered;
   uint64_t bytes_shared = 0;  // in shared files, bytes another rank reads too
   // Some machine has a ring: SetUpRings is collective on every rank.
@@ -67,8 +69,6 @@ struct SharedReadPlan {
   std::vector<RingRole> rings;     // rings this rank produces or consumes
   std::vector<int> ring_of_file;   // by data file: index into `rings`, or -1
   int produced = -1;               // index into `rings` of the one it fills
-  // What `buffered` becomes if the rings cannot be set up.
-  std::vector<bool> buffered_without_rings;
 };
 
 // Collective. `plan` is null on a rank that has nothing to read or failed

@@ -94,11 +94,17 @@ Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return ErrnoError(errno, "open shared memory", name);
   struct stat st {};
-  void* base = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= sizeof(Header)) {
-    base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                0);
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(err, "stat shared memory", name);
   }
+  if (static_cast<size_t>(st.st_size) < sizeof(Header)) {
+    close(fd);
+    return InternalError("shared memory " + name + ": not a shardsafe ring");
+  }
+  void* base =
+      mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
   if (base == MAP_FAILED) return ErrnoError(err, "map shared memory", name);

@@ -48,6 +48,18 @@ def test_demo_exits_0_and_prints_ok_lines(run, tmp_path):
     assert (tmp_path / "D" / "latest").read_text() == STEP_DIR + "\n"
 
 
+def test_demo_large_enough_for_shared_memory_rings_completes(run, tmp_path):
+    # 590 MB over 8 ranks, reloaded tp 3 x dp 2: the shared data files are
+    # read through several shared-memory rings whose readers each skip some
+    # of a ring's files. An earlier ring protocol deadlocked on exactly this
+    # (a rank held blocks of a file it does not read): the run then hangs
+    # until the timeout below.
+    args = ["--layers", "4", "--hidden", "1024", "--ffn", "2048", "--vocab", "8192"]
+    proc = run("demo", "--dir", tmp_path / "D", *args, timeout=120)
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert "check every loaded byte against the expected values: OK" in proc.stdout
+
+
 def test_ls_json_lists_step_100_as_latest(run, demo_root_pristine):
     listing = run.json("ls", demo_root_pristine)
     assert len(listing) == 1
