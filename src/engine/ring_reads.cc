@@ -106,7 +106,7 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths)
   // kReaders blocks in flight (the disk wants a queue, not one request at a
   // time); reader i takes blocks i, i + readers, ... in order. Blocks are
   // published in order, each once it and all before it are in.
-  const uint32_t readers = std::min<uint32_t>(kReaders, role.slots);
+  const uint32_t readers = std::min<uint32_t>(kReaders, ring.slots());
   const uint32_t count = static_cast<uint32_t>(role.blocks.size());
   for (const RingBlock& b : role.blocks) {
     if (b.file >= paths.size()) return InternalError("ring block of an unknown data file");
@@ -164,11 +164,16 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
   reads->rings_.resize(plan.rings.size());
   Status created;
   if (plan.produced >= 0) {
+    SharedRing::RemoveAbandoned();  // leftovers of crashed loads, before taking room
     const RingRole& role = plan.rings[plan.produced];
     Result<std::unique_ptr<SharedRing>> ring =
-        SharedRing::Create(role.name, role.slots, role.slot_bytes, role.consumers, stall_timeout);
+        SharedRing::Create(role.name, role.slots, role.slot_bytes, role.consumers, comm.rank(),
+                           stall_timeout);
     created = ring.status();
-    if (ring.ok()) reads->rings_[plan.produced] = std::move(*ring);
+    if (ring.ok()) {
+      (*ring)->Join(role.consumer, comm.rank());
+      reads->rings_[plan.produced] = std::move(*ring);
+    }
   }
   SS_ASSIGN_OR_RETURN(bool all_created, AllOk(comm, created));
   Status opened;
@@ -176,7 +181,10 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
     if (static_cast<int>(i) == plan.produced) continue;
     Result<std::unique_ptr<SharedRing>> ring = SharedRing::Open(plan.rings[i].name, stall_timeout);
     opened = ring.status();
-    if (ring.ok()) reads->rings_[i] = std::move(*ring);
+    if (ring.ok()) {
+      (*ring)->Join(plan.rings[i].consumer, comm.rank());
+      reads->rings_[i] = std::move(*ring);
+    }
   }
   bool all_opened = false;
   if (all_created) {
@@ -185,6 +193,7 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
   // Every rank has mapped it (or given up): the name is no longer needed.
   if (plan.produced >= 0 && created.ok()) SharedRing::Unlink(plan.rings[plan.produced].name);
   if (!all_opened) return std::unique_ptr<RingReads>();
+  for (const auto& ring : reads->rings_) ring->Watch();  // every process has joined
   reads->files_.resize(file_sizes.size());
   for (uint32_t f = 0; f < file_sizes.size(); ++f) {
     const int i = f < plan.ring_of_file.size() ? plan.ring_of_file[f] : -1;

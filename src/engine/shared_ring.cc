@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <new>
 
 namespace shardsafe {
@@ -36,7 +39,28 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
 
 size_t PageAlign(size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+// This process's pid namespace (0 if unknown): pids written by processes of
+// another namespace mean nothing here.
+uint64_t PidNamespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// True once the process behind `pidfd` has exited (zombies included).
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
+
 }  // namespace
+
+// A process taking part: pid is set last (release), when the rest is valid.
+struct SharedRing::Process {
+  std::atomic<int32_t> pid;
+  int32_t rank;
+  uint64_t pid_namespace;
+};
 
 struct SharedRing::Header {
   uint64_t magic;
@@ -48,45 +72,66 @@ struct SharedRing::Header {
   std::atomic<uint32_t> release_seq;  // bumped on every release (the producer waits on it)
   std::atomic<uint32_t> failed;
   char message[512];
+  Process producer;
   std::atomic<uint32_t> released[kMaxConsumers];
+  Process consumer[kMaxConsumers];
 };
 
 SharedRing::SharedRing(void* base, size_t bytes, std::chrono::milliseconds stall_timeout)
     : header_(static_cast<Header*>(base)), mapped_bytes_(bytes), stall_timeout_(stall_timeout) {}
 
-SharedRing::~SharedRing() { munmap(header_, mapped_bytes_); }
+SharedRing::~SharedRing() {
+  for (const Watched& w : watched_) close(w.pidfd);
+  munmap(header_, mapped_bytes_);
+}
 
-Result<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& name, uint32_t slots,
-                                                       uint64_t slot_bytes, uint32_t consumers,
-                                                       std::chrono::milliseconds stall_timeout) {
-  if (slots == 0 || consumers == 0 || consumers > kMaxConsumers || slot_bytes % kPage != 0) {
-    return InvalidArgumentError("shared ring " + name + ": bad geometry");
-  }
-  const size_t data_offset = PageAlign(sizeof(Header));
-  const size_t bytes = data_offset + size_t{slots} * slot_bytes;
+// The segment `name` of `bytes`, mapped. Its pages are reserved, not
+// touched: the producer's first reads into each slot fault them in, on its
+// reader threads while other reads are in flight (MAP_POPULATE here put
+// 30-150 ms of page clearing before any read on these VMs).
+Result<void*> SharedRing::Allocate(const std::string& name, size_t bytes) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError(errno, "create shared memory", name);
   // posix_fallocate, not ftruncate: a full /dev/shm fails here, not with
   // SIGBUS on first touch.
   const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  void* base = rc == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                              fd, 0)
+  void* base = rc == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                        : MAP_FAILED;
   const int err = rc != 0 ? rc : errno;
   close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    Status s = ErrnoError(err, "allocate " + std::to_string(bytes) + " bytes of shared memory", name);
-    return err == ENOSPC || err == ENOMEM ? ResourceExhaustedError(s.message()) : s;
+  if (base != MAP_FAILED) return base;
+  shm_unlink(name.c_str());
+  Status s = ErrnoError(err, "allocate " + std::to_string(bytes) + " bytes of shared memory", name);
+  const bool no_room = err == ENOSPC || err == ENOMEM || err == EFBIG;  // EFBIG: a size limit
+  return no_room ? ResourceExhaustedError(s.message()) : s;
+}
+
+Result<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& name, uint32_t slots,
+                                                       uint64_t slot_bytes, uint32_t consumers,
+                                                       int rank,
+                                                       std::chrono::milliseconds stall_timeout) {
+  if (slots == 0 || consumers == 0 || consumers > kMaxConsumers || slot_bytes % kPage != 0) {
+    return InvalidArgumentError("shared ring " + name + ": bad geometry");
   }
-  auto* h = new (base) Header{};
+  const size_t data_offset = PageAlign(sizeof(Header));
+  Result<void*> base = Allocate(name, data_offset + size_t{slots} * slot_bytes);
+  while (!base.ok() && base.status().code() == StatusCode::kResourceExhausted && slots > 2) {
+    slots /= 2;  // /dev/shm may be small (a container's 64 MiB)
+    base = Allocate(name, data_offset + size_t{slots} * slot_bytes);
+  }
+  SS_RETURN_IF_ERROR(base.status());
+  const size_t bytes = data_offset + size_t{slots} * slot_bytes;
+  auto* h = new (*base) Header{};
   h->slots = slots;
   h->consumers = consumers;
   h->slot_bytes = slot_bytes;
   h->data_offset = data_offset;
   for (auto& r : h->released) r.store(0, std::memory_order_relaxed);
+  h->producer.rank = rank;
+  h->producer.pid_namespace = PidNamespace();
+  h->producer.pid.store(getpid(), std::memory_order_release);
   std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
-  return std::unique_ptr<SharedRing>(new SharedRing(base, bytes, stall_timeout));
+  return std::unique_ptr<SharedRing>(new SharedRing(*base, bytes, stall_timeout));
 }
 
 Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
@@ -121,7 +166,78 @@ Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
 
 void SharedRing::Unlink(const std::string& name) { shm_unlink(name.c_str()); }
 
+// The pid of the producer that created ring `name`, when it is a complete
+// ring of this pid namespace; 0 otherwise.
+int32_t SharedRing::ProducerOf(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat st {};
+  const size_t need = PageAlign(sizeof(Header));
+  void* base = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= need
+                   ? mmap(nullptr, need, PROT_READ, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  close(fd);
+  if (base == MAP_FAILED) return 0;
+  int32_t pid = 0;
+  const auto* h = static_cast<const Header*>(base);
+  if (std::atomic_ref<const uint64_t>(h->magic).load(std::memory_order_acquire) == kMagic &&
+      h->producer.pid_namespace == PidNamespace()) {
+    pid = h->producer.pid.load(std::memory_order_acquire);
+  }
+  munmap(base, need);
+  return pid;
+}
+
+int SharedRing::RemoveAbandoned() {
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("shardsafe-", 0) != 0) continue;
+    const int32_t pid = ProducerOf("/" + file);
+    if (pid <= 0) continue;
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (fd >= 0) {
+      close(fd);  // alive
+    } else if (errno == ESRCH && shm_unlink(("/" + file).c_str()) == 0) {
+      ++removed;
+    }
+  }
+  return removed;
+}
+
 uint64_t SharedRing::slot_bytes() const { return header_->slot_bytes; }
+uint32_t SharedRing::slots() const { return header_->slots; }
+
+void SharedRing::Join(uint32_t c, int rank) {
+  if (c >= header_->consumers) return;
+  Process& p = header_->consumer[c];
+  p.rank = rank;
+  p.pid_namespace = PidNamespace();
+  p.pid.store(getpid(), std::memory_order_release);
+}
+
+void SharedRing::Watch() {
+  const uint64_t ns = PidNamespace();
+  auto watch = [&](const Process& p, int consumer) {
+    const int32_t pid = p.pid.load(std::memory_order_acquire);
+    if (pid <= 0 || pid == getpid() || ns == 0 || p.pid_namespace != ns) return;
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    if (fd >= 0) watched_.push_back({fd, p.rank, pid, consumer});
+  };
+  watch(header_->producer, -1);
+  for (uint32_t c = 0; c < header_->consumers; ++c) watch(header_->consumer[c], static_cast<int>(c));
+}
+
+template <typename Blocking>
+Status SharedRing::CheckAlive(Blocking blocking, const std::string& what) const {
+  for (const Watched& w : watched_) {
+    if (!blocking(w.consumer) || !Exited(w.pidfd)) continue;
+    return UnavailableError("shared read: rank " + std::to_string(w.rank) + " (pid " +
+                            std::to_string(w.pid) + "), " + what + ", exited");
+  }
+  return Status();
+}
 
 char* SharedRing::Slot(uint32_t block) const {
   return reinterpret_cast<char*>(header_) + header_->data_offset +
@@ -144,6 +260,13 @@ Result<char*> SharedRing::AcquireSlot(uint32_t block) {
     if (low != last_low) {  // progress
       last_low = low;
       deadline = std::chrono::steady_clock::now() + stall_timeout_;
+    } else if (Status s = CheckAlive(
+                   [&](int c) {
+                     return c >= 0 && h.released[c].load(std::memory_order_acquire) < need;
+                   },
+                   "which has yet to take block " + std::to_string(need - 1));
+               !s.ok()) {
+      return s;
     } else if (std::chrono::steady_clock::now() > deadline) {
       return UnavailableError("shared read: no rank took block " + std::to_string(low) +
                               " for " + std::to_string(stall_timeout_.count()) +
@@ -182,6 +305,10 @@ Result<const char*> SharedRing::WaitBlock(uint32_t block) {
     if (published != last) {
       last = published;
       deadline = std::chrono::steady_clock::now() + stall_timeout_;
+    } else if (Status s = CheckAlive([](int c) { return c < 0; },
+                                     "which reads the blocks of this ring");
+               !s.ok()) {
+      return s;
     } else if (std::chrono::steady_clock::now() > deadline) {
       return UnavailableError("shared read: block " + std::to_string(block) + " did not come for " +
                               std::to_string(stall_timeout_.count()) +

@@ -4,8 +4,8 @@
 // once, with O_DIRECT, and no one goes through the page cache.
 //
 // The segment (POSIX shared memory, /dev/shm) holds a header and `slots`
-// slots of `slot_bytes`; the producer creates it and touches every page
-// once, so the copies out of it never fault. Producer and consumers know
+// slots of `slot_bytes`; the producer creates it (its space reserved, so a
+// full /dev/shm fails there and not on first touch). Producer and consumers know
 // the same list of blocks (engine/shared_reads.h computes it on every
 // rank); block k travels in slot k % slots:
 //
@@ -17,8 +17,12 @@
 //
 // A consumer that stops early releases everything, so the producer never
 // waits for it. A producer that fails marks the ring failed with its
-// message, which every consumer waiting on the ring returns. A wait with
-// no progress for `stall_timeout` fails (a process that died mid-load).
+// message, which every consumer waiting on the ring returns. A process
+// that dies fails the others' waits on it within about 50 ms: each records
+// its pid, and a waiter with no progress checks the processes it waits on
+// (pidfds, so neither zombies nor reused pids fool it; processes in another
+// pid namespace, or where pidfds are not allowed, are not checked). A wait
+// with no progress for `stall_timeout` fails too (a process that hangs).
 // Deadlock freedom across several rings: docs/design.md "Shared reads".
 #pragma once
 
@@ -26,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shardsafe/status.h"
 
@@ -37,21 +42,36 @@ class SharedRing {
   static constexpr uint32_t kDetached = UINT32_MAX;  // released: everything
 
   // Creates (exclusively) and maps the segment `name` ("/shardsafe-..."),
-  // pre-faulted. ResourceExhausted when /dev/shm has no room.
+  // for the producer `rank` (this process). When /dev/shm has
+  // no room for `slots` slots, fewer (halving, at least 2; slots() says);
+  // ResourceExhausted when not even 2 fit.
   static Result<std::unique_ptr<SharedRing>> Create(const std::string& name, uint32_t slots,
                                                     uint64_t slot_bytes, uint32_t consumers,
+                                                    int rank,
                                                     std::chrono::milliseconds stall_timeout);
   // Maps a segment another process created; checks its header.
   static Result<std::unique_ptr<SharedRing>> Open(const std::string& name,
                                                   std::chrono::milliseconds stall_timeout);
   // Removes the name (mappings stay valid). Errors are ignored.
   static void Unlink(const std::string& name);
+  // Removes the /dev/shm/shardsafe-* rings whose producer has exited (a
+  // crash between Create and Unlink leaves one behind); rings of live
+  // processes, of other pid namespaces, and anything not a ring stay.
+  // Returns how many it removed.
+  static int RemoveAbandoned();
 
   ~SharedRing();
   SharedRing(const SharedRing&) = delete;
   SharedRing& operator=(const SharedRing&) = delete;
 
   uint64_t slot_bytes() const;
+  uint32_t slots() const;
+
+  // This process is consumer `c` (its `rank`), the producer included.
+  void Join(uint32_t c, int rank);
+  // Once every consumer has joined: the processes this one may wait on
+  // (the producer, or the consumers) are watched from now on.
+  void Watch();
 
   // Producer: the slot for block k, once every consumer has released
   // block k - slots. Fails after stall_timeout without a release.
@@ -69,12 +89,26 @@ class SharedRing {
 
  private:
   struct Header;
+  struct Process;
+  struct Watched {
+    int pidfd;
+    int rank;
+    int32_t pid;
+    int consumer;  // -1: the producer
+  };
   SharedRing(void* base, size_t bytes, std::chrono::milliseconds stall_timeout);
+  static Result<void*> Allocate(const std::string& name, size_t bytes);
+  static int32_t ProducerOf(const std::string& name);
   char* Slot(uint32_t block) const;
+  // An error naming the first watched process `blocking(consumer)` selects
+  // that has exited; OK while they all live.
+  template <typename Blocking>
+  Status CheckAlive(Blocking blocking, const std::string& what) const;
 
   Header* header_;
   size_t mapped_bytes_;
   std::chrono::milliseconds stall_timeout_;
+  std::vector<Watched> watched_;
 };
 
 }  // namespace shardsafe

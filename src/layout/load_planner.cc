@@ -115,6 +115,7 @@ class Planner {
       if (!Overlaps(t.chunks[c].slice.box, want.slice.box)) continue;
       runs_.clear();
       CommonRuns(t.chunks[c].slice, want.slice, &runs_);
+      if (!runs_.empty()) block_starts_.push_back(pieces_.size());
       for (const ElementRun& run : runs_) SS_RETURN_IF_ERROR(AddPiece(w, c, run, where));
       for (const ElementRun& run : runs_) covered += run.count;
     }
@@ -179,9 +180,14 @@ class Planner {
       const uint64_t end = c.at + *bytes;
       if (s.lo == c.at && s.hi == end) continue;
       if (s.lo - c.at > options_.join_gap_bytes || end - s.hi > options_.join_gap_bytes) continue;
-      if (s.lo > c.at) pieces_.push_back(Filler(c.at, s.lo, s.file, key));
-      if (end > s.hi) pieces_.push_back(Filler(s.hi, end, s.file, key));
+      if (s.lo > c.at) AddFiller(Filler(c.at, s.lo, s.file, key));
+      if (end > s.hi) AddFiller(Filler(s.hi, end, s.file, key));
     }
+  }
+
+  void AddFiller(const Piece& p) {
+    block_starts_.push_back(pieces_.size());
+    pieces_.push_back(p);
   }
 
   static Piece Filler(uint64_t lo, uint64_t hi, uint32_t file,
@@ -191,35 +197,75 @@ class Planner {
 
   // Step 2.
   void FormExtents() {
-    std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) {
-      return std::tie(a.file, a.offset, a.want, a.dst_elem) <
-             std::tie(b.file, b.offset, b.want, b.dst_elem);
-    });
+    SortPieces();
     std::vector<bool> join(pieces_.size(), false);
-    std::vector<std::pair<uint64_t, size_t>> gaps;  // (gap bytes, piece after it)
+    std::vector<std::pair<uint64_t, size_t>> gaps;  // (gap bytes, piece after it), large ones
     uint64_t reach = 0;  // end of the pieces so far in this file
     for (size_t i = 0; i < pieces_.size(); ++i) {
       const Piece& p = pieces_[i];
       const bool same_file = i > 0 && pieces_[i - 1].file == p.file;
-      if (same_file && p.offset <= reach) join[i] = true;
+      if (same_file && p.offset <= reach + options_.join_gap_bytes) join[i] = true;
       else if (same_file) gaps.push_back({p.offset - reach, i});
       reach = same_file ? std::max(reach, p.end()) : p.end();
     }
-    std::sort(gaps.begin(), gaps.end());
+    std::sort(gaps.begin(), gaps.end());  // the cheapest first, within the budget
     const auto budget = static_cast<uint64_t>(options_.max_overread_fraction *
                                               static_cast<double>(plan_.bytes_needed));
     uint64_t spent = 0;
     for (const auto& [bytes, i] : gaps) {
-      if (bytes > options_.join_gap_bytes) {  // gaps ascend: the cheap ones came first
-        if (spent + bytes > budget) break;
-        spent += bytes;
-      }
+      if (spent + bytes > budget) break;
+      spent += bytes;
       join[i] = true;
     }
     extent_.resize(pieces_.size());
     for (size_t i = 0; i < pieces_.size(); ++i) {
       extent_[i] = i == 0 ? 0 : extent_[i - 1] + (join[i] ? 0 : 1);
     }
+  }
+
+  // Sorts the pieces by (file, offset, want, dst_elem). They come in blocks
+  // (one want's runs in one chunk, or a filler), each ascending by offset;
+  // when the blocks' byte ranges do not overlap (wants reading different
+  // bytes, the usual case), ordering the blocks orders the pieces, at the
+  // cost of sorting a few thousand blocks instead of ~10^6 pieces.
+  void SortPieces() {
+    const auto less = [](const Piece& a, const Piece& b) {
+      return std::tie(a.file, a.offset, a.want, a.dst_elem) <
+             std::tie(b.file, b.offset, b.want, b.dst_elem);
+    };
+    struct Block {
+      size_t begin, end;
+    };
+    std::vector<Block> blocks;
+    bool ascending = true;
+    for (size_t b = 0; b < block_starts_.size(); ++b) {
+      const size_t begin = block_starts_[b];
+      const size_t end = b + 1 < block_starts_.size() ? block_starts_[b + 1] : pieces_.size();
+      for (size_t i = begin + 1; ascending && i < end; ++i) {
+        ascending = pieces_[i - 1].end() <= pieces_[i].offset &&
+                    pieces_[i - 1].offset < pieces_[i].offset;
+      }
+      blocks.push_back({begin, end});
+    }
+    std::sort(blocks.begin(), blocks.end(), [&](const Block& a, const Block& b) {
+      return less(pieces_[a.begin], pieces_[b.begin]);
+    });
+    for (size_t b = 1; ascending && b < blocks.size(); ++b) {
+      const Piece& last = pieces_[blocks[b - 1].end - 1];
+      const Piece& next = pieces_[blocks[b].begin];
+      ascending = last.file != next.file ||
+                  (last.end() <= next.offset && last.offset < next.offset);
+    }
+    if (!ascending) {
+      std::sort(pieces_.begin(), pieces_.end(), less);
+      return;
+    }
+    std::vector<Piece> sorted;
+    sorted.reserve(pieces_.size());
+    for (const Block& b : blocks) {
+      sorted.insert(sorted.end(), pieces_.begin() + b.begin, pieces_.begin() + b.end);
+    }
+    pieces_ = std::move(sorted);
   }
 
   // Step 3.
@@ -382,7 +428,8 @@ class Planner {
   std::vector<bool> validated_;
   std::vector<ElementRun> runs_;  // scratch
   std::vector<Piece> pieces_;
-  std::vector<uint32_t> extent_;  // per piece
+  std::vector<size_t> block_starts_;  // where each block of pieces begins (SortPieces)
+  std::vector<uint32_t> extent_;      // per piece
   std::optional<Part> pending_;   // the small read being formed
   LoadPlan plan_;
 };
