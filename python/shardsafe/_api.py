@@ -463,8 +463,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
         source = _C.open_source(os.fspath(path), comm)
-        desc = _C.describe_source(source)
-        with _gc_paused():
+        with _gc_paused():  # the description holds an entry per saved tensor
+            desc = _C.describe_source(source)
             flat, keys, plan, report = _prepare_load(state_dict, desc, rename, experts,
                                                      dequantize_fp8, options)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:

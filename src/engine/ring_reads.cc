@@ -119,11 +119,11 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths)
   std::vector<Status> failed(readers);
   auto read = [&](uint32_t reader) {
     std::unique_ptr<RandomAccessFile> file;
-    // Blocks are read into private memory and copied into their slot: its
-    // pages are huge (AlignedBuffer asks for THP), so the disk gets
-    // requests of up to max_sectors_kb; read straight into the slot's 4 KiB
-    // shared-memory pages, each request was capped at max_segments pages
-    // (254 x 4 KiB here), 3x the requests, and the LLM-mix resharded load
+    // Blocks are read into a private buffer and copied into their slot. The
+    // buffer's pages are huge (AlignedBuffer asks for THP), so the disk gets
+    // requests of up to max_sectors_kb; read straight into a slot's 4 KiB
+    // shared-memory pages, a request spanned at most max_segments pages
+    // (254 x 4 KiB here): 3x the requests, and the LLM-mix resharded load
     // took 1.3-2.25 s instead of 1.04-1.46 s (bench/README.md "Session 15").
     // The read also no longer waits for the slot to be free.
     AlignedBuffer staging = AcquireAlignedBuffer(ring.slot_bytes());

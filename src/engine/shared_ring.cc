@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -51,7 +50,6 @@ bool Exited(int pidfd) {
   pollfd p{pidfd, POLLIN, 0};
   return poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
 }
-
 
 }  // namespace
 
@@ -230,13 +228,16 @@ void SharedRing::Watch() {
 }
 
 template <typename Blocking>
-Status SharedRing::CheckAlive(Blocking blocking, const std::string& what) const {
+const SharedRing::Watched* SharedRing::ExitedPeer(Blocking blocking) const {
   for (const Watched& w : watched_) {
-    if (!blocking(w.consumer) || !Exited(w.pidfd)) continue;
-    return UnavailableError("shared read: rank " + std::to_string(w.rank) + " (pid " +
-                            std::to_string(w.pid) + "), " + what + ", exited");
+    if (blocking(w.consumer) && Exited(w.pidfd)) return &w;
   }
-  return Status();
+  return nullptr;
+}
+
+Status SharedRing::PeerExited(const Watched& w, const std::string& what) {
+  return UnavailableError("shared read: rank " + std::to_string(w.rank) + " (pid " +
+                          std::to_string(w.pid) + "), " + what + ", exited");
 }
 
 char* SharedRing::Slot(uint32_t block) const {
@@ -260,13 +261,10 @@ Result<char*> SharedRing::AcquireSlot(uint32_t block) {
     if (low != last_low) {  // progress
       last_low = low;
       deadline = std::chrono::steady_clock::now() + stall_timeout_;
-    } else if (Status s = CheckAlive(
-                   [&](int c) {
-                     return c >= 0 && h.released[c].load(std::memory_order_acquire) < need;
-                   },
-                   "which has yet to take block " + std::to_string(need - 1));
-               !s.ok()) {
-      return s;
+    } else if (const Watched* gone = ExitedPeer([&](int c) {
+                 return c >= 0 && h.released[c].load(std::memory_order_acquire) < need;
+               })) {
+      return PeerExited(*gone, "which has yet to take block " + std::to_string(need - 1));
     } else if (std::chrono::steady_clock::now() > deadline) {
       return UnavailableError("shared read: no rank took block " + std::to_string(low) +
                               " for " + std::to_string(stall_timeout_.count()) +
@@ -305,10 +303,8 @@ Result<const char*> SharedRing::WaitBlock(uint32_t block) {
     if (published != last) {
       last = published;
       deadline = std::chrono::steady_clock::now() + stall_timeout_;
-    } else if (Status s = CheckAlive([](int c) { return c < 0; },
-                                     "which reads the blocks of this ring");
-               !s.ok()) {
-      return s;
+    } else if (const Watched* gone = ExitedPeer([](int c) { return c < 0; })) {
+      return PeerExited(*gone, "which reads the blocks of this ring");
     } else if (std::chrono::steady_clock::now() > deadline) {
       return UnavailableError("shared read: block " + std::to_string(block) + " did not come for " +
                               std::to_string(stall_timeout_.count()) +

@@ -4,9 +4,9 @@
 // once, with O_DIRECT, and no one goes through the page cache.
 //
 // The segment (POSIX shared memory, /dev/shm) holds a header and `slots`
-// slots of `slot_bytes`; the producer creates it (its space reserved, so a
-// full /dev/shm fails there and not on first touch). Producer and consumers know
-// the same list of blocks (engine/shared_reads.h computes it on every
+// slots of `slot_bytes`; the producer creates it (its space reserved, so
+// a full /dev/shm fails there, not on first touch). Producer and consumers
+// know the same list of blocks (engine/shared_reads.h computes it on every
 // rank); block k travels in slot k % slots:
 //
 //   producer: wait until every consumer has released block k - slots,
@@ -41,9 +41,9 @@ class SharedRing {
   static constexpr uint32_t kMaxConsumers = 64;
   static constexpr uint32_t kDetached = UINT32_MAX;  // released: everything
 
-  // Creates (exclusively) and maps the segment `name` ("/shardsafe-..."),
-  // for the producer `rank` (this process). When /dev/shm has
-  // no room for `slots` slots, fewer (halving, at least 2; slots() says);
+  // Creates (exclusively) and maps the segment `name` ("/shardsafe-...")
+  // for the producer `rank` (this process). When /dev/shm has no room for
+  // `slots` slots, fewer (halving, at least 2; slots() says);
   // ResourceExhausted when not even 2 fit.
   static Result<std::unique_ptr<SharedRing>> Create(const std::string& name, uint32_t slots,
                                                     uint64_t slot_bytes, uint32_t consumers,
@@ -100,10 +100,11 @@ class SharedRing {
   static Result<void*> Allocate(const std::string& name, size_t bytes);
   static int32_t ProducerOf(const std::string& name);
   char* Slot(uint32_t block) const;
-  // An error naming the first watched process `blocking(consumer)` selects
-  // that has exited; OK while they all live.
+  // The first watched process that `blocking(consumer)` selects and that
+  // has exited; null while they all live.
   template <typename Blocking>
-  Status CheckAlive(Blocking blocking, const std::string& what) const;
+  const Watched* ExitedPeer(Blocking blocking) const;
+  static Status PeerExited(const Watched& w, const std::string& what);
 
   Header* header_;
   size_t mapped_bytes_;
