@@ -205,7 +205,7 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
         if b.local.numel() == 0 and math.prod(b.shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
         boxes.append((leaf.key, name, b))
-    on_device = [i for i, (_, _, b) in enumerate(boxes) if b.local.device.type != "cpu"]
+    on_device = [i for i, (_, _, b) in enumerate(boxes) if not b.local.is_cpu]
     if on_device:
         hosts = args.hold.enter_context(_STAGING.borrow([boxes[i][2].local for i in on_device]))
         for i, h in zip(on_device, hosts):
@@ -215,7 +215,12 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
             boxes[i][2].local = h
         torch.cuda.synchronize()
     for key, name, b in boxes:
-        local = b.local.detach().resolve_conj().resolve_neg().contiguous()
+        local = b.local
+        # The engine reads the memory as it lies: lazy conj/neg views and
+        # strided tensors are materialised first (checked first: the calls
+        # cost ~1 us per tensor even when they return the tensor itself).
+        if not local.is_contiguous() or local.is_conj() or local.is_neg():
+            local = local.detach().resolve_conj().resolve_neg().contiguous()
         args.keep.append(local)
         args.specs.append((key, name, b.shape, b.offset, b.size, local.data_ptr()))
 
@@ -499,7 +504,7 @@ def _read(reads: list[_Read], source: _C.OpenedSource, comm: TorchComm | None,
     staged = []
     for r in plain:
         d = r.dest
-        if d.device.type == "cpu" and d.is_contiguous() and not d.is_conj() and not d.is_neg():
+        if d.is_cpu and d.is_contiguous() and not d.is_conj() and not d.is_neg():
             r.buf = d
         else:
             staged.append(r)  # device, strided, or lazily conjugated/negated
