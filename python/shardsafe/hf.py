@@ -185,8 +185,13 @@ class Source:
 class Direct(Source):
     def __init__(self, state_key: str, key: str):
         self.keys = [key]
-        self.label = (_label(state_key, f"checkpoint {key!r}") if key != state_key
-                      else f'tensor "{key}"')
+        self.state_key = state_key
+
+    @property
+    def label(self) -> str:  # built only for a message (one Direct per tensor per call)
+        key = self.keys[0]
+        return (_label(self.state_key, f"checkpoint {key!r}") if key != self.state_key
+                else f'tensor "{key}"')
 
     def pieces(self, offset, size):
         return [Piece(self.keys[0], tuple(offset), tuple(size), ())]
