@@ -27,9 +27,9 @@ std::string RingName(const char* what) {
   return "/shardsafe-test-" + std::string(what) + "-" + std::to_string(getpid());
 }
 
-// A child process that runs `body` and exits (without the parent's atexit
-// handlers), told when to go through a pipe; the parent learns when the
-// child is ready (body's first part done) through another.
+// A forked child: it runs `ready`, tells the parent (WaitReady), waits for
+// Go, runs `exit` and leaves with _exit (no atexit handlers of the parent),
+// its code ready's when nonzero (exit then does not run), else exit's.
 class Child {
  public:
   template <typename Ready, typename Exit>
