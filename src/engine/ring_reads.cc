@@ -179,13 +179,10 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
     SharedRing::RemoveAbandoned();  // leftovers of crashed loads, before taking room
     const RingRole& role = plan.rings[plan.produced];
     Result<std::unique_ptr<SharedRing>> ring =
-        SharedRing::Create(role.name, role.slots, role.slot_bytes, role.consumers, comm.rank(),
-                           stall_timeout);
+        SharedRing::Create(role.name, role.slots, role.slot_bytes, role.consumers, role.consumer,
+                           comm.rank(), stall_timeout);
     created = ring.status();
-    if (ring.ok()) {
-      (*ring)->Join(role.consumer, comm.rank());
-      reads->rings_[plan.produced] = std::move(*ring);
-    }
+    if (ring.ok()) reads->rings_[plan.produced] = std::move(*ring);
   }
   SS_ASSIGN_OR_RETURN(bool all_created, AllOk(comm, created));
   Status opened;

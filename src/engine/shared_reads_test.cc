@@ -1,6 +1,8 @@
 #include "engine/shared_reads.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -189,6 +191,17 @@ TEST(SharedRingTest, ManyBlocksThroughFewSlotsArriveIntact) {
   o.min_bytes = 4096;
   o.ring_slot_bytes = 64 << 10;
   o.ring_slots = 2;
+  // A ring left by a producer killed during setup: this load's producer
+  // removes it (SetUpRings, SharedRing::RemoveAbandoned).
+  const std::string abandoned = "/shardsafe-test-left-" + std::to_string(getpid());
+  if (const pid_t child = fork(); child == 0) {
+    _exit(SharedRing::Create(abandoned, 2, 4096, 1, 0, 0, std::chrono::seconds(1)).ok() ? 0 : 1);
+  } else {
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  ASSERT_TRUE(std::filesystem::exists("/dev/shm" + abandoned));
   RunRanks(2, [&](int r, Comm& comm) {
     const LoadPlan plan = PlanOf({{0, 0, bytes.size()}});
     auto shared = PlanSharedReads(comm, &plan, {bytes.size()}, o);
@@ -226,6 +239,7 @@ TEST(SharedRingTest, ManyBlocksThroughFewSlotsArriveIntact) {
     producer.join();
     EXPECT_TRUE(produced.ok()) << produced.ToString();
   });
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + abandoned));
   std::filesystem::remove_all(dir);
 }
 

@@ -15,11 +15,12 @@
 #include <filesystem>
 #include <new>
 
+#include "storage/aligned_buffer.h"
+
 namespace shardsafe {
 namespace {
 
 constexpr uint64_t kMagic = 0x676e69526e616853;  // "ShanRing"
-constexpr size_t kPage = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(50);  // liveness checks while waiting
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -36,14 +37,15 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
           0);
 }
 
-size_t PageAlign(size_t n) { return (n + kPage - 1) / kPage * kPage; }
-
 // This process's pid namespace (0 if unknown): pids written by processes of
 // another namespace mean nothing here.
 uint64_t PidNamespace() {
   struct stat st {};
   return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
+
+// A pidfd for `pid`, or -1 (no such process here, or pidfds refused).
+int PidFd(int32_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
 
 // True once the process behind `pidfd` has exited (zombies included).
 bool Exited(int pidfd) {
@@ -53,7 +55,8 @@ bool Exited(int pidfd) {
 
 }  // namespace
 
-// A process taking part: pid is set last (release), when the rest is valid.
+// A process taking part (a consumer, the producer among them): pid is set
+// last (release), when the rest is valid.
 struct SharedRing::Process {
   std::atomic<int32_t> pid;
   int32_t rank;
@@ -70,7 +73,7 @@ struct SharedRing::Header {
   std::atomic<uint32_t> release_seq;  // bumped on every release (the producer waits on it)
   std::atomic<uint32_t> failed;
   char message[512];
-  Process producer;
+  uint32_t producer;  // the producer's index among the consumers
   std::atomic<uint32_t> released[kMaxConsumers];
   Process consumer[kMaxConsumers];
 };
@@ -106,12 +109,13 @@ Result<void*> SharedRing::Allocate(const std::string& name, size_t bytes) {
 
 Result<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& name, uint32_t slots,
                                                        uint64_t slot_bytes, uint32_t consumers,
-                                                       int rank,
+                                                       uint32_t self, int rank,
                                                        std::chrono::milliseconds stall_timeout) {
-  if (slots == 0 || consumers == 0 || consumers > kMaxConsumers || slot_bytes % kPage != 0) {
+  if (slots == 0 || consumers == 0 || consumers > kMaxConsumers || self >= consumers ||
+      !IsAligned(slot_bytes)) {
     return InvalidArgumentError("shared ring " + name + ": bad geometry");
   }
-  const size_t data_offset = PageAlign(sizeof(Header));
+  const size_t data_offset = AlignUp(sizeof(Header));
   Result<void*> base = Allocate(name, data_offset + size_t{slots} * slot_bytes);
   while (!base.ok() && base.status().code() == StatusCode::kResourceExhausted && slots > 2) {
     slots /= 2;  // /dev/shm may be small (a container's 64 MiB)
@@ -125,11 +129,11 @@ Result<std::unique_ptr<SharedRing>> SharedRing::Create(const std::string& name, 
   h->slot_bytes = slot_bytes;
   h->data_offset = data_offset;
   for (auto& r : h->released) r.store(0, std::memory_order_relaxed);
-  h->producer.rank = rank;
-  h->producer.pid_namespace = PidNamespace();
-  h->producer.pid.store(getpid(), std::memory_order_release);
+  h->producer = self;
+  auto ring = std::unique_ptr<SharedRing>(new SharedRing(*base, bytes, stall_timeout));
+  ring->Join(self, rank);
   std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);
-  return std::unique_ptr<SharedRing>(new SharedRing(*base, bytes, stall_timeout));
+  return ring;
 }
 
 Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
@@ -156,7 +160,8 @@ Result<std::unique_ptr<SharedRing>> SharedRing::Open(const std::string& name,
   const Header& h = *ring->header_;
   const bool sane =
       std::atomic_ref<const uint64_t>(h.magic).load(std::memory_order_acquire) == kMagic &&
-      h.consumers <= kMaxConsumers && h.data_offset >= sizeof(Header) &&
+      h.consumers <= kMaxConsumers && h.producer < h.consumers &&
+      h.data_offset >= sizeof(Header) &&
       h.data_offset + uint64_t{h.slots} * h.slot_bytes <= static_cast<uint64_t>(st.st_size);
   if (!sane) return InternalError("shared memory " + name + ": not a shardsafe ring");
   return ring;
@@ -170,7 +175,7 @@ int32_t SharedRing::ProducerOf(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) return 0;
   struct stat st {};
-  const size_t need = PageAlign(sizeof(Header));
+  const size_t need = AlignUp(sizeof(Header));
   void* base = fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= need
                    ? mmap(nullptr, need, PROT_READ, MAP_SHARED, fd, 0)
                    : MAP_FAILED;
@@ -179,8 +184,8 @@ int32_t SharedRing::ProducerOf(const std::string& name) {
   int32_t pid = 0;
   const auto* h = static_cast<const Header*>(base);
   if (std::atomic_ref<const uint64_t>(h->magic).load(std::memory_order_acquire) == kMagic &&
-      h->producer.pid_namespace == PidNamespace()) {
-    pid = h->producer.pid.load(std::memory_order_acquire);
+      h->producer < kMaxConsumers && h->consumer[h->producer].pid_namespace == PidNamespace()) {
+    pid = h->consumer[h->producer].pid.load(std::memory_order_acquire);
   }
   munmap(base, need);
   return pid;
@@ -194,7 +199,7 @@ int SharedRing::RemoveAbandoned() {
     if (file.rfind("shardsafe-", 0) != 0) continue;
     const int32_t pid = ProducerOf("/" + file);
     if (pid <= 0) continue;
-    const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+    const int fd = PidFd(pid);
     if (fd >= 0) {
       close(fd);  // alive
     } else if (errno == ESRCH && shm_unlink(("/" + file).c_str()) == 0) {
@@ -217,14 +222,16 @@ void SharedRing::Join(uint32_t c, int rank) {
 
 void SharedRing::Watch() {
   const uint64_t ns = PidNamespace();
-  auto watch = [&](const Process& p, int consumer) {
+  const uint32_t producer = header_->producer;
+  const bool producing = header_->consumer[producer].pid.load(std::memory_order_acquire) == getpid();
+  for (uint32_t c = 0; c < header_->consumers; ++c) {
+    if (!producing && c != producer) continue;  // a consumer waits only on the producer
+    const Process& p = header_->consumer[c];
     const int32_t pid = p.pid.load(std::memory_order_acquire);
-    if (pid <= 0 || pid == getpid() || ns == 0 || p.pid_namespace != ns) return;
-    const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-    if (fd >= 0) watched_.push_back({fd, p.rank, pid, consumer});
-  };
-  watch(header_->producer, -1);
-  for (uint32_t c = 0; c < header_->consumers; ++c) watch(header_->consumer[c], static_cast<int>(c));
+    if (pid <= 0 || pid == getpid() || ns == 0 || p.pid_namespace != ns) continue;
+    const int fd = PidFd(pid);
+    if (fd >= 0) watched_.push_back({fd, p.rank, pid, c});
+  }
 }
 
 template <typename Blocking>
@@ -249,7 +256,7 @@ Result<char*> SharedRing::AcquireSlot(uint32_t block) {
   Header& h = *header_;
   if (block < h.slots) return Slot(block);
   const uint32_t need = block - h.slots + 1;  // releases of every consumer
-  auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
+  auto since = std::chrono::steady_clock::now();  // the last progress
   uint32_t last_low = 0;
   for (;;) {
     const uint32_t seq = h.release_seq.load(std::memory_order_acquire);
@@ -258,17 +265,21 @@ Result<char*> SharedRing::AcquireSlot(uint32_t block) {
       low = std::min(low, h.released[c].load(std::memory_order_acquire));
     }
     if (low >= need) return Slot(block);
-    if (low != last_low) {  // progress
+    const auto now = std::chrono::steady_clock::now();
+    if (low != last_low) {
       last_low = low;
-      deadline = std::chrono::steady_clock::now() + stall_timeout_;
-    } else if (const Watched* gone = ExitedPeer([&](int c) {
-                 return c >= 0 && h.released[c].load(std::memory_order_acquire) < need;
-               })) {
-      return PeerExited(*gone, "which has yet to take block " + std::to_string(need - 1));
-    } else if (std::chrono::steady_clock::now() > deadline) {
-      return UnavailableError("shared read: no rank took block " + std::to_string(low) +
-                              " for " + std::to_string(stall_timeout_.count()) +
-                              " ms (did a rank stop?)");
+      since = now;
+    } else if (now - since >= kPoll) {  // quiet for a futex timeout: anyone gone?
+      if (const Watched* gone = ExitedPeer([&](uint32_t c) {
+            return h.released[c].load(std::memory_order_acquire) < need;
+          })) {
+        return PeerExited(*gone, "which has yet to take block " + std::to_string(need - 1));
+      }
+      if (now - since > stall_timeout_) {
+        return UnavailableError("shared read: no rank took block " + std::to_string(low) +
+                                " for " + std::to_string(stall_timeout_.count()) +
+                                " ms (did a rank stop?)");
+      }
     }
     FutexWait(&h.release_seq, seq);
   }
@@ -292,7 +303,7 @@ void SharedRing::Fail(const std::string& message) {
 
 Result<const char*> SharedRing::WaitBlock(uint32_t block) {
   Header& h = *header_;
-  auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
+  auto since = std::chrono::steady_clock::now();  // the last progress
   uint32_t last = h.published.load(std::memory_order_acquire);
   for (;;) {
     const uint32_t published = h.published.load(std::memory_order_acquire);
@@ -300,15 +311,19 @@ Result<const char*> SharedRing::WaitBlock(uint32_t block) {
     if (h.failed.load(std::memory_order_acquire) != 0) {
       return UnavailableError(std::string("shared read: the reading rank failed: ") + h.message);
     }
+    const auto now = std::chrono::steady_clock::now();
     if (published != last) {
       last = published;
-      deadline = std::chrono::steady_clock::now() + stall_timeout_;
-    } else if (const Watched* gone = ExitedPeer([](int c) { return c < 0; })) {
-      return PeerExited(*gone, "which reads the blocks of this ring");
-    } else if (std::chrono::steady_clock::now() > deadline) {
-      return UnavailableError("shared read: block " + std::to_string(block) + " did not come for " +
-                              std::to_string(stall_timeout_.count()) +
-                              " ms (did the reading rank stop?)");
+      since = now;
+    } else if (now - since >= kPoll) {  // quiet for a futex timeout: is the producer gone?
+      if (const Watched* gone = ExitedPeer([&](uint32_t c) { return c == h.producer; })) {
+        return PeerExited(*gone, "which reads the blocks of this ring");
+      }
+      if (now - since > stall_timeout_) {
+        return UnavailableError("shared read: block " + std::to_string(block) +
+                                " did not come for " + std::to_string(stall_timeout_.count()) +
+                                " ms (did the reading rank stop?)");
+      }
     }
     FutexWait(&h.published, published);
   }

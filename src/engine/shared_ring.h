@@ -18,11 +18,12 @@
 // A consumer that stops early releases everything, so the producer never
 // waits for it. A producer that fails marks the ring failed with its
 // message, which every consumer waiting on the ring returns. A process
-// that dies fails the others' waits on it within about 50 ms: each records
-// its pid, and a waiter with no progress checks the processes it waits on
-// (pidfds, so neither zombies nor reused pids fool it; processes in another
-// pid namespace, or where pidfds are not allowed, are not checked). A wait
-// with no progress for `stall_timeout` fails too (a process that hangs).
+// that dies fails the others' waits on it within ~0.1 s: each records its
+// pid, and a waiter without progress for 50 ms checks the processes it
+// waits on (pidfds, so neither zombies nor reused pids fool it; processes
+// in another pid namespace, or where pidfds are not allowed, are not
+// checked). A wait with no progress for `stall_timeout` fails too (a
+// process that hangs).
 // Deadlock freedom across several rings: docs/design.md "Shared reads".
 #pragma once
 
@@ -42,12 +43,12 @@ class SharedRing {
   static constexpr uint32_t kDetached = UINT32_MAX;  // released: everything
 
   // Creates (exclusively) and maps the segment `name` ("/shardsafe-...")
-  // for the producer `rank` (this process). When /dev/shm has no room for
-  // `slots` slots, fewer (halving, at least 2; slots() says);
-  // ResourceExhausted when not even 2 fit.
+  // for this process, the producer: consumer `self` of `consumers` (joined),
+  // `rank`. When /dev/shm has no room for `slots` slots, fewer (halving, at
+  // least 2; slots() says); ResourceExhausted when not even 2 fit.
   static Result<std::unique_ptr<SharedRing>> Create(const std::string& name, uint32_t slots,
                                                     uint64_t slot_bytes, uint32_t consumers,
-                                                    int rank,
+                                                    uint32_t self, int rank,
                                                     std::chrono::milliseconds stall_timeout);
   // Maps a segment another process created; checks its header.
   static Result<std::unique_ptr<SharedRing>> Open(const std::string& name,
@@ -67,10 +68,11 @@ class SharedRing {
   uint64_t slot_bytes() const;
   uint32_t slots() const;
 
-  // This process is consumer `c` (its `rank`), the producer included.
+  // This process (a consumer other than the producer) is consumer `c`, `rank`.
   void Join(uint32_t c, int rank);
-  // Once every consumer has joined: the processes this one may wait on
-  // (the producer, or the consumers) are watched from now on.
+  // Once every consumer has joined: the processes this one may wait on are
+  // watched from now on (a consumer's: the producer; the producer's: the
+  // consumers).
   void Watch();
 
   // Producer: the slot for block k, once every consumer has released
@@ -94,14 +96,14 @@ class SharedRing {
     int pidfd;
     int rank;
     int32_t pid;
-    int consumer;  // -1: the producer
+    uint32_t consumer;
   };
   SharedRing(void* base, size_t bytes, std::chrono::milliseconds stall_timeout);
   static Result<void*> Allocate(const std::string& name, size_t bytes);
   static int32_t ProducerOf(const std::string& name);
   char* Slot(uint32_t block) const;
-  // The first watched process that `blocking(consumer)` selects and that
-  // has exited; null while they all live.
+  // The first watched process that `blocking(consumer index)` selects and
+  // that has exited; null while they all live.
   template <typename Blocking>
   const Watched* ExitedPeer(Blocking blocking) const;
   static Status PeerExited(const Watched& w, const std::string& what);

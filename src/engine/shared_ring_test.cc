@@ -71,9 +71,8 @@ class Child {
 
 TEST(SharedRingTest, AProducerWaitingOnAConsumerThatDiedFailsNamingIt) {
   const std::string name = RingName("consumer-died");
-  auto ring = SharedRing::Create(name, 2, kSlot, 2, /*rank=*/0, kStall);
+  auto ring = SharedRing::Create(name, 2, kSlot, 2, /*self=*/0, /*rank=*/0, kStall);
   ASSERT_TRUE(ring.ok()) << ring.status().ToString();
-  (*ring)->Join(0, 0);
   Child child(
       [&] {
         auto mine = SharedRing::Open(name, kStall);
@@ -107,9 +106,8 @@ TEST(SharedRingTest, AConsumerWaitingOnAProducerThatDiedFailsNamingIt) {
   const std::string name = RingName("producer-died");
   Child child(
       [&] {
-        auto mine = SharedRing::Create(name, 2, kSlot, 2, /*rank=*/3, kStall);
+        auto mine = SharedRing::Create(name, 2, kSlot, 2, /*self=*/0, /*rank=*/3, kStall);
         if (!mine.ok()) return 1;
-        (*mine)->Join(0, 3);
         mine->release();
         return 0;
       },
@@ -133,10 +131,9 @@ TEST(SharedRingTest, AConsumerWaitingOnAProducerThatDiedFailsNamingIt) {
 
 TEST(SharedRingTest, ALiveButSilentPeerFailsAfterTheStallTimeout) {
   const std::string name = RingName("stall");
-  auto ring = SharedRing::Create(name, 2, kSlot, 1, 0, std::chrono::milliseconds(200));
+  auto ring = SharedRing::Create(name, 2, kSlot, 1, 0, 0, std::chrono::milliseconds(200));
   SharedRing::Unlink(name);
   ASSERT_TRUE(ring.ok());
-  (*ring)->Join(0, 0);
   (*ring)->Watch();
   auto block = (*ring)->WaitBlock(0);  // this process produces nothing
   ASSERT_FALSE(block.ok());
@@ -154,11 +151,10 @@ TEST(SharedRingTest, TooLittleSharedMemoryGivesFewerSlots) {
         signal(SIGXFSZ, SIG_IGN);
         const rlimit limit{5 * kBigSlot, 5 * kBigSlot};  // header + 4 slots fit, not 8
         if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 2;
-        auto ring = SharedRing::Create(name, 8, kBigSlot, 1, 0, kStall);
+        auto ring = SharedRing::Create(name, 8, kBigSlot, 1, 0, 0, kStall);
         SharedRing::Unlink(name);
         if (!ring.ok()) return 3;
         if ((*ring)->slots() != 4) return 10 + static_cast<int>((*ring)->slots());
-        (*ring)->Join(0, 0);
         for (uint32_t k = 0; k < 12; ++k) {
           auto slot = (*ring)->AcquireSlot(k);
           if (!slot.ok()) return 4;
@@ -170,7 +166,7 @@ TEST(SharedRingTest, TooLittleSharedMemoryGivesFewerSlots) {
         }
         const rlimit tiny{kBigSlot, kBigSlot};  // not even 2 slots
         if (setrlimit(RLIMIT_FSIZE, &tiny) != 0) return 2;
-        auto none = SharedRing::Create(name, 8, kBigSlot, 1, 0, kStall);
+        auto none = SharedRing::Create(name, 8, kBigSlot, 1, 0, 0, kStall);
         return none.status().code() == StatusCode::kResourceExhausted ? 0 : 6;
       },
       [] { return 0; });
@@ -180,17 +176,18 @@ TEST(SharedRingTest, TooLittleSharedMemoryGivesFewerSlots) {
 }
 
 // A producer killed between creating its ring and removing the name leaves
-// the segment in /dev/shm; the next load's producers remove it.
+// the segment in /dev/shm; RemoveAbandoned removes it (a load's producers
+// call it: shared_reads_test.cc, ManyBlocksThroughFewSlotsArriveIntact).
 TEST(SharedRingTest, RingsOfExitedProducersAreRemoved) {
   const std::string abandoned = RingName("abandoned");
   const std::string live = RingName("live");
   const std::string other = "/dev/shm/shardsafe-test-not-a-ring-" + std::to_string(getpid());
-  Child child([&] { return SharedRing::Create(abandoned, 2, kSlot, 1, 0, kStall).ok() ? 0 : 1; },
+  Child child([&] { return SharedRing::Create(abandoned, 2, kSlot, 1, 0, 0, kStall).ok() ? 0 : 1; },
               [] { return 0; });  // exits without Unlink
   ASSERT_TRUE(child.WaitReady());
   child.Go();
   ASSERT_EQ(child.Reap(), 0);
-  auto mine = SharedRing::Create(live, 2, kSlot, 1, 0, kStall);
+  auto mine = SharedRing::Create(live, 2, kSlot, 1, 0, 0, kStall);
   ASSERT_TRUE(mine.ok());
   { std::ofstream(other) << "not a ring"; }
   ASSERT_TRUE(std::filesystem::exists("/dev/shm" + abandoned));
