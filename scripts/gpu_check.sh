@@ -5,8 +5,8 @@
 #   scripts/gpu_check.sh [DEPS]     DEPS default: .gpu-carry
 #
 # DEPS holds what the build needs, copied from a Debian 12 machine:
-#   DEPS/prefix/include/{isa-l/,isa-l.h,nlohmann/,CLI/,re2/}
-#   DEPS/prefix/lib/libisal.so, libisal.so.2, libre2.so, libre2.so.9
+#   DEPS/prefix/include/{isa-l/,isa-l.h,nlohmann/,CLI/,re2/,simdjson.h}
+#   DEPS/prefix/lib/libisal.so, libisal.so.2, libre2.so, libre2.so.9, libsimdjson.so, libsimdjson.so.14
 #   DEPS/prefix/share/cmake/{nlohmann_json,CLI11}/
 #   DEPS/wheels/*.whl   (optional: scikit-build-core / nanobind as pinned in pyproject.toml)
 # See tests/gpu/README.md for how to make it. The package is installed into
@@ -36,7 +36,8 @@ PY
 export LD_LIBRARY_PATH=$P/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CMAKE_ARGS="-DISAL_INCLUDE_DIR=$P/include -DISAL_LIBRARY=$P/lib/libisal.so \
 -Dnlohmann_json_DIR=$P/share/cmake/nlohmann_json -DCLI11_DIR=$P/share/cmake/CLI11 \
--DRE2_INCLUDE_DIR=$P/include -DRE2_LIBRARY=$P/lib/libre2.so"
+-DRE2_INCLUDE_DIR=$P/include -DRE2_LIBRARY=$P/lib/libre2.so \
+-DSIMDJSON_INCLUDE_DIR=$P/include -DSIMDJSON_LIBRARY=$P/lib/libsimdjson.so"
 echo "=== build: pip install (no build isolation) into $SITE"
 "$PY" -m pip install -q --no-build-isolation --no-deps --no-compile --target "$SITE" \
   -C build-dir="$BUILD" .

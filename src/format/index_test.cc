@@ -192,6 +192,16 @@ TEST(IndexTest, RejectsDeepNesting) {
                    "nested deeper than 256");
 }
 
+// 256 levels (the top-level object, "values", then 254 arrays) parse; 257 do not.
+TEST(IndexTest, NestingLimitIsExactly256Levels) {
+  auto nested = [](int arrays) {
+    return Edited("\"values\":{", "\"values\":{\"deep\":" + std::string(arrays, '[') +
+                                      std::string(arrays, ']') + ",");
+  };
+  ASSERT_TRUE(ParseIndex(nested(254), kSource).ok());
+  EXPECT_DATA_LOSS(ParseIndex(nested(255), kSource), "nested deeper than 256");
+}
+
 TEST(IndexTest, RejectsMissingField) {
   for (const char* field : {"format", "version", "tag", "created_unix", "world_size", "layout",
                             "metadata", "files", "tensors", "values", "blobs"}) {
@@ -226,7 +236,7 @@ TEST(IndexTest, RejectsFractionalInteger) {
 TEST(IndexTest, RejectsIntegerAbove64Bits) {
   EXPECT_DATA_LOSS(ParseIndex(Edited("\"created_unix\":1795305600", "\"created_unix\":18446744073709551616"),
                               kSource),
-                   "field \"created_unix\": expected an integer");
+                   "invalid JSON: Problem while parsing a number");
 }
 
 TEST(IndexTest, RejectsCreatedUnixAboveInt64) {
@@ -368,6 +378,11 @@ TEST(IndexTest, RejectsDuplicateValuesKey) {
 TEST(IndexTest, RejectsDuplicateBlobName) {
   EXPECT_DATA_LOSS(ParseIndex(Edited("\"blobs\":{", "\"blobs\":{\"sampler\":1,"), kSource),
                    "duplicate key \"sampler\" in object /blobs");
+}
+
+TEST(IndexTest, RejectsDuplicateKeyInChunkNamingItsPath) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"crc32c\":7", "\"crc32c\":7,\"at\":8"), kSource),
+                   "duplicate key \"at\" in object /tensors/layers.0.w/chunks/0");
 }
 
 TEST(IndexTest, RejectsDuplicateTopLevelKey) {
