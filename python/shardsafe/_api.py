@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from . import _C, hf
 from ._comm import TorchComm, resolve
-from ._state import (DTYPE_NAMES, FILE_PREFIX, PICKLE_PREFIX, TORCH_DTYPES, Flat, decode_value, encode_values,
-                     flatten, rebuild, to_json)
+from ._state import (DTYPE_NAMES, FILE_PREFIX, PICKLE_PREFIX, TORCH_DTYPES, Flat, TensorLeaf,
+                     decode_value, encode_values, flatten, rebuild, to_json)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
@@ -200,6 +200,8 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
         args.metadata = json.dumps(to_json(metadata, "metadata"), allow_nan=False)
     boxes = []
     for leaf in flat.tensors:
+        if _save_whole(leaf, args):
+            continue
         b = _box(leaf.key, leaf.tensor)
         name = _dtype_name(leaf.key, b.local)
         if b.local.numel() == 0 and math.prod(b.shape) != 0:
@@ -223,6 +225,21 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
             local = local.detach().resolve_conj().resolve_neg().contiguous()
         args.keep.append(local)
         args.specs.append((key, name, b.shape, b.offset, b.size, local.data_ptr()))
+
+
+def _save_whole(leaf: TensorLeaf, args: _SaveArgs) -> bool:
+    """The common case, in a fraction of the general path's ~4 us per tensor:
+    a plain, dense, contiguous CPU tensor saved whole, as it lies in memory.
+    False (nothing added) for anything else."""
+    t = leaf.tensor
+    name = DTYPE_NAMES.get(t.dtype)
+    if (name is None or not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous()
+            or t.is_conj() or t.is_neg() or (DTensor is not None and isinstance(t, DTensor))):
+        return False
+    shape = tuple(t.shape)
+    args.keep.append(t)
+    args.specs.append((leaf.key, name, shape, (0,) * len(shape), shape, t.data_ptr()))
+    return True
 
 
 def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
@@ -329,7 +346,7 @@ class LoadResult:
     bytes_shared: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Read:
     """One box of one checkpoint tensor and where it lands."""
 
@@ -355,6 +372,8 @@ def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _
     """This rank's reads for the state's tensors, and what did not match."""
     plan = _Plan([], [], set(), [])
     for leaf in flat.tensors:
+        if not keys.renamed and _plan_whole(leaf, keys.saved, plan):
+            continue
         src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))
         if src is None:
             plan.missing.append(leaf.key)
@@ -391,6 +410,22 @@ def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _
                 r.scale = (scale, sshape, so, ss, sdtype)
             plan.reads.append(r)
     return plan
+
+
+def _plan_whole(leaf: TensorLeaf, saved: Mapping[str, tuple], plan: _Plan) -> bool:
+    """The common case, planned in a fraction of _plan's general path (which
+    costs ~3 us per tensor): a plain dense tensor loaded whole from the
+    checkpoint tensor of its own name and dtype. The same read as the
+    general path plans; False (nothing planned) for anything else."""
+    t = leaf.tensor
+    found = saved.get(leaf.key)
+    if (found is None or t.layout is not torch.strided or DTYPE_NAMES.get(t.dtype) != found[0]
+            or (DTensor is not None and isinstance(t, DTensor))):
+        return False
+    shape = tuple(t.shape)
+    plan.used.add(leaf.key)
+    plan.reads.append(_Read(leaf.key, shape, (0,) * len(shape), shape, t))
+    return True
 
 
 def _prepare_load(state: Any, desc: dict, rename: hf.Rename, experts: Sequence[hf.ExpertGroup],

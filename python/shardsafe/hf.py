@@ -258,15 +258,8 @@ class KeyMap:
         self.saved = {k: (dtype, tuple(shape)) for k, (dtype, shape) in saved.items()}
         self.renamed = rename is not None
         self.name = renamer(rename)
-        self.to_ckpt: dict[str, str] = {}
-        for key in sorted(self.saved):
-            new = self.name(key)
-            if not isinstance(new, str) or not new:
-                raise InvalidStateError(f"rename maps checkpoint key {key!r} to {new!r}")
-            other = self.to_ckpt.setdefault(new, key)
-            if other != key:
-                raise InvalidStateError(f"rename maps checkpoint keys {other!r} and {key!r} both "
-                                        f"to {new!r}")
+        self.to_ckpt: dict[str, str] = self._state_keys() if self.renamed else dict(
+            zip(self.saved, self.saved))
         if isinstance(experts, ExpertGroup):
             experts = [experts]
         self.rules = []
@@ -275,6 +268,19 @@ class KeyMap:
                 raise InvalidStateError(f"experts: {rule!r} is not a shardsafe.hf.ExpertGroup")
             self.rules.append((rule, [_part_regex(s) for s in rule.sources],
                                _part_regex(rule.target)))
+
+    def _state_keys(self) -> dict[str, str]:
+        """State key -> checkpoint key under `rename`; two keys on one name raise."""
+        to_ckpt: dict[str, str] = {}
+        for key in sorted(self.saved):
+            new = self.name(key)
+            if not isinstance(new, str) or not new:
+                raise InvalidStateError(f"rename maps checkpoint key {key!r} to {new!r}")
+            other = to_ckpt.setdefault(new, key)
+            if other != key:
+                raise InvalidStateError(f"rename maps checkpoint keys {other!r} and {key!r} both "
+                                        f"to {new!r}")
+        return to_ckpt
 
     def rename_values(self, values: Mapping[str, object]) -> dict:
         if not self.renamed:

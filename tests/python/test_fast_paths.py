@@ -1,0 +1,95 @@
+"""The per-tensor fast paths of save and load plan exactly what the general
+paths plan, and step aside for every tensor they do not handle.
+
+save: `_save_whole` (plain, dense, contiguous CPU tensors) against
+`_box` + `_dtype_name` + materialisation. load: `_plan_whole` (a plain
+tensor from the checkpoint tensor of its name and dtype) against
+`KeyMap.resolve` + pieces, reached by an identity rename (which turns the
+fast path off).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import shardsafe
+from shardsafe import _api, _C, hf
+from shardsafe._state import flatten
+
+
+def kinds_of_tensors() -> dict[str, torch.Tensor]:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "plain": base.clone(),
+        "bf16": base.to(torch.bfloat16),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "param": torch.nn.Parameter(base.clone()),
+        "transposed": base.t(),  # not contiguous: general path
+        "conj": torch.complex(base, base).conj(),  # lazy conj: general path
+        "bool": base > 3,
+        "fp8": base.to(torch.float8_e4m3fn),
+    }
+
+
+def general_spec(key: str, t: torch.Tensor) -> tuple:
+    b = _api._box(key, t)
+    local = b.local.detach().resolve_conj().resolve_neg().contiguous()
+    return (key, _api._dtype_name(key, b.local), b.shape, b.offset, b.size, local)
+
+
+def test_save_fast_path_matches_general_path():
+    taken = set()
+    for leaf in flatten(kinds_of_tensors()).tensors:
+        args = _api._SaveArgs()
+        if not _api._save_whole(leaf, args):
+            assert args.specs == [] and args.keep == []
+            continue
+        taken.add(leaf.key)
+        (spec,) = args.specs
+        key, name, shape, offset, size, local = general_spec(leaf.key, leaf.tensor)
+        assert spec[:5] == (key, name, shape, offset, size)
+        assert spec[5] == local.data_ptr() == leaf.tensor.data_ptr()  # no copy
+        assert args.keep == [leaf.tensor]
+    assert taken == {"plain", "bf16", "scalar", "empty", "param", "bool", "fp8"}
+
+
+def plans(state: dict, path) -> tuple[_api._Plan, _api._Plan]:
+    desc = _C.describe_source(_C.open_source(str(path), None))
+    flat = flatten(state, for_load=True)
+    fast = _api._plan(flat, hf.KeyMap(desc["tensors"]), True, False)
+    general = _api._plan(flat, hf.KeyMap(desc["tensors"], rename=lambda k: k), True, False)
+    return fast, general
+
+
+def read_tuple(r: _api._Read) -> tuple:
+    return (r.key, r.shape, r.offset, r.size, r.dest.data_ptr(), r.dest.shape, r.dest.dtype,
+            r.scale)
+
+
+def test_load_fast_path_matches_general_path(tmp_path):
+    saved = kinds_of_tensors()
+    shardsafe.save(saved, tmp_path / "ck")
+    target = {k: torch.zeros_like(v) for k, v in saved.items()}
+    target["transposed"] = torch.zeros(6, 4).t()  # strided target: still one read
+    fast, general = plans(target, tmp_path / "ck")
+    assert [read_tuple(r) for r in fast.reads] == [read_tuple(r) for r in general.reads]
+    assert len(fast.reads) == len(saved)
+    assert fast.used == general.used == set(saved)
+    assert fast.missing == general.missing == []
+
+
+def test_load_fast_path_steps_aside(tmp_path):
+    """A dtype that differs from the checkpoint's, a missing key and an FP8
+    tensor dequantised into BF16 go through the general path, which raises
+    or plans exactly as before."""
+    w = torch.randn(256, 256).to(torch.float8_e4m3fn)
+    shardsafe.save({"w": w, "w_scale_inv": torch.ones(2, 2), "x": torch.ones(3)}, tmp_path / "ck")
+    fast, general = plans({"w": torch.zeros(256, 256, dtype=torch.bfloat16),
+                           "y": torch.zeros(3)}, tmp_path / "ck")
+    assert [read_tuple(r) for r in fast.reads] == [read_tuple(r) for r in general.reads]
+    assert fast.reads[0].scale is not None  # dequantised, not read as is
+    assert fast.missing == general.missing == ["y"]
+    with pytest.raises(shardsafe.DTypeMismatchError, match="dtype mismatch"):
+        shardsafe.load({"x": torch.zeros(3, dtype=torch.float64)}, tmp_path / "ck", strict=False)
