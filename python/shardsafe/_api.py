@@ -60,6 +60,11 @@ def _box(key: str, t: torch.Tensor) -> _Box:
     return _Box(t, shape, (0,) * len(shape), shape)
 
 
+def _is_plain(t: torch.Tensor) -> bool:
+    """A dense tensor that is not a DTensor: the whole tensor is its box."""
+    return t.layout is torch.strided and not (DTensor is not None and isinstance(t, DTensor))
+
+
 def _dtype_name(key: str, t: torch.Tensor) -> str:
     name = DTYPE_NAMES.get(t.dtype)
     if name is None:
@@ -233,8 +238,8 @@ def _save_whole(leaf: TensorLeaf, args: _SaveArgs) -> bool:
     False (nothing added) for anything else."""
     t = leaf.tensor
     name = DTYPE_NAMES.get(t.dtype)
-    if (name is None or not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous()
-            or t.is_conj() or t.is_neg() or (DTensor is not None and isinstance(t, DTensor))):
+    if (name is None or not _is_plain(t) or not t.is_cpu or not t.is_contiguous() or t.is_conj()
+            or t.is_neg()):
         return False
     shape = tuple(t.shape)
     args.keep.append(t)
@@ -419,8 +424,7 @@ def _plan_whole(leaf: TensorLeaf, saved: Mapping[str, tuple], plan: _Plan) -> bo
     general path plans; False (nothing planned) for anything else."""
     t = leaf.tensor
     found = saved.get(leaf.key)
-    if (found is None or t.layout is not torch.strided or DTYPE_NAMES.get(t.dtype) != found[0]
-            or (DTensor is not None and isinstance(t, DTensor))):
+    if found is None or DTYPE_NAMES.get(t.dtype) != found[0] or not _is_plain(t):
         return False
     shape = tuple(t.shape)
     plan.used.add(leaf.key)

@@ -258,8 +258,8 @@ class KeyMap:
         self.saved = {k: (dtype, tuple(shape)) for k, (dtype, shape) in saved.items()}
         self.renamed = rename is not None
         self.name = renamer(rename)
-        self.to_ckpt: dict[str, str] = self._state_keys() if self.renamed else dict(
-            zip(self.saved, self.saved))
+        # State key -> checkpoint key (the identity without a rename).
+        self.to_ckpt = self._state_keys() if self.renamed else {k: k for k in self.saved}
         if isinstance(experts, ExpertGroup):
             experts = [experts]
         self.rules = []
