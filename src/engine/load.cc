@@ -41,8 +41,9 @@ Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOp
                                   " (allow conversion with convert_dtypes)");
     }
     if (!CanConvert(saved.dtype, t.dtype)) {
-      return InvalidArgumentError(who() + ": cannot convert " + std::string(DTypeName(saved.dtype)) +
-                                  " to " + std::string(DTypeName(t.dtype)));
+      return InvalidArgumentError(who() + ": cannot convert " +
+                                  std::string(DTypeName(saved.dtype)) + " to " +
+                                  std::string(DTypeName(t.dtype)));
     }
   }
   Status s = ValidateSlice(t.slice, t.shape, t.dtype);

@@ -126,7 +126,8 @@ std::string SerializeIndex(const CheckpointIndex& index) {
   for (size_t i = 0; i < index.files.size(); ++i) {
     const IndexFile& f = index.files[i];
     if (i) t.Raw(",");
-    t.Raw("{").Field("name").Str(f.name).Field("bytes").Num(f.bytes).Field("rank").Num(f.rank).Raw("}");
+    t.Raw("{").Field("name").Str(f.name).Field("bytes").Num(f.bytes);
+    t.Field("rank").Num(f.rank).Raw("}");
   }
   t.Raw("]").Field("tensors");
   ObjectText(index.tensors, TensorText, t);

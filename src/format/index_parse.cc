@@ -232,7 +232,9 @@ Result<uint64_t> U64Field(dom::object obj, const char* field, const std::string&
 Result<std::string> StringField(dom::object obj, const char* field, const std::string& where) {
   SS_ASSIGN_OR_RETURN(dom::element v, Get(obj, field, where));
   std::string_view s;
-  if (v.get_string().get(s)) return Loss(FieldWhere(where, field), "expected a string, got " + Describe(v));
+  if (v.get_string().get(s)) {
+    return Loss(FieldWhere(where, field), "expected a string, got " + Describe(v));
+  }
   return std::string(s);
 }
 
@@ -258,7 +260,8 @@ Result<Shape> U64ArrayField(dom::object obj, const char* field, const std::strin
   Shape out;
   out.reserve(array.size());
   for (dom::element n : array) {
-    SS_ASSIGN_OR_RETURN(uint64_t u, AsU64(n, NumberAt{where, field, static_cast<int64_t>(out.size())}));
+    const NumberAt at{where, field, static_cast<int64_t>(out.size())};
+    SS_ASSIGN_OR_RETURN(uint64_t u, AsU64(n, at));
     out.push_back(u);
   }
   return out;
@@ -380,8 +383,8 @@ Result<IndexTensor> ParseTensor(dom::element value, const std::vector<IndexFile>
   if (!n.ok()) return Loss(FieldWhere(where, "shape"), n.status().message());
   SS_ASSIGN_OR_RETURN(dom::element chunks, TypedField(v, "chunks", where, Type::ARRAY));
   for (dom::element c : ArrayOf(chunks)) {
-    SS_ASSIGN_OR_RETURN(IndexChunk chunk,
-                        ParseChunk(c, t, files, Join(where, "chunk " + std::to_string(t.chunks.size()))));
+    const std::string at = Join(where, "chunk " + std::to_string(t.chunks.size()));
+    SS_ASSIGN_OR_RETURN(IndexChunk chunk, ParseChunk(c, t, files, at));
     t.chunks.push_back(std::move(chunk));
   }
   return t;
@@ -427,7 +430,9 @@ Result<IndexBlob> ParseBlob(dom::element value, const std::vector<IndexFile>& fi
 // format and version come first: a newer version may change everything else.
 Status CheckFormatVersion(dom::object root) {
   SS_ASSIGN_OR_RETURN(std::string format, StringField(root, "format", ""));
-  if (format != "shardsafe") return Loss("field \"format\"", "\"" + format + "\" is not \"shardsafe\"");
+  if (format != "shardsafe") {
+    return Loss("field \"format\"", "\"" + format + "\" is not \"shardsafe\"");
+  }
   SS_ASSIGN_OR_RETURN(uint64_t version, U64Field(root, "version", ""));
   if (version > static_cast<uint64_t>(kFormatVersion)) {
     return FailedPreconditionError("format version " + std::to_string(version) +
@@ -458,7 +463,8 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
   SS_ASSIGN_OR_RETURN(dom::element tensors, TypedField(root, "tensors", "", Type::OBJECT));
   for (dom::key_value_pair t : ObjectOf(tensors)) {
     const std::string key(t.key);
-    SS_ASSIGN_OR_RETURN(index.tensors[key], ParseTensor(t.value, index.files, "tensor \"" + key + "\""));
+    SS_ASSIGN_OR_RETURN(index.tensors[key],
+                        ParseTensor(t.value, index.files, "tensor \"" + key + "\""));
   }
   SS_ASSIGN_OR_RETURN(dom::element values, TypedField(root, "values", "", Type::OBJECT));
   index.values = ToJson(values);

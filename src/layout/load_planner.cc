@@ -1,9 +1,11 @@
 // The load planner, in four steps:
 //   1. pieces: for each want and each saved chunk of its tensor, the runs of
 //      elements they share (box_math.h: CommonRuns), each turned into a byte
-//      range of the chunk's file and a destination element index. The run
-//      counts of a want must add up to its element count: the chunks tile
-//      the tensor, so each element is then covered exactly once.
+//      range of the chunk's file and a destination element index; runs of
+//      equal length at constant strides, apart by at most join_gap_bytes,
+//      form one piece of many rows (expanded into segments only in step 3).
+//      The run counts of a want must add up to its element count: the
+//      chunks tile the tensor, so each element is then covered exactly once.
 //   1b. chunk edges: filler pieces (read, not delivered) cover what the
 //      pieces leave unread at a chunk's start or end when both are at most
 //      join_gap_bytes, so the chunk is read whole and can be verified.
@@ -50,8 +52,14 @@ Unit UnitOf(DType dtype) {
 // The want of a piece that is read but lands nowhere (AddChunkEdges).
 constexpr uint32_t kFiller = UINT32_MAX;
 
-// `length` bytes at `offset` of `file` that land at element `dst_elem` of
-// want `want`; they belong to chunk `chunk` of tensor `tensor`.
+// `rows` runs of `length` bytes of `file`, run i at offset + i * stride,
+// landing at element dst_elem + i * dst_stride of want `want`; they belong
+// to chunk `chunk` of tensor `tensor`. A column slice of a row-major chunk
+// is one piece of many rows rather than a piece per row (8 million of
+// them for 20,000 tensors split by column). Rows are only gathered into a
+// piece while the gaps between them are at most join_gap_bytes, which
+// would always be read through anyway: a piece's byte span,
+// [offset, end()), is read whole.
 struct Piece {
   uint64_t offset;
   uint64_t length;
@@ -60,7 +68,10 @@ struct Piece {
   uint32_t want;
   uint32_t tensor;
   uint32_t chunk;
-  uint64_t end() const { return offset + length; }
+  uint64_t rows = 1;
+  uint64_t stride = 0;      // bytes from one run's start to the next
+  uint64_t dst_stride = 0;  // elements from one run's destination to the next
+  uint64_t end() const { return offset + (rows - 1) * stride + length; }
 };
 
 // Consecutive pieces [begin, end) of one extent and one chunk, spanning
@@ -101,27 +112,33 @@ class Planner {
   // Step 1.
   Status CollectPieces(uint32_t w) {
     const Want& want = wants_[w];
-    const std::string where = "want " + std::to_string(w) + " (tensor " +
-                              std::to_string(want.tensor) + " " + SliceToString(want.slice) + ")";
+    // Built only for a message (a load has a want per tensor, 10^4 and more).
+    auto where = [&] {
+      return "want " + std::to_string(w) + " (tensor " + std::to_string(want.tensor) + " " +
+             SliceToString(want.slice) + ")";
+    };
     if (want.tensor >= tensors_.size()) {
-      return InvalidArgumentError(where + ": no such tensor (" +
+      return InvalidArgumentError(where() + ": no such tensor (" +
                                   std::to_string(tensors_.size()) + " saved)");
     }
     const SavedTensor& t = tensors_[want.tensor];
-    SS_RETURN_IF_ERROR(ValidateSlice(want.slice, t.shape, t.dtype).WithContext(where));
+    if (Status s = ValidateSlice(want.slice, t.shape, t.dtype); !s.ok()) {
+      return s.WithContext(where());
+    }
     SS_RETURN_IF_ERROR(ValidateChunks(want.tensor));
     uint64_t covered = 0;
     for (uint32_t c = 0; c < t.chunks.size(); ++c) {
       if (!Overlaps(t.chunks[c].slice.box, want.slice.box)) continue;
       runs_.clear();
       CommonRuns(t.chunks[c].slice, want.slice, &runs_);
-      if (!runs_.empty()) block_starts_.push_back(pieces_.size());
-      for (const ElementRun& run : runs_) SS_RETURN_IF_ERROR(AddPiece(w, c, run, where));
+      if (runs_.empty()) continue;
+      block_starts_.push_back(pieces_.size());
+      SS_RETURN_IF_ERROR(AddPieces(w, c, where));
       for (const ElementRun& run : runs_) covered += run.count;
     }
     const uint64_t expected = want.slice.NumElements();
     if (covered == expected) return Status();
-    return DataLossError(where + ": the saved chunks cover " + std::to_string(covered) + " of " +
+    return DataLossError(where() + ": the saved chunks cover " + std::to_string(covered) + " of " +
                          std::to_string(expected) + " elements");
   }
 
@@ -139,20 +156,53 @@ class Planner {
     return Status();
   }
 
-  Status AddPiece(uint32_t w, uint32_t c, const ElementRun& run, const std::string& where) {
+  // The pieces of runs_, the runs of want `w` in chunk `c`.
+  template <typename Where>
+  Status AddPieces(uint32_t w, uint32_t c, const Where& where) {
     const SavedTensor& t = tensors_[wants_[w].tensor];
-    const Unit unit = UnitOf(t.dtype);
-    if (run.src % unit.elems || run.dst % unit.elems || run.count % unit.elems) {
-      return InvalidArgumentError(where + ": a run of " + std::to_string(run.count) + " " +
-                                  std::string(DTypeName(t.dtype)) + " elements at element " +
-                                  std::to_string(run.dst) + " is off a byte boundary");
-    }
     const SavedChunk& chunk = t.chunks[c];
-    pieces_.push_back(Piece{chunk.at + run.src / unit.elems * unit.bytes,
-                            run.count / unit.elems * unit.bytes, run.dst, chunk.file, w,
-                            wants_[w].tensor, c});
-    plan_.bytes_needed += pieces_.back().length;
+    const Unit unit = UnitOf(t.dtype);
+    for (const ElementRun& run : runs_) {
+      const bool off_byte = run.src % unit.elems || run.dst % unit.elems || run.count % unit.elems;
+      if (unit.elems > 1 && off_byte) {
+        return InvalidArgumentError(where() + ": a run of " + std::to_string(run.count) + " " +
+                                    std::string(DTypeName(t.dtype)) + " elements at element " +
+                                    std::to_string(run.dst) + " is off a byte boundary");
+      }
+      const Piece p{chunk.at + run.src / unit.elems * unit.bytes,
+                    run.count / unit.elems * unit.bytes, run.dst, chunk.file, w,
+                    wants_[w].tensor, c};
+      plan_.bytes_needed += p.length;
+      if (!ExtendRows(p)) pieces_.push_back(p);
+    }
     return Status();
+  }
+
+  // Adds `p` (one run, after the last piece's in its block) to the last
+  // piece as its next row, if it continues that piece's strides (or sets
+  // them) and the gap before it is at most join_gap_bytes.
+  bool ExtendRows(const Piece& p) {
+    if (pieces_.size() <= block_starts_.back()) return false;  // first of its block
+    Piece& last = pieces_.back();
+    const uint64_t last_row = last.offset + (last.rows - 1) * last.stride;
+    const uint64_t last_dst = last.dst_elem + (last.rows - 1) * last.dst_stride;
+    if (p.length == 0 || p.length != last.length || p.offset < last_row + last.length ||
+        p.offset - (last_row + last.length) > options_.join_gap_bytes || p.dst_elem <= last_dst) {
+      return false;
+    }
+    if (last.rows > 1 &&
+        (p.offset - last_row != last.stride || p.dst_elem - last_dst != last.dst_stride)) {
+      return false;
+    }
+    last.stride = p.offset - last_row;
+    last.dst_stride = p.dst_elem - last_dst;
+    ++last.rows;
+    return true;
+  }
+
+  // One past the last piece of block `b`.
+  size_t BlockEnd(size_t b) const {
+    return b + 1 < block_starts_.size() ? block_starts_[b + 1] : pieces_.size();
   }
 
   // Step 1b: where the pieces of a chunk leave at most join_gap_bytes
@@ -166,11 +216,14 @@ class Planner {
       uint32_t file = 0;
     };
     std::map<std::pair<uint32_t, uint32_t>, Span> spans;  // (tensor, chunk)
-    for (const Piece& p : pieces_) {
-      Span& s = spans[{p.tensor, p.chunk}];
-      s.lo = std::min(s.lo, p.offset);
-      s.hi = std::max(s.hi, p.end());
-      s.file = p.file;
+    for (size_t b = 0; b < block_starts_.size(); ++b) {
+      // A block is one want's pieces in one chunk, ascending by offset.
+      const Piece& first = pieces_[block_starts_[b]];
+      const Piece& last = pieces_[BlockEnd(b) - 1];
+      Span& s = spans[{first.tensor, first.chunk}];
+      s.lo = std::min(s.lo, first.offset);
+      s.hi = std::max(s.hi, last.end());
+      s.file = first.file;
     }
     for (const auto& [key, s] : spans) {
       const SavedTensor& t = tensors_[key.first];
@@ -240,7 +293,7 @@ class Planner {
     bool ascending = true;
     for (size_t b = 0; b < block_starts_.size(); ++b) {
       const size_t begin = block_starts_[b];
-      const size_t end = b + 1 < block_starts_.size() ? block_starts_[b + 1] : pieces_.size();
+      const size_t end = BlockEnd(b);
       for (size_t i = begin + 1; ascending && i < end; ++i) {
         ascending = pieces_[i - 1].end() <= pieces_[i].offset &&
                     pieces_[i - 1].offset < pieces_[i].offset;
@@ -324,7 +377,7 @@ class Planner {
   }
 
   void AddLargePart(const Part& part, ReadGroup* group) {
-    if (part.end - part.begin == 1) {
+    if (part.end - part.begin == 1 && pieces_[part.begin].rows == 1) {
       group->reads.push_back(MakeRead(part, part.lo, part.hi));
       return;
     }
@@ -346,22 +399,50 @@ class Planner {
     }
   }
 
-  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them.
+  // The rows [begin, end) of `p` that have bytes in [lo, hi) (p.offset < hi).
+  static std::pair<uint64_t, uint64_t> RowsIn(const Piece& p, uint64_t lo, uint64_t hi) {
+    if (p.rows == 1) return {0, p.offset + p.length > lo ? 1 : 0};
+    const uint64_t first_end = p.offset + p.length;  // end of row 0
+    const uint64_t begin = lo >= first_end ? (lo - first_end) / p.stride + 1 : 0;
+    const uint64_t end = std::min(p.rows, (hi - p.offset + p.stride - 1) / p.stride);
+    return {begin, std::max(begin, end)};
+  }
+
+  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them:
+  // a segment per row of each piece.
   ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi) const {
     ReadOp read;
     read.file = pieces_[part.begin].file;
     uint64_t first = hi, last = lo;
+    bool sorted = true;  // false when pieces' rows interleave
+    size_t rows = 0;
+    for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
+      const auto [begin, end] = RowsIn(pieces_[i], lo, hi);
+      rows += end - begin;
+    }
+    read.segments.reserve(rows);
     for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
       const Piece& p = pieces_[i];
-      const uint64_t a = std::max(p.offset, lo), b = std::min(p.end(), hi);
-      if (a >= b) continue;
-      if (first == hi) first = a;  // offsets ascend, so the first clip is the lowest
-      last = std::max(last, b);
-      if (p.want == kFiller) continue;
       const Unit unit = UnitOf(tensors_[p.tensor].dtype);
-      read.segments.push_back(Segment{p.want, p.dst_elem + (a - p.offset) / unit.bytes * unit.elems,
-                                      a - first, (b - a) / unit.bytes * unit.elems});
+      const auto [begin, end] = RowsIn(p, lo, hi);
+      for (uint64_t row = begin; row < end; ++row) {
+        const uint64_t at = p.offset + row * p.stride;
+        const uint64_t a = std::max(at, lo), b = std::min(at + p.length, hi);
+        if (a >= b) continue;
+        sorted = sorted && a >= last;
+        first = std::min(first, a);
+        last = std::max(last, b);
+        if (p.want == kFiller) continue;
+        read.segments.push_back(
+            Segment{p.want, p.dst_elem + row * p.dst_stride + (a - at) / unit.bytes * unit.elems,
+                    a, (b - a) / unit.bytes * unit.elems});
+      }
     }
+    if (!sorted) {
+      std::sort(read.segments.begin(), read.segments.end(),
+                [](const Segment& x, const Segment& y) { return x.src_byte < y.src_byte; });
+    }
+    for (Segment& seg : read.segments) seg.src_byte -= first;
     if (first < last) {
       read.offset = first;
       read.length = last - first;
