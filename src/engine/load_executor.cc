@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -49,25 +50,31 @@ struct Context {
   LoadCounters* counters;
 };
 
-char* DestBytes(const Context& ctx, const Segment& seg) {
+// Where row `row` of `seg` lands.
+char* DestBytes(const Context& ctx, const Segment& seg, uint64_t row = 0) {
   const LoadDestination& d = ctx.dests[seg.want];
-  return static_cast<char*>(d.data) + seg.dst_elem * DTypeBits(d.dtype) / 8;
+  return static_cast<char*>(d.data) + seg.row_dst(row) * DTypeBits(d.dtype) / 8;
 }
 
 DType SavedDType(const Context& ctx, const Segment& seg) {
   return ctx.tensors[ctx.wants[seg.want].tensor].dtype;
 }
 
-// Bytes of the saved data `seg` covers.
+// Bytes of the saved data one row of `seg` covers.
 uint64_t SavedBytes(const Context& ctx, const Segment& seg) {
   return seg.count * DTypeBits(SavedDType(ctx, seg)) / 8;
+}
+
+// Where the last row of `seg` ends in the read's buffer.
+uint64_t SpanEnd(const Context& ctx, const Segment& seg) {
+  return seg.row_src(seg.rows - 1) + SavedBytes(ctx, seg);
 }
 
 // True if the whole read is one contiguous run of one destination.
 bool IsSingleRun(const Context& ctx, const ReadOp& read) {
   if (read.segments.size() != 1) return false;
   const Segment& seg = read.segments[0];
-  return seg.src_byte == 0 && SavedBytes(ctx, seg) == read.length;
+  return seg.rows == 1 && seg.src_byte == 0 && SavedBytes(ctx, seg) == read.length;
 }
 
 // True if the read can go straight into its destination: one run, no
@@ -178,13 +185,47 @@ uint64_t CachedStep(const RandomAccessFile& file, const ReadOp& read, const Grou
 // per run (~300 ns each, against ~10 ns for a memcpy of such a run).
 bool HasShortRuns(const Context& ctx, const ReadOp& read) {
   constexpr uint64_t kShortRun = 4 << 10;  // bytes of the read per run, gaps included
-  if (read.segments.size() < 2 || read.length / read.segments.size() >= kShortRun) return false;
-  uint64_t cursor = 0;
+  uint64_t cursor = 0, rows = 0;
   for (const Segment& seg : read.segments) {
     if (seg.src_byte < cursor) return false;
-    cursor = seg.src_byte + SavedBytes(ctx, seg);
+    cursor = SpanEnd(ctx, seg);
+    rows += seg.rows;
   }
-  return true;
+  return rows >= 2 && read.length / rows < kShortRun;
+}
+
+// A position among the rows of a read's segments: row `row` of segment
+// `seg`, rows in segment order.
+struct RowCursor {
+  size_t seg = 0;
+  uint64_t row = 0;
+  void Next(const std::vector<Segment>& segs) {
+    if (++row == segs[seg].rows) {
+      ++seg;
+      row = 0;
+    }
+  }
+};
+
+// Copies (converts) rows [from, to) of the read's segments out of `data`,
+// which holds the read's bytes from `begin` on.
+void CopyRows(const Context& ctx, const std::vector<Segment>& segs, RowCursor from, RowCursor to,
+              const char* data, uint64_t begin) {
+  for (size_t s = from.seg; s < segs.size() && s <= to.seg; ++s) {
+    const Segment& seg = segs[s];
+    const uint64_t first = s == from.seg ? from.row : 0;
+    const uint64_t last = s == to.seg ? to.row : seg.rows;
+    const DType saved = SavedDType(ctx, seg), dest = ctx.dests[seg.want].dtype;
+    const uint64_t bytes = SavedBytes(ctx, seg);
+    for (uint64_t r = first; r < last; ++r) {
+      const char* src = data + (seg.row_src(r) - begin);
+      if (saved == dest) {
+        std::memcpy(DestBytes(ctx, seg, r), src, bytes);
+      } else {
+        ConvertElements(src, saved, DestBytes(ctx, seg, r), dest, seg.count);
+      }
+    }
+  }
 }
 
 // Reads `read` in steps of about `step` bytes, each ending where a run
@@ -195,13 +236,19 @@ bool HasShortRuns(const Context& ctx, const ReadOp& read) {
 Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
                           uint64_t step, GroupChecksums* sums, std::vector<char>* scratch) {
   const std::vector<Segment>& segs = read.segments;
-  auto end_of = [&](const Segment& seg) { return seg.src_byte + SavedBytes(ctx, seg); };
+  RowCursor next;  // the first row not copied out yet
   uint64_t begin = 0;
-  for (size_t i = 0; begin < read.length;) {
-    // Runs [i, j): one if any is left, then as many as end within `step` of begin.
-    size_t j = std::min(i + 1, segs.size());
-    while (j < segs.size() && end_of(segs[j]) - begin <= step) ++j;
-    const uint64_t end = j == segs.size() ? read.length : end_of(segs[j - 1]);
+  while (begin < read.length) {
+    // Rows [next, stop): one if any is left, then as many as end within `step` of begin.
+    RowCursor stop = next;
+    uint64_t end = begin;
+    for (bool first = true; stop.seg < segs.size(); first = false) {
+      const uint64_t row_end = segs[stop.seg].row_src(stop.row) + SavedBytes(ctx, segs[stop.seg]);
+      if (!first && row_end - begin > step) break;
+      end = std::max(end, row_end);
+      stop.Next(segs);
+    }
+    if (stop.seg == segs.size()) end = read.length;
     const uint64_t n = end - begin;
     // Bytes the file holds in memory are used in place (no copy to scratch).
     SS_ASSIGN_OR_RETURN(const char* data, file.View(read.offset + begin, n));
@@ -211,10 +258,8 @@ Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, cons
       data = scratch->data();
     }
     if (sums) sums->Add(read.offset + begin, n, data);
-    for (; i < j; ++i) {
-      ConvertElements(data + (segs[i].src_byte - begin), SavedDType(ctx, segs[i]),
-                      DestBytes(ctx, segs[i]), ctx.dests[segs[i].want].dtype, segs[i].count);
-    }
+    CopyRows(ctx, segs, next, stop, data, begin);
+    next = stop;
     begin = end;
   }
   return Status();
@@ -236,11 +281,14 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
   uint64_t cursor = 0, gaps = 0;
   for (const Segment& seg : read.segments) {
     if (SavedDType(ctx, seg) != ctx.dests[seg.want].dtype || seg.src_byte < cursor) return Status();
-    if (seg.src_byte > cursor) runs.push_back({cursor, seg.src_byte - cursor, nullptr});
     const uint64_t n = SavedBytes(ctx, seg);
-    runs.push_back({seg.src_byte, n, DestBytes(ctx, seg)});
-    gaps += seg.src_byte - cursor;
-    cursor = seg.src_byte + n;
+    for (uint64_t r = 0; r < seg.rows; ++r) {
+      const uint64_t at = seg.row_src(r);
+      if (at > cursor) runs.push_back({cursor, at - cursor, nullptr});
+      runs.push_back({at, n, DestBytes(ctx, seg, r)});
+      gaps += at - cursor;
+      cursor = at + n;
+    }
   }
   if (cursor < read.length) {
     runs.push_back({cursor, read.length - cursor, nullptr});

@@ -3,7 +3,7 @@
 //      elements they share (box_math.h: CommonRuns), each turned into a byte
 //      range of the chunk's file and a destination element index; runs of
 //      equal length at constant strides, apart by at most join_gap_bytes,
-//      form one piece of many rows (expanded into segments only in step 3).
+//      form one piece of many rows (and one segment of a read).
 //      The run counts of a want must add up to its element count: the
 //      chunks tile the tensor, so each element is then covered exactly once.
 //   1b. chunk edges: filler pieces (read, not delivered) cover what the
@@ -385,6 +385,9 @@ class Planner {
     const SavedTensor& t = tensors_[first.tensor];
     const uint64_t unit = UnitOf(t.dtype).bytes;
     const uint64_t at = t.chunks[first.chunk].at;  // piece offsets are at + k * unit
+    // Windows [lo, e) follow each other without holes: the bytes between
+    // pieces are in the extent, to be read anyway, and a chunk read in
+    // windows is then read whole and can be verified.
     Part rest = part;
     while (rest.begin < rest.end) {
       uint64_t e = rest.hi;
@@ -392,10 +395,9 @@ class Planner {
         e = at + (rest.lo + max_read_ - at) / unit * unit;
         if (e <= rest.lo) e = rest.lo + unit;
       }
-      ReadOp read = MakeRead(rest, rest.lo, e);
-      if (!read.segments.empty()) group->reads.push_back(std::move(read));  // not filler alone
+      group->reads.push_back(MakeRead(rest, rest.lo, e, /*trim=*/false));
       while (rest.begin < rest.end && pieces_[rest.begin].end() <= e) ++rest.begin;
-      if (rest.begin < rest.end) rest.lo = std::max(e, pieces_[rest.begin].offset);
+      rest.lo = e;
     }
   }
 
@@ -408,46 +410,58 @@ class Planner {
     return {begin, std::max(begin, end)};
   }
 
-  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them:
-  // a segment per row of each piece.
-  ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi) const {
+  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them
+  // (else all of [lo, hi)): a segment per piece's rows inside [lo, hi), plus
+  // one for a row that the window cuts at either end.
+  ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi, bool trim = true) const {
     ReadOp read;
     read.file = pieces_[part.begin].file;
     uint64_t first = hi, last = lo;
     bool sorted = true;  // false when pieces' rows interleave
-    size_t rows = 0;
-    for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
-      const auto [begin, end] = RowsIn(pieces_[i], lo, hi);
-      rows += end - begin;
-    }
-    read.segments.reserve(rows);
     for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
       const Piece& p = pieces_[i];
-      const Unit unit = UnitOf(tensors_[p.tensor].dtype);
-      const auto [begin, end] = RowsIn(p, lo, hi);
-      for (uint64_t row = begin; row < end; ++row) {
-        const uint64_t at = p.offset + row * p.stride;
-        const uint64_t a = std::max(at, lo), b = std::min(at + p.length, hi);
-        if (a >= b) continue;
-        sorted = sorted && a >= last;
-        first = std::min(first, a);
-        last = std::max(last, b);
-        if (p.want == kFiller) continue;
-        read.segments.push_back(
-            Segment{p.want, p.dst_elem + row * p.dst_stride + (a - at) / unit.bytes * unit.elems,
-                    a, (b - a) / unit.bytes * unit.elems});
-      }
+      auto [begin, end] = RowsIn(p, lo, hi);
+      if (begin == end) continue;
+      const uint64_t a = std::max(p.offset + begin * p.stride, lo);
+      const uint64_t b = std::min(p.offset + (end - 1) * p.stride + p.length, hi);
+      sorted = sorted && a >= last;
+      first = std::min(first, a);
+      last = std::max(last, b);
+      if (p.want == kFiller) continue;
+      // Rows the window cuts become segments of their own.
+      if (p.offset + begin * p.stride < lo) AddRows(p, begin, begin + 1, lo, hi, &read);
+      const uint64_t whole_begin = begin + (p.offset + begin * p.stride < lo ? 1 : 0);
+      const bool cut_last = p.offset + (end - 1) * p.stride + p.length > hi;
+      const uint64_t whole_end = std::max(whole_begin, end - (cut_last ? 1 : 0));
+      if (whole_begin < whole_end) AddRows(p, whole_begin, whole_end, lo, hi, &read);
+      if (cut_last && end - 1 >= whole_begin) AddRows(p, end - 1, end, lo, hi, &read);
     }
     if (!sorted) {
       std::sort(read.segments.begin(), read.segments.end(),
                 [](const Segment& x, const Segment& y) { return x.src_byte < y.src_byte; });
     }
+    if (!trim) std::tie(first, last) = std::pair(lo, hi);
     for (Segment& seg : read.segments) seg.src_byte -= first;
     if (first < last) {
       read.offset = first;
       read.length = last - first;
     }
     return read;
+  }
+
+  // A segment for rows [begin, end) of `p`, clipped to [lo, hi) (only a
+  // single row may be clipped); src_byte is still a file offset.
+  void AddRows(const Piece& p, uint64_t begin, uint64_t end, uint64_t lo, uint64_t hi,
+               ReadOp* read) const {
+    const Unit unit = UnitOf(tensors_[p.tensor].dtype);
+    const uint64_t at = p.offset + begin * p.stride;
+    const uint64_t a = std::max(at, lo), b = std::min(at + p.length, hi);
+    read->segments.push_back(Segment{p.want,
+                                     p.dst_elem + begin * p.dst_stride +
+                                         (a - at) / unit.bytes * unit.elems,
+                                     a, (b - a) / unit.bytes * unit.elems, end - begin,
+                                     end - begin > 1 ? p.stride : 0,
+                                     end - begin > 1 ? p.dst_stride : 0});
   }
 
   // Step 4.

@@ -25,8 +25,10 @@
 // start and at its end, those bytes are read too, so that the chunk is read
 // whole and its checksum verified (whole_chunks). A read longer than
 // max_read_bytes is split, unless it goes straight into one destination
-// (one segment, src_byte 0, covering the whole read); a read is never
-// shorter than one byte-aligned element group (F6: 4 elements in 3 bytes).
+// (one segment of one row, src_byte 0, covering the whole read); a read is
+// never shorter than one byte-aligned element group (F6: 4 elements in 3
+// bytes). The segments of two wants whose rows interleave in one chunk may
+// interleave too; otherwise each segment's rows end before the next begins.
 //
 // Sub-byte dtypes (F4, F6) are walked in elements and converted to bytes
 // only at run boundaries, which must fall on whole bytes (else
@@ -68,14 +70,22 @@ struct Want {
   Slice slice;          // must be valid for the tensor's shape
 };
 
-// `count` elements that land at element `dst_elem` of want `want`, taken from
-// byte `src_byte` of the read's buffer (in the saved dtype). For sub-byte
-// dtypes, dst_elem and count are multiples of the cut quantum.
+// `rows` runs of `count` elements each, taken from the read's buffer (in
+// the saved dtype) and landing in want `want`: row i from byte
+// src_byte + i * src_stride, to element dst_elem + i * dst_stride. A column
+// slice of row-major data is one segment, not one per row. Rows do not
+// overlap, in the buffer or in the destination. For sub-byte dtypes,
+// dst_elem and count are multiples of the cut quantum.
 struct Segment {
   uint32_t want = 0;
   uint64_t dst_elem = 0;
   uint64_t src_byte = 0;
   uint64_t count = 0;
+  uint64_t rows = 1;
+  uint64_t src_stride = 0;  // bytes
+  uint64_t dst_stride = 0;  // elements
+  uint64_t row_src(uint64_t i) const { return src_byte + i * src_stride; }
+  uint64_t row_dst(uint64_t i) const { return dst_elem + i * dst_stride; }
 };
 
 // One pread: `length` bytes at `offset` of data file `file`.
@@ -83,7 +93,7 @@ struct ReadOp {
   uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
-  std::vector<Segment> segments;  // sorted by src_byte
+  std::vector<Segment> segments;  // sorted by src_byte (the first row's)
 };
 
 // A non-empty chunk whose every byte is read by one group, so its checksum
