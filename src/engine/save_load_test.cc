@@ -72,6 +72,24 @@ class SaveLoadTest : public ::testing::Test {
     return out;
   }
 
+  // Loads `slice` of the F32 tensor "w" of shape `s` from Path("ck") as F64
+  // on one rank and expects the values of `narrow` (the same slice loaded as
+  // F32), NaN where it has NaN (the oracle's bytes make some).
+  void ExpectWidenedLoadMatches(const Shape& s, const Slice& slice, const OwnedTarget& narrow,
+                                LoadOptions options) {
+    std::vector<double> wide(slice.NumElements());
+    LoadRequest req;
+    req.tensors.push_back({"w", DType::kF64, s, slice, wide.data()});
+    options.convert_dtypes = true;
+    auto comm = MakeSingleProcessComm();
+    ASSERT_TRUE(Load(req, Path("ck"), *comm, options).ok());
+    const auto* f32 = reinterpret_cast<const float*>(narrow.buffer.data());
+    for (size_t i = 0; i < wide.size(); ++i) {
+      ASSERT_TRUE(wide[i] == f32[i] || (std::isnan(wide[i]) && std::isnan(f32[i])))
+          << i << ": " << wide[i] << " vs " << f32[i];
+    }
+  }
+
   std::string root_;
 };
 
@@ -455,18 +473,8 @@ TEST_F(SaveLoadTest, ShortRowsAreReadThroughScratchInSteps) {
     ASSERT_TRUE(LoadToRanks(load, Path("ck"), options, &results)[0].ok()) << cached;
     EXPECT_EQ(results[0].chunks_verified, 1u) << cached;
     EXPECT_TRUE(MatchesOracle(load[0][0])) << cached;
-    // The same columns as F64.
-    std::vector<double> wide(8192 * 32);
-    LoadRequest req;
-    req.tensors.push_back({"w", DType::kF64, s, Cols(8192, 16, 48), wide.data()});
-    options.convert_dtypes = true;
-    auto comm = MakeSingleProcessComm();
-    ASSERT_TRUE(Load(req, Path("ck"), *comm, options).ok()) << cached;
-    const auto* narrow = reinterpret_cast<const float*>(load[0][0].buffer.data());
-    for (size_t i = 0; i < wide.size(); ++i) {  // the oracle's bytes make some NaNs
-      ASSERT_TRUE(wide[i] == narrow[i] || (std::isnan(wide[i]) && std::isnan(narrow[i])))
-          << cached << " " << i << ": " << wide[i] << " vs " << narrow[i];
-    }
+    SCOPED_TRACE(cached ? "cached" : "cold");
+    ExpectWidenedLoadMatches(s, Cols(8192, 16, 48), load[0][0], options);
   }
   auto reader = DefaultFileSystem()->NewRandomAccessFile(file, ReadOptions{true});
   ASSERT_TRUE(reader.ok());
@@ -505,17 +513,8 @@ TEST_F(SaveLoadTest, WideColumnSplitThroughWindowsThatCutRows) {
       EXPECT_EQ(results[r].chunks_verified, 1u) << cached << " " << r;
       EXPECT_TRUE(MatchesOracle(load[r][0])) << cached << " " << r;
     }
-    std::vector<double> wide(520 * 1025);
-    LoadRequest req;
-    req.tensors.push_back({"w", DType::kF64, s, Cols(520, 1025, 2050), wide.data()});
-    options.convert_dtypes = true;
-    auto comm = MakeSingleProcessComm();
-    ASSERT_TRUE(Load(req, Path("ck"), *comm, options).ok()) << cached;
-    const auto* narrow = reinterpret_cast<const float*>(load[1][0].buffer.data());
-    for (size_t i = 0; i < wide.size(); ++i) {  // the oracle's bytes make some NaNs
-      ASSERT_TRUE(wide[i] == narrow[i] || (std::isnan(wide[i]) && std::isnan(narrow[i])))
-          << cached << " " << i << ": " << wide[i] << " vs " << narrow[i];
-    }
+    SCOPED_TRACE(cached ? "cached" : "cold");
+    ExpectWidenedLoadMatches(s, Cols(520, 1025, 2050), load[1][0], options);
   }
 }
 
