@@ -219,10 +219,11 @@ void CopyRows(const Context& ctx, const std::vector<Segment>& segs, RowCursor fr
     const uint64_t bytes = SavedBytes(ctx, seg);
     for (uint64_t r = first; r < last; ++r) {
       const char* src = data + (seg.row_src(r) - begin);
+      char* dst = DestBytes(ctx, seg, r);
       if (saved == dest) {
-        std::memcpy(DestBytes(ctx, seg, r), src, bytes);
+        std::memcpy(dst, src, bytes);
       } else {
-        ConvertElements(src, saved, DestBytes(ctx, seg, r), dest, seg.count);
+        ConvertElements(src, saved, dst, dest, seg.count);
       }
     }
   }
@@ -242,6 +243,9 @@ Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, cons
     // Rows [next, stop): one if any is left, then as many as end within `step` of begin.
     RowCursor stop = next;
     uint64_t end = begin;
+    if (step >= read.length) {
+      stop.seg = segs.size();  // the whole read in one step
+    }
     for (bool first = true; stop.seg < segs.size(); first = false) {
       const uint64_t row_end = segs[stop.seg].row_src(stop.row) + SavedBytes(ctx, segs[stop.seg]);
       if (!first && row_end - begin > step) break;

@@ -518,6 +518,29 @@ TEST_F(SaveLoadTest, WideColumnSplitThroughWindowsThatCutRows) {
   }
 }
 
+// One rank wanting two column blocks of one chunk: the two wants' rows
+// interleave in the file, so their strided segments do too, and the read
+// goes through scratch whole, never in steps (which assume rows in file
+// order), whether or not the 1 MiB chunk is cached.
+TEST_F(SaveLoadTest, InterleavedColumnBlocksOfOneChunk) {
+  const Shape s{512, 512};
+  std::vector<std::vector<OwnedShard>> save(1);
+  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  for (const bool cached : {false, true}) {
+    LoadOptions options;
+    options.direct_io = !cached;  // buffered: fills the page cache for the next round
+    std::vector<std::vector<OwnedTarget>> load(1);
+    load[0].push_back(MakeTarget("w", DType::kF32, s, Cols(512, 0, 200)));
+    load[0].push_back(MakeTarget("w", DType::kF32, s, Cols(512, 200, 512)));
+    std::vector<LoadResult> results;
+    ASSERT_TRUE(LoadToRanks(load, Path("ck"), options, &results)[0].ok()) << cached;
+    EXPECT_EQ(results[0].chunks_verified, 1u) << cached;
+    EXPECT_TRUE(MatchesOracle(load[0][0])) << cached;
+    EXPECT_TRUE(MatchesOracle(load[0][1])) << cached;
+  }
+}
+
 TEST_F(SaveLoadTest, TruncatedDataFileIsDataLoss) {
   const Shape s{1024};
   std::vector<std::vector<OwnedShard>> save(1);

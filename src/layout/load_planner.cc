@@ -71,7 +71,8 @@ struct Piece {
   uint64_t rows = 1;
   uint64_t stride = 0;      // bytes from one run's start to the next
   uint64_t dst_stride = 0;  // elements from one run's destination to the next
-  uint64_t end() const { return offset + (rows - 1) * stride + length; }
+  uint64_t row_at(uint64_t i) const { return offset + i * stride; }
+  uint64_t end() const { return row_at(rows - 1) + length; }
 };
 
 // Consecutive pieces [begin, end) of one extent and one chunk, spanning
@@ -184,7 +185,7 @@ class Planner {
   bool ExtendRows(const Piece& p) {
     if (pieces_.size() <= block_starts_.back()) return false;  // first of its block
     Piece& last = pieces_.back();
-    const uint64_t last_row = last.offset + (last.rows - 1) * last.stride;
+    const uint64_t last_row = last.row_at(last.rows - 1);
     const uint64_t last_dst = last.dst_elem + (last.rows - 1) * last.dst_stride;
     if (p.length == 0 || p.length != last.length || p.offset < last_row + last.length ||
         p.offset - (last_row + last.length) > options_.join_gap_bytes || p.dst_elem <= last_dst) {
@@ -395,7 +396,7 @@ class Planner {
         e = at + (rest.lo + max_read_ - at) / unit * unit;
         if (e <= rest.lo) e = rest.lo + unit;
       }
-      group->reads.push_back(MakeRead(rest, rest.lo, e, /*trim=*/false));
+      group->reads.push_back(MakeRead(rest, rest.lo, e));
       while (rest.begin < rest.end && pieces_[rest.begin].end() <= e) ++rest.begin;
       rest.lo = e;
     }
@@ -410,58 +411,45 @@ class Planner {
     return {begin, std::max(begin, end)};
   }
 
-  // The read of the pieces of `part` clipped to [lo, hi), trimmed to them
-  // (else all of [lo, hi)): a segment per piece's rows inside [lo, hi), plus
-  // one for a row that the window cuts at either end.
-  ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi, bool trim = true) const {
-    ReadOp read;
-    read.file = pieces_[part.begin].file;
-    uint64_t first = hi, last = lo;
-    bool sorted = true;  // false when pieces' rows interleave
+  // The read of [lo, hi) with the pieces of `part` clipped to it: a segment
+  // per piece's rows inside, plus one for a row the window cuts at either
+  // end. (A part's own lo and hi are its first piece's offset and its
+  // furthest end, so only the windows of AddLargePart cut rows.)
+  ReadOp MakeRead(const Part& part, uint64_t lo, uint64_t hi) const {
+    ReadOp read{pieces_[part.begin].file, lo, hi - lo, {}};
     for (size_t i = part.begin; i < part.end && pieces_[i].offset < hi; ++i) {
       const Piece& p = pieces_[i];
-      auto [begin, end] = RowsIn(p, lo, hi);
-      if (begin == end) continue;
-      const uint64_t a = std::max(p.offset + begin * p.stride, lo);
-      const uint64_t b = std::min(p.offset + (end - 1) * p.stride + p.length, hi);
-      sorted = sorted && a >= last;
-      first = std::min(first, a);
-      last = std::max(last, b);
-      if (p.want == kFiller) continue;
-      // Rows the window cuts become segments of their own.
-      if (p.offset + begin * p.stride < lo) AddRows(p, begin, begin + 1, lo, hi, &read);
-      const uint64_t whole_begin = begin + (p.offset + begin * p.stride < lo ? 1 : 0);
-      const bool cut_last = p.offset + (end - 1) * p.stride + p.length > hi;
+      const auto [begin, end] = RowsIn(p, lo, hi);
+      if (begin == end || p.want == kFiller) continue;
+      const bool cut_first = p.row_at(begin) < lo;
+      const bool cut_last = p.row_at(end - 1) + p.length > hi;
+      const uint64_t whole_begin = begin + (cut_first ? 1 : 0);
       const uint64_t whole_end = std::max(whole_begin, end - (cut_last ? 1 : 0));
+      if (cut_first) AddRows(p, begin, begin + 1, lo, hi, &read);
       if (whole_begin < whole_end) AddRows(p, whole_begin, whole_end, lo, hi, &read);
       if (cut_last && end - 1 >= whole_begin) AddRows(p, end - 1, end, lo, hi, &read);
     }
-    if (!sorted) {
-      std::sort(read.segments.begin(), read.segments.end(),
-                [](const Segment& x, const Segment& y) { return x.src_byte < y.src_byte; });
-    }
-    if (!trim) std::tie(first, last) = std::pair(lo, hi);
-    for (Segment& seg : read.segments) seg.src_byte -= first;
-    if (first < last) {
-      read.offset = first;
-      read.length = last - first;
+    // Rows of pieces of different wants in one chunk may interleave.
+    const auto by_src = [](const Segment& x, const Segment& y) { return x.src_byte < y.src_byte; };
+    if (!std::is_sorted(read.segments.begin(), read.segments.end(), by_src)) {
+      std::sort(read.segments.begin(), read.segments.end(), by_src);
     }
     return read;
   }
 
-  // A segment for rows [begin, end) of `p`, clipped to [lo, hi) (only a
-  // single row may be clipped); src_byte is still a file offset.
+  // Appends to `read` (which starts at lo) a segment for rows [begin, end)
+  // of `p`, clipped to [lo, hi) (only a single row may be clipped).
   void AddRows(const Piece& p, uint64_t begin, uint64_t end, uint64_t lo, uint64_t hi,
                ReadOp* read) const {
     const Unit unit = UnitOf(tensors_[p.tensor].dtype);
-    const uint64_t at = p.offset + begin * p.stride;
+    const uint64_t at = p.row_at(begin);
     const uint64_t a = std::max(at, lo), b = std::min(at + p.length, hi);
+    const bool many = end - begin > 1;
     read->segments.push_back(Segment{p.want,
                                      p.dst_elem + begin * p.dst_stride +
                                          (a - at) / unit.bytes * unit.elems,
-                                     a, (b - a) / unit.bytes * unit.elems, end - begin,
-                                     end - begin > 1 ? p.stride : 0,
-                                     end - begin > 1 ? p.dst_stride : 0});
+                                     a - lo, (b - a) / unit.bytes * unit.elems, end - begin,
+                                     many ? p.stride : 0, many ? p.dst_stride : 0});
   }
 
   // Step 4.
