@@ -279,10 +279,10 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
   struct Run {
     uint64_t at;  // within the read
     uint64_t n;
-    char* dst;  // nullptr: a gap, into scratch
+    char* dst;  // nullptr: a gap
   };
   std::vector<Run> runs;
-  uint64_t cursor = 0, gaps = 0;
+  uint64_t cursor = 0;
   for (const Segment& seg : read.segments) {
     if (SavedDType(ctx, seg) != ctx.dests[seg.want].dtype || seg.src_byte < cursor) return Status();
     const uint64_t n = SavedBytes(ctx, seg);
@@ -290,33 +290,45 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
       const uint64_t at = seg.row_src(r);
       if (at > cursor) runs.push_back({cursor, at - cursor, nullptr});
       runs.push_back({at, n, DestBytes(ctx, seg, r)});
-      gaps += at - cursor;
       cursor = at + n;
     }
   }
-  if (cursor < read.length) {
-    runs.push_back({cursor, read.length - cursor, nullptr});
-    gaps += read.length - cursor;
-  }
-  if (scratch->size() < gaps) scratch->resize(gaps);
-  std::vector<RandomAccessFile::Piece> pieces;
-  for (uint64_t used = 0; Run& r : runs) {
-    if (r.dst == nullptr) {
-      r.dst = scratch->data() + used;
-      used += r.n;
-    }
-    pieces.push_back({r.dst, static_cast<size_t>(r.n)});
-  }
+  if (cursor < read.length) runs.push_back({cursor, read.length - cursor, nullptr});
   // Runs are read in batches of about CachedStep(...) bytes, each batch
-  // checksummed right after it is read.
+  // checksummed right after it is read. A batch the file holds in memory
+  // (a shared-memory ring) is checksummed there and only its runs are
+  // copied out; otherwise its gaps are read into scratch.
   const uint64_t step = CachedStep(file, read, sums);
+  std::vector<RandomAccessFile::Piece> pieces;
   for (size_t i = 0, j; i < runs.size(); i = j) {
+    const uint64_t at = runs[i].at;
     uint64_t bytes = runs[i].n;
     for (j = i + 1; j < runs.size() && bytes + runs[j].n <= step; ++j) bytes += runs[j].n;
-    SS_RETURN_IF_ERROR(file.ReadScattered(read.offset + runs[i].at,
-                                          std::span(pieces).subspan(i, j - i)));
+    SS_ASSIGN_OR_RETURN(const char* view, file.View(read.offset + at, bytes));
+    if (view) {
+      if (sums) sums->Add(read.offset + at, bytes, view);
+      for (size_t k = i; k < j; ++k) {
+        if (runs[k].dst) std::memcpy(runs[k].dst, view + (runs[k].at - at), runs[k].n);
+      }
+      continue;
+    }
+    uint64_t gaps = 0;
+    for (size_t k = i; k < j; ++k) gaps += runs[k].dst ? 0 : runs[k].n;
+    if (scratch->size() < gaps) scratch->resize(gaps);
+    pieces.clear();
+    for (size_t k = i, used = 0; k < j; ++k) {
+      char* dst = runs[k].dst;
+      if (!dst) {
+        dst = scratch->data() + used;
+        used += runs[k].n;
+      }
+      pieces.push_back({dst, static_cast<size_t>(runs[k].n)});
+    }
+    SS_RETURN_IF_ERROR(file.ReadScattered(read.offset + at, pieces));
     if (!sums) continue;
-    for (size_t k = i; k < j; ++k) sums->Add(read.offset + runs[k].at, runs[k].n, runs[k].dst);
+    for (size_t k = i; k < j; ++k) {
+      sums->Add(read.offset + runs[k].at, runs[k].n, static_cast<const char*>(pieces[k - i].dst));
+    }
   }
   *done = true;
   return Status();

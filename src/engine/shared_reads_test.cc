@@ -409,6 +409,29 @@ TEST_F(SharedLoadTest, ReshardedLoadReadsEachSharedFileOnceIntoARing) {
                                                                  {"data-00001-000.safetensors"}}));
 }
 
+// Each rank copies its half of every row of w out of the ring and
+// checksums the row's other half (a gap it never copies) in the ring: a
+// flipped byte in either half fails both ranks, naming the chunk.
+TEST_F(SharedLoadTest, ACorruptByteInARingFailsEveryRankThatReadsItsChunk) {
+  const std::string file = root_ + "/data-00000-000.safetensors";
+  // Inside w's 2 MiB chunk whatever the header's size (b's is 1 KiB); the
+  // two bytes are half a row (4 KiB) apart: one in each rank's columns.
+  const uint64_t middle = std::filesystem::file_size(file) - kMiB;
+  for (uint64_t at : {middle, middle + 4096}) {
+    testing::FlipByte(file, at, 0x20);
+    for (const Result<LoadResult>& r : Try2(/*same=*/false, LoadOptions{})) {
+      ASSERT_FALSE(r.ok()) << "byte " << at;
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+      EXPECT_NE(r.status().message().find("tensor \"w\""), std::string::npos)
+          << r.status().ToString();
+      EXPECT_NE(r.status().message().find("checksum mismatch"), std::string::npos)
+          << r.status().ToString();
+    }
+    testing::FlipByte(file, at, 0x20);
+  }
+  for (const LoadResult& r : Load2(/*same=*/false, LoadOptions{})) EXPECT_GT(r.bytes_shared, 0u);
+}
+
 TEST_F(SharedLoadTest, WithoutSharedMemorySharedFilesGoThroughThePageCache) {
   LoadOptions no_rings;
   no_rings.shared_memory = false;
