@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import json
 import math
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,21 +115,29 @@ class _HostStaging:
 _STAGING = _HostStaging()
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a call walks a large
-    state: it creates and drops a few small objects per tensor, none in
-    reference cycles (reference counting frees them), and with 20,000
-    tensors the collector's repeated scans of them took a fifth of the
-    call. Only the Python-side walks run paused, never the engine's I/O. A
-    collector the caller had disabled stays disabled."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def _without_gc(fn: Callable) -> Callable:
+    """Runs the whole call with Python's cyclic garbage collector paused. A
+    call over a large state creates a few small objects per tensor, none in
+    reference cycles (reference counting frees them): with 20,000 tensors
+    the collector's repeated scans of them took a fifth of the call, and
+    pausing only the walks was not enough: the objects alive until the call
+    returns (the plan's entries, the engine's targets) made the first
+    allocation after re-enabling start a collection that scanned them all,
+    20-50 ms per call. They are freed when the call returns, so the
+    re-enabled collector has nothing to scan. Other threads' cycles wait for
+    the call to end; a collector the caller had disabled stays disabled."""
+
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return paused
 
 
 # ---------------------------------------------------------- agreement -----
@@ -187,8 +196,7 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
                   files: Mapping[str, Any] | None = None) -> _SaveArgs:
     args = _SaveArgs()
     try:
-        with _gc_paused():
-            _fill_save_args(args, state, metadata, unsafe_pickle, files)
+        _fill_save_args(args, state, metadata, unsafe_pickle, files)
     except BaseException:
         args.hold.close()
         raise
@@ -263,6 +271,7 @@ def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: 
     return args
 
 
+@_without_gc
 def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.ProcessGroup | None = None,
          metadata: Any = None, unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
          **options: Any) -> dict:
@@ -313,6 +322,7 @@ def _future(handle: _C.AsyncHandle, result: Any) -> Future:
     return fut
 
 
+@_without_gc
 def async_save(state_dict: Any, path: str | os.PathLike, *,
                process_group: dist.ProcessGroup | None = None, metadata: Any = None,
                unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
@@ -368,6 +378,9 @@ class _Read:
 @dataclass
 class _Plan:
     reads: list[_Read]
+    # The engine's targets (_load_specs tuples) of whole tensors read straight
+    # into themselves: planned by _plan_whole without a _Read each.
+    direct: list[tuple]
     missing: list[str]  # state keys
     used: set[str]  # checkpoint tensor keys some target reads
     notes: list[str]  # for the KeyMismatchError message
@@ -375,7 +388,7 @@ class _Plan:
 
 def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _Plan:
     """This rank's reads for the state's tensors, and what did not match."""
-    plan = _Plan([], [], set(), [])
+    plan = _Plan([], [], [], set(), [])
     for leaf in flat.tensors:
         if not keys.renamed and _plan_whole(leaf, keys.saved, plan):
             continue
@@ -421,15 +434,25 @@ def _plan_whole(leaf: TensorLeaf, saved: Mapping[str, tuple], plan: _Plan) -> bo
     """The common case, planned in a fraction of _plan's general path (which
     costs ~3 us per tensor): a plain dense tensor loaded whole from the
     checkpoint tensor of its own name and dtype. The same read as the
-    general path plans; False (nothing planned) for anything else."""
+    general path plans, as the engine's target itself when the tensor can
+    take the bytes in place; False (nothing planned) for anything else."""
     t = leaf.tensor
     found = saved.get(leaf.key)
     if found is None or DTYPE_NAMES.get(t.dtype) != found[0] or not _is_plain(t):
         return False
     shape = tuple(t.shape)
+    offset = (0,) * len(shape)
     plan.used.add(leaf.key)
-    plan.reads.append(_Read(leaf.key, shape, (0,) * len(shape), shape, t))
+    if _in_place(t):
+        plan.direct.append((leaf.key, found[0], shape, offset, shape, t.data_ptr()))
+    else:
+        plan.reads.append(_Read(leaf.key, shape, offset, shape, t))
     return True
+
+
+def _in_place(t: torch.Tensor) -> bool:
+    """The engine can write `t`'s bytes where they lie."""
+    return t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg()
 
 
 def _prepare_load(state: Any, desc: dict, rename: hf.Rename, experts: Sequence[hf.ExpertGroup],
@@ -465,6 +488,7 @@ def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list
     return err
 
 
+@_without_gc
 def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
          rename: hf.Rename = None, experts: Sequence[hf.ExpertGroup] = (),
@@ -507,10 +531,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
         source = _C.open_source(os.fspath(path), comm)
-        with _gc_paused():  # the description holds an entry per saved tensor
-            desc = _C.describe_source(source)
-            flat, keys, plan, report = _prepare_load(state_dict, desc, rename, experts,
-                                                     dequantize_fp8, options)
+        desc = _C.describe_source(source)
+        flat, keys, plan, report = _prepare_load(state_dict, desc, rename, experts,
+                                                 dequantize_fp8, options)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
     reports = _agree(comm, error, report)
@@ -520,35 +543,33 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if strict and (missing or unexpected):
         raise _key_error(missing, unexpected, desc["path"], notes, keys)
 
-    result = _read(plan.reads, source, comm, options)
+    result = _read(plan, source, comm, options)
     blobs = result["blobs"]
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
-    with _gc_paused():
-        _finish(state_dict, flat, keys.rename_values(json.loads(result["values"]) or {}), blobs,
-                unsafe_pickle)
+    _finish(state_dict, flat, keys.rename_values(json.loads(result["values"]) or {}), blobs,
+            unsafe_pickle)
     return LoadResult(desc["path"], desc["tag"], missing, unexpected,
                       json.loads(result["metadata"]), result["bytes_read"], result["seconds"],
                       result["bytes_shared"])
 
 
-def _read(reads: list[_Read], source: _C.OpenedSource, comm: TorchComm | None,
+def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
           options: dict) -> dict:
-    """Runs the engine load into each read's buffer: the target itself when
-    it can take the data directly, else staging (then copied in), or FP8
-    temporaries (then dequantised in)."""
-    fp8 = [r for r in reads if r.scale is not None]
-    plain = [r for r in reads if r.scale is None]
+    """Runs the engine load into the plan's direct targets and each read's
+    buffer: the target itself when it can take the data in place, else
+    staging (then copied in), or FP8 temporaries (then dequantised in)."""
+    fp8 = [r for r in plan.reads if r.scale is not None]
     staged = []
-    for r in plain:
-        d = r.dest
-        if d.is_cpu and d.is_contiguous() and not d.is_conj() and not d.is_neg():
-            r.buf = d
-        else:
-            staged.append(r)  # device, strided, or lazily conjugated/negated
+    for r in plan.reads:
+        if r.scale is None:
+            if _in_place(r.dest):
+                r.buf = r.dest
+            else:
+                staged.append(r)  # device, strided, or lazily conjugated/negated
     with _STAGING.borrow([r.dest for r in staged]) as hosts:
-        return _read_into(reads, staged, fp8, hosts, source, comm, options)
+        return _read_into(plan, staged, fp8, hosts, source, comm, options)
 
 
 def _load_specs(reads: list[_Read]) -> list[tuple]:
@@ -565,13 +586,12 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
     return specs
 
 
-def _read_into(reads: list[_Read], staged: list[_Read], fp8: list[_Read],
+def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
                hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
                options: dict) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
-    with _gc_paused():
-        specs = _load_specs(reads)
+    specs = plan.direct + _load_specs(plan.reads)
     result = _C.load_source(specs, source, comm, options)
     with torch.no_grad():
         for r in staged:

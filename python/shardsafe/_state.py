@@ -142,7 +142,10 @@ def flatten(state: Any, for_load: bool = False) -> Flat:
                                     f"with '.' collide)")
         seen.add(key)
 
-    visit(state, "")
+    try:
+        visit(state, "")
+    finally:
+        del visit  # the cycle visit -> its cell -> visit would hold `flat` until a collection
     return flat
 
 
@@ -173,7 +176,10 @@ def rebuild(state: Any, flat: Flat, tensor_fn: Callable[[str, torch.Tensor], Non
             return node
         return type(node)(*items) if hasattr(node, "_fields") else type(node)(items)
 
-    return visit(state, "")
+    try:
+        return visit(state, "")
+    finally:
+        del visit  # as in flatten
 
 
 # ------------------------------------------------------------ JSON values --
