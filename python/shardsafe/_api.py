@@ -617,6 +617,8 @@ def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
 
 def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool) -> None:
     """Puts the saved values into the state and hands state dicts back."""
+    if not flat.values and not flat.state_dicts:
+        return  # tensors only, all filled in place: nothing to hand back
 
     def value(key: str, old: Any) -> Any:
         try:

@@ -53,7 +53,7 @@ T Unwrap(Result<T> r) {
 // (key, dtype, global shape, box offset, box size, data address)
 using Spec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t>;
 
-Slice BoxSlice(const Shape& offset, const Shape& size) { return Slice{Box{offset, size}, {}}; }
+Slice BoxSlice(Shape offset, Shape size) { return Slice{Box{std::move(offset), std::move(size)}, {}}; }
 
 Json ParseJson(const std::string& text, const char* what) {
   try {
@@ -65,11 +65,13 @@ Json ParseJson(const std::string& text, const char* what) {
 
 // The state of one save. `blobs` holds (name, bytes, per_rank) tuples; the
 // caller keeps that list alive for the call, so the bytes stay valid.
-SaveState MakeState(const std::vector<Spec>& tensors, nb::list blobs,
+SaveState MakeState(std::vector<Spec>&& tensors, nb::list blobs,
                     const std::string& values_json, const std::string& metadata_json) {
   SaveState state;
-  for (const auto& [key, dtype, shape, offset, size, ptr] : tensors) {
-    state.tensors.push_back({key, Unwrap(ParseDType(dtype)), shape, BoxSlice(offset, size),
+  state.tensors.reserve(tensors.size());
+  for (auto& [key, dtype, shape, offset, size, ptr] : tensors) {  // moved out of
+    state.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+                             BoxSlice(std::move(offset), std::move(size)),
                              reinterpret_cast<const void*>(ptr)});
   }
   for (nb::handle item : blobs) {
@@ -82,10 +84,12 @@ SaveState MakeState(const std::vector<Spec>& tensors, nb::list blobs,
   return state;
 }
 
-LoadRequest MakeRequest(const std::vector<Spec>& targets) {
+LoadRequest MakeRequest(std::vector<Spec>&& targets) {
   LoadRequest request;
-  for (const auto& [key, dtype, shape, offset, size, ptr] : targets) {
-    request.tensors.push_back({key, Unwrap(ParseDType(dtype)), shape, BoxSlice(offset, size),
+  request.tensors.reserve(targets.size());
+  for (auto& [key, dtype, shape, offset, size, ptr] : targets) {  // moved out of
+    request.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+                               BoxSlice(std::move(offset), std::move(size)),
                                reinterpret_cast<void*>(ptr)});
   }
   return request;
@@ -333,10 +337,10 @@ NB_MODULE(_C, m) {
   RegisterErrors();
 
   m.def("save",
-        [](const std::vector<Spec>& tensors, nb::list blobs, const std::string& values,
+        [](std::vector<Spec> tensors, nb::list blobs, const std::string& values,
            const std::string& metadata, const std::string& path, nb::handle comm,
            nb::dict options) {
-          SaveState state = MakeState(tensors, blobs, values, metadata);
+          SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
           SaveOptions o = ParseSaveOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return Save(state, path, *c, o); }));
@@ -345,9 +349,9 @@ NB_MODULE(_C, m) {
         "options"_a);
 
   m.def("load",
-        [](const std::vector<Spec>& targets, const std::string& path, nb::handle comm,
+        [](std::vector<Spec> targets, const std::string& path, nb::handle comm,
            nb::dict options) {
-          LoadRequest request = MakeRequest(targets);
+          LoadRequest request = MakeRequest(std::move(targets));
           LoadOptions o = ParseLoadOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return Load(request, path, *c, o); }));
@@ -369,9 +373,9 @@ NB_MODULE(_C, m) {
   m.def("describe_source", [](const OpenedSource& s) { return DescribeSource(s.source); },
         "source"_a);
   m.def("load_source",
-        [](const std::vector<Spec>& targets, const OpenedSource& s, nb::handle comm,
+        [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
            nb::dict options) {
-          LoadRequest request = MakeRequest(targets);
+          LoadRequest request = MakeRequest(std::move(targets));
           LoadOptions o = ParseLoadOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
@@ -396,10 +400,10 @@ NB_MODULE(_C, m) {
   nb::class_<AsyncSaver>(m, "AsyncSaver")
       .def(nb::init<>())
       .def("save",
-           [](AsyncSaver& saver, const std::vector<Spec>& tensors, nb::list blobs,
+           [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, const std::string& root,
               const std::string& tag, nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return Handle(Released([&] { return saver.Save(state, root, tag, *c, o); }));
@@ -424,10 +428,10 @@ NB_MODULE(_C, m) {
            "root"_a, "keep_last"_a)
       .def_prop_ro("root", &CheckpointManager::root)
       .def("save",
-           [](CheckpointManager& m, int64_t step, const std::vector<Spec>& tensors,
+           [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
               nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return ToDict(Released([&] { return m.Save(step, state, *c, o); }));
@@ -435,10 +439,10 @@ NB_MODULE(_C, m) {
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
            "options"_a)
       .def("async_save",
-           [](CheckpointManager& m, int64_t step, const std::vector<Spec>& tensors,
+           [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
               nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(tensors, blobs, values, metadata);
+             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return Handle(Released([&] { return m.AsyncSave(step, state, *c, o); }));
@@ -456,9 +460,9 @@ NB_MODULE(_C, m) {
       .def("latest_step",
            [](CheckpointManager& m) { return Released([&] { return m.LatestStep(); }); })
       .def("load",
-           [](CheckpointManager& m, const std::vector<Spec>& targets, std::optional<int64_t> step,
+           [](CheckpointManager& m, std::vector<Spec> targets, std::optional<int64_t> step,
               nb::handle comm, nb::dict options) {
-             LoadRequest request = MakeRequest(targets);
+             LoadRequest request = MakeRequest(std::move(targets));
              LoadOptions o = ParseLoadOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return ToDict(Released([&] { return m.Load(request, step, *c, o); }));
