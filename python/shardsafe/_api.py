@@ -64,6 +64,8 @@ def _box(key: str, t: torch.Tensor) -> _Box:
 # Tensor types the per-tensor fast paths take; subclasses (DTensor among
 # them) take the general paths.
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Names of the dtypes whose tensors can carry a lazy conjugate bit.
+_COMPLEX_NAMES = frozenset(name for dtype, name in DTYPE_NAMES.items() if dtype.is_complex)
 
 
 def _is_plain(t: torch.Tensor) -> bool:
@@ -76,7 +78,7 @@ def _in_place(t: torch.Tensor, name: str | None = None) -> bool:
     dtype's name where known, spares the conjugate-bit query of real dtypes
     (each tensor attribute costs ~0.3-0.5 us, times 20,000 tensors)."""
     return (t.is_cpu and t.is_contiguous() and not t.is_neg()
-            and not ((name is None or name[0] == "C") and t.is_conj()))
+            and not ((name is None or name in _COMPLEX_NAMES) and t.is_conj()))
 
 
 def _dtype_name(key: str, t: torch.Tensor) -> str:
@@ -448,12 +450,11 @@ def _plan_whole(leaves: list[TensorLeaf], saved: Mapping[str, tuple], plan: _Pla
     general path, as the engine's target itself when the tensor takes the
     bytes in place; returns the leaves it leaves to the general path."""
     rest = []
-    direct, used, names, strided = plan.direct.append, plan.used.add, DTYPE_NAMES, torch.strided
+    direct, used = plan.direct.append, plan.used.add
     for leaf in leaves:
         t, key = leaf.tensor, leaf.key
         found = saved.get(key)
-        if (found is None or type(t) not in _PLAIN_TYPES or t.layout is not strided
-                or names.get(t.dtype) != found[0]):
+        if found is None or not _is_plain(t) or DTYPE_NAMES.get(t.dtype) != found[0]:
             rest.append(leaf)
             continue
         used(key)

@@ -179,19 +179,34 @@ uint64_t CachedStep(const RandomAccessFile& file, const ReadOp& read, const Grou
   return step ? kCachedStep : read.length;
 }
 
-// True when `read` has many short runs (a column split: each row is a run
-// of a few hundred bytes) that do not overlap: then copying it through
-// scratch and out again costs less than one iovec and one checksum call
-// per run (~300 ns each, against ~10 ns for a memcpy of such a run).
-bool HasShortRuns(const Context& ctx, const ReadOp& read) {
-  constexpr uint64_t kShortRun = 4 << 10;  // bytes of the read per run, gaps included
+// The number of rows of `read`'s segments when each starts after the one
+// before it ends (no two overlap), else 0.
+uint64_t RowsInOrder(const Context& ctx, const ReadOp& read) {
   uint64_t cursor = 0, rows = 0;
   for (const Segment& seg : read.segments) {
-    if (seg.src_byte < cursor) return false;
+    if (seg.src_byte < cursor) return 0;
     cursor = SpanEnd(ctx, seg);
     rows += seg.rows;
   }
-  return rows >= 2 && read.length / rows < kShortRun;
+  return rows;
+}
+
+// True when `read`'s rows, in order, are best copied out of the read's
+// bytes in steps (ReadThroughScratch) rather than scattered into their
+// destinations: when the file holds the first step in memory (a
+// shared-memory ring slot: RandomAccessFile::View), so only the rows are
+// copied and the gaps checksummed where they lie; or when the runs are
+// short (a column split: each row a run of a few hundred bytes), where a
+// copy through scratch costs less than one iovec and one checksum call per
+// run (~300 ns each, against ~10 ns for a memcpy of such a run).
+Result<bool> CopiedInSteps(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
+                           uint64_t step) {
+  constexpr uint64_t kShortRun = 4 << 10;  // bytes of the read per run, gaps included
+  const uint64_t rows = RowsInOrder(ctx, read);
+  if (rows < 2) return false;
+  if (read.length / rows < kShortRun) return true;
+  SS_ASSIGN_OR_RETURN(const char* view, file.View(read.offset, std::min(step, read.length)));
+  return view != nullptr;
 }
 
 // A position among the rows of a read's segments: row `row` of segment
@@ -279,10 +294,10 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
   struct Run {
     uint64_t at;  // within the read
     uint64_t n;
-    char* dst;  // nullptr: a gap
+    char* dst;  // nullptr: a gap, into scratch
   };
   std::vector<Run> runs;
-  uint64_t cursor = 0;
+  uint64_t cursor = 0, gaps = 0;
   for (const Segment& seg : read.segments) {
     if (SavedDType(ctx, seg) != ctx.dests[seg.want].dtype || seg.src_byte < cursor) return Status();
     const uint64_t n = SavedBytes(ctx, seg);
@@ -290,45 +305,33 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
       const uint64_t at = seg.row_src(r);
       if (at > cursor) runs.push_back({cursor, at - cursor, nullptr});
       runs.push_back({at, n, DestBytes(ctx, seg, r)});
+      gaps += at - cursor;
       cursor = at + n;
     }
   }
-  if (cursor < read.length) runs.push_back({cursor, read.length - cursor, nullptr});
-  // Runs are read in batches of about CachedStep(...) bytes, each batch
-  // checksummed right after it is read. A batch the file holds in memory
-  // (a shared-memory ring) is checksummed there and only its runs are
-  // copied out; otherwise its gaps are read into scratch.
-  const uint64_t step = CachedStep(file, read, sums);
+  if (cursor < read.length) {
+    runs.push_back({cursor, read.length - cursor, nullptr});
+    gaps += read.length - cursor;
+  }
+  if (scratch->size() < gaps) scratch->resize(gaps);
   std::vector<RandomAccessFile::Piece> pieces;
+  for (uint64_t used = 0; Run& r : runs) {
+    if (r.dst == nullptr) {
+      r.dst = scratch->data() + used;
+      used += r.n;
+    }
+    pieces.push_back({r.dst, static_cast<size_t>(r.n)});
+  }
+  // Runs are read in batches of about CachedStep(...) bytes, each batch
+  // checksummed right after it is read.
+  const uint64_t step = CachedStep(file, read, sums);
   for (size_t i = 0, j; i < runs.size(); i = j) {
-    const uint64_t at = runs[i].at;
     uint64_t bytes = runs[i].n;
     for (j = i + 1; j < runs.size() && bytes + runs[j].n <= step; ++j) bytes += runs[j].n;
-    SS_ASSIGN_OR_RETURN(const char* view, file.View(read.offset + at, bytes));
-    if (view) {
-      if (sums) sums->Add(read.offset + at, bytes, view);
-      for (size_t k = i; k < j; ++k) {
-        if (runs[k].dst) std::memcpy(runs[k].dst, view + (runs[k].at - at), runs[k].n);
-      }
-      continue;
-    }
-    uint64_t gaps = 0;
-    for (size_t k = i; k < j; ++k) gaps += runs[k].dst ? 0 : runs[k].n;
-    if (scratch->size() < gaps) scratch->resize(gaps);
-    pieces.clear();
-    for (size_t k = i, used = 0; k < j; ++k) {
-      char* dst = runs[k].dst;
-      if (!dst) {
-        dst = scratch->data() + used;
-        used += runs[k].n;
-      }
-      pieces.push_back({dst, static_cast<size_t>(runs[k].n)});
-    }
-    SS_RETURN_IF_ERROR(file.ReadScattered(read.offset + at, pieces));
+    SS_RETURN_IF_ERROR(file.ReadScattered(read.offset + runs[i].at,
+                                          std::span(pieces).subspan(i, j - i)));
     if (!sums) continue;
-    for (size_t k = i; k < j; ++k) {
-      sums->Add(read.offset + runs[k].at, runs[k].n, static_cast<const char*>(pieces[k - i].dst));
-    }
+    for (size_t k = i; k < j; ++k) sums->Add(read.offset + runs[k].at, runs[k].n, runs[k].dst);
   }
   *done = true;
   return Status();
@@ -353,9 +356,9 @@ Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& r
   if (read.length > max_scratch && IsSingleRun(ctx, read)) {
     return ConvertInPieces(ctx, file, read, max_scratch, sums, scratch);
   }
-  if (HasShortRuns(ctx, read)) {
-    return ReadThroughScratch(ctx, file, read, CachedStep(file, read, sums), sums, scratch);
-  }
+  const uint64_t step = CachedStep(file, read, sums);
+  SS_ASSIGN_OR_RETURN(const bool in_steps, CopiedInSteps(ctx, file, read, step));
+  if (in_steps) return ReadThroughScratch(ctx, file, read, step, sums, scratch);
   bool scattered = false;
   SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, sums, scratch, &scattered));
   if (scattered) return Status();

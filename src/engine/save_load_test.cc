@@ -72,6 +72,21 @@ class SaveLoadTest : public ::testing::Test {
     return out;
   }
 
+  // Saves the F32 tensor "w" of shape `s`, whole from one rank, as Path("ck").
+  Status SaveWholeW(const Shape& s) {
+    std::vector<std::vector<OwnedShard>> save(1);
+    save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
+    return SaveFromRanks(save, Path("ck"))[0];
+  }
+
+  // Options for a round of `for (bool cached : {false, true})`: the cold
+  // round reads buffered, filling the page cache for the cached one.
+  static LoadOptions ColdThenCached(bool cached) {
+    LoadOptions options;
+    options.direct_io = !cached;
+    return options;
+  }
+
   // Loads `slice` of the F32 tensor "w" of shape `s` from Path("ck") as F64
   // on one rank and expects the values of `narrow` (the same slice loaded as
   // F32), NaN where it has NaN (the oracle's bytes make some).
@@ -246,9 +261,7 @@ TEST_F(SaveLoadTest, BadTagsAreRejected) {
 
 TEST_F(SaveLoadTest, MissingShapeAndDtypeMismatchesAreClearErrors) {
   const Shape s{4, 4};
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
 
   std::vector<std::vector<OwnedTarget>> missing(1);
   missing[0].push_back(MakeTarget("nope", DType::kF32, s, Whole(s)));
@@ -322,9 +335,7 @@ TEST_F(SaveLoadTest, ConversionOfALargeTensorStreamsThroughBoundedScratch) {
 
 TEST_F(SaveLoadTest, CorruptByteIsDetectedAndNamed) {
   const Shape s{256};
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
   const std::string file = Path("ck") + "/data-00000-000.safetensors";
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -460,13 +471,10 @@ TEST_F(SaveLoadTest, ColumnSplitLoadVerifiesEveryChunk) {
 // conversion; a corrupt byte in the last step is found.
 TEST_F(SaveLoadTest, ShortRowsAreReadThroughScratchInSteps) {
   const Shape s{8192, 64};  // 256-byte rows, 2 MiB: four 512 KiB steps when cached
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
   const std::string file = Path("ck") + "/data-00000-000.safetensors";
   for (const bool cached : {false, true}) {
-    LoadOptions options;
-    options.direct_io = !cached;  // buffered: fills the page cache for the next round
+    LoadOptions options = ColdThenCached(cached);
     std::vector<std::vector<OwnedTarget>> load(1);
     load[0].push_back(MakeTarget("w", DType::kF32, s, Cols(8192, 16, 48)));
     std::vector<LoadResult> results;
@@ -494,12 +502,9 @@ TEST_F(SaveLoadTest, ShortRowsAreReadThroughScratchInSteps) {
 // cached, and converted (F64) through scratch.
 TEST_F(SaveLoadTest, WideColumnSplitThroughWindowsThatCutRows) {
   const Shape s{520, 2050};
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
   for (const bool cached : {false, true}) {
-    LoadOptions options;
-    options.direct_io = !cached;  // buffered: fills the page cache for the next round
+    LoadOptions options = ColdThenCached(cached);
     options.scratch_bytes = 1 << 20;
     std::vector<std::vector<OwnedTarget>> load(2);
     for (int r = 0; r < 2; ++r) {
@@ -524,12 +529,9 @@ TEST_F(SaveLoadTest, WideColumnSplitThroughWindowsThatCutRows) {
 // order), whether or not the 1 MiB chunk is cached.
 TEST_F(SaveLoadTest, InterleavedColumnBlocksOfOneChunk) {
   const Shape s{512, 512};
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
   for (const bool cached : {false, true}) {
-    LoadOptions options;
-    options.direct_io = !cached;  // buffered: fills the page cache for the next round
+    LoadOptions options = ColdThenCached(cached);
     std::vector<std::vector<OwnedTarget>> load(1);
     load[0].push_back(MakeTarget("w", DType::kF32, s, Cols(512, 0, 200)));
     load[0].push_back(MakeTarget("w", DType::kF32, s, Cols(512, 200, 512)));
@@ -543,9 +545,7 @@ TEST_F(SaveLoadTest, InterleavedColumnBlocksOfOneChunk) {
 
 TEST_F(SaveLoadTest, TruncatedDataFileIsDataLoss) {
   const Shape s{1024};
-  std::vector<std::vector<OwnedShard>> save(1);
-  save[0].push_back(MakeShard("w", DType::kF32, s, Whole(s)));
-  ASSERT_TRUE(SaveFromRanks(save, Path("ck"))[0].ok());
+  ASSERT_TRUE(SaveWholeW(s).ok());
   std::filesystem::resize_file(Path("ck") + "/data-00000-000.safetensors", 2000);
   std::vector<std::vector<OwnedTarget>> load(1);
   load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));

@@ -72,6 +72,7 @@ struct Piece {
   uint64_t stride = 0;      // bytes from one run's start to the next
   uint64_t dst_stride = 0;  // elements from one run's destination to the next
   uint64_t row_at(uint64_t i) const { return offset + i * stride; }
+  uint64_t dst_at(uint64_t i) const { return dst_elem + i * dst_stride; }
   uint64_t end() const { return row_at(rows - 1) + length; }
 };
 
@@ -186,7 +187,7 @@ class Planner {
     if (pieces_.size() <= block_starts_.back()) return false;  // first of its block
     Piece& last = pieces_.back();
     const uint64_t last_row = last.row_at(last.rows - 1);
-    const uint64_t last_dst = last.dst_elem + (last.rows - 1) * last.dst_stride;
+    const uint64_t last_dst = last.dst_at(last.rows - 1);
     if (p.length == 0 || p.length != last.length || p.offset < last_row + last.length ||
         p.offset - (last_row + last.length) > options_.join_gap_bytes || p.dst_elem <= last_dst) {
       return false;
@@ -446,7 +447,7 @@ class Planner {
     const uint64_t a = std::max(at, lo), b = std::min(at + p.length, hi);
     const bool many = end - begin > 1;
     read->segments.push_back(Segment{p.want,
-                                     p.dst_elem + begin * p.dst_stride +
+                                     p.dst_at(begin) +
                                          (a - at) / unit.bytes * unit.elems,
                                      a - lo, (b - a) / unit.bytes * unit.elems, end - begin,
                                      many ? p.stride : 0, many ? p.dst_stride : 0});

@@ -220,7 +220,9 @@ nb::dict DescribeSource(const CheckpointSource& source) {
     if (fresh) name->second = nb::str(std::string(DTypeName(t.dtype)).c_str());
     nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(t.shape.size())));
     for (size_t i = 0; i < t.shape.size(); ++i) {
-      PyTuple_SET_ITEM(shape.ptr(), i, PyLong_FromUnsignedLongLong(t.shape[i]));
+      PyObject* dim = PyLong_FromUnsignedLongLong(t.shape[i]);
+      if (dim == nullptr) throw nb::python_error();
+      PyTuple_SET_ITEM(shape.ptr(), i, dim);
     }
     tensors[key.c_str()] = nb::make_tuple(name->second, shape);
   }
