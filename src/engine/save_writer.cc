@@ -57,7 +57,8 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
     specs.push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
     image.payloads.push_back({state.blobs[blob.writer_blob].data, blob.bytes});
   }
-  SS_ASSIGN_OR_RETURN(image.layout, BuildSafetensorsHeader(specs, kHfMetadata));
+  SS_ASSIGN_OR_RETURN(image.layout,
+                      BuildSafetensorsHeader(specs, kHfMetadata, kDataFileAlignment));
   return image;
 }
 

@@ -11,7 +11,7 @@
 // Writing reproduces the reference writer (formats.md §1.4) byte for byte:
 // sort by dtype descending (the enum is in safetensors order), then name;
 // offsets assigned contiguously; compact JSON with serde_json's escaping;
-// space padding to a multiple of 8.
+// space padding to a multiple of 8 (or further, to a given alignment).
 #include "format/safetensors.h"
 
 #include <algorithm>

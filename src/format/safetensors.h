@@ -85,13 +85,24 @@ struct SafetensorsLayout {
   uint64_t file_size = 0;
 };
 
+// Where a checkpoint's data files start their data buffer (export-hf keeps
+// the reference's 8). 4 KiB: a tensor whose offset in the buffer is a
+// multiple of 64 then lies at the same address modulo 64 in the page cache
+// as in a 64-aligned allocation (PyTorch's), which keeps the kernel's copy
+// of a hot load on its fast path (docs/format.md §2); and the first entry
+// starts on a page, for mmap and O_DIRECT.
+inline constexpr uint64_t kDataFileAlignment = 4096;
+
 // Builds the header of a file holding `entries`, in the reference writer's
 // canonical form (formats.md §1.4): entries sorted by dtype descending then
-// name, compact JSON, `__metadata__` first when given, padded with spaces to
-// a multiple of 8. InvalidArgument for duplicate names, the name
-// "__metadata__", a bytes/shape mismatch, or a header over the size limit.
+// name, compact JSON, `__metadata__` first when given, padded with spaces
+// until the data buffer starts at a multiple of `data_alignment` (a power of
+// two >= 8; with 8 the header is byte for byte the reference writer's).
+// InvalidArgument for duplicate names, the name "__metadata__", a
+// bytes/shape mismatch, a bad alignment, or a header over the size limit.
 Result<SafetensorsLayout> BuildSafetensorsHeader(
     std::span<const EntrySpec> entries,
-    const std::optional<std::map<std::string, std::string>>& metadata);
+    const std::optional<std::map<std::string, std::string>>& metadata,
+    uint64_t data_alignment = 8);
 
 }  // namespace shardsafe

@@ -8,7 +8,9 @@
 //      keys sorted, which makes multi-key metadata deterministic where the
 //      reference's hash map is not), fields dtype, shape, data_offsets;
 //      strings escaped like serde_json;
-//   3. spaces appended until the length is a multiple of 8; N counts them.
+//   3. spaces appended until the data buffer starts at a multiple of the
+//      alignment (8 in the reference, whose prefix is 8 bytes: the JSON
+//      length becomes a multiple of 8); N counts them.
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -90,7 +92,12 @@ std::string LengthPrefix(uint64_t n) {
 
 Result<SafetensorsLayout> BuildSafetensorsHeader(
     std::span<const EntrySpec> entries,
-    const std::optional<std::map<std::string, std::string>>& metadata) {
+    const std::optional<std::map<std::string, std::string>>& metadata,
+    uint64_t data_alignment) {
+  if (data_alignment < 8 || (data_alignment & (data_alignment - 1)) != 0) {
+    return InvalidArgumentError("safetensors data alignment " + std::to_string(data_alignment) +
+                                " is not a power of two >= 8");
+  }
   SS_RETURN_IF_ERROR(CheckEntries(entries));
   SafetensorsLayout layout;
   layout.order = CanonicalOrder(entries);
@@ -108,8 +115,8 @@ Result<SafetensorsLayout> BuildSafetensorsHeader(
     json += EntryJson(entries[i], begin[i]);
   }
   json += '}';
-  // 3. Pad so that the data buffer starts 8-aligned.
-  json.append((8 - json.size() % 8) % 8, ' ');
+  // 3. Pad so that the data buffer starts aligned.
+  json.append((data_alignment - (8 + json.size()) % data_alignment) % data_alignment, ' ');
   if (json.size() > kMaxSafetensorsHeaderBytes) {
     return InvalidArgumentError("header too large: " + std::to_string(json.size()) +
                                 " bytes, the limit is " +

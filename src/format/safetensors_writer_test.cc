@@ -154,6 +154,34 @@ TEST(SafetensorsWriterTest, RejectsHeaderTooLarge) {
   EXPECT_NE(r.status().message().find("header too large"), std::string::npos);
 }
 
+TEST(SafetensorsWriterTest, PadsTheHeaderUntilTheDataStartsAligned) {
+  const EntrySpec e[] = {{"w", DType::kBF16, {3, 5}, 30}, {"b", DType::kU8, {3}, 3}};
+  auto ref = BuildSafetensorsHeader(e, std::nullopt);
+  auto paged = BuildSafetensorsHeader(e, std::nullopt, kDataFileAlignment);
+  ASSERT_TRUE(ref.ok() && paged.ok());
+  EXPECT_EQ(paged->header.size(), kDataFileAlignment);
+  EXPECT_EQ(paged->file_size, kDataFileAlignment + 33);
+  EXPECT_EQ(paged->offsets, (std::vector<uint64_t>{kDataFileAlignment, kDataFileAlignment + 30}));
+  // The same JSON, then only spaces: N counts them.
+  const std::string json = ref->header.substr(8);
+  EXPECT_EQ(paged->header.substr(8, json.size()), json);
+  EXPECT_EQ(paged->header.find_first_not_of(' ', 8 + json.size()), std::string::npos);
+  EXPECT_EQ(paged->header.substr(0, 8), Prefix(kDataFileAlignment - 8));
+  auto parsed = ParseSafetensorsHeader(std::string_view(paged->header).substr(8),
+                                       paged->file_size);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_EQ(parsed->entries.size(), 2u);
+}
+
+TEST(SafetensorsWriterTest, RejectsAnAlignmentThatIsNotAPowerOfTwoFromEight) {
+  const EntrySpec e[] = {{"b", DType::kU8, {3}, 3}};
+  for (uint64_t bad : {0, 1, 4, 24, 4095}) {
+    EXPECT_EQ(BuildSafetensorsHeader(e, std::nullopt, bad).status().code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(SafetensorsWriterTest, BuiltHeaderParsesBack) {
   const EntrySpec e[] = {{"w", DType::kBF16, {3, 5}, 30},
                          {"scale", DType::kF32, {}, 4},
