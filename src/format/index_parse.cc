@@ -40,12 +40,41 @@ using Type = dom::element_type;
 
 constexpr size_t kMaxNesting = 256;
 
-Status Loss(const std::string& where, const std::string& message) {
-  return DataLossError(where.empty() ? message : where + ": " + message);
-}
-
 std::string Join(const std::string& where, const std::string& more) {
   return where.empty() ? more : where + ": " + more;
+}
+
+// Where in the index a value sits, as error messages name it: "" (the top
+// level), "file 2", `tensor "k"`, `tensor "k": chunk 3`. Rendered only for
+// a message, so the walk of a large index allocates nothing per tensor or
+// chunk. Holds views: what it is made from must outlive it.
+class Where {
+ public:
+  Where(const char* text) : text_(text) {}          // NOLINT: a fixed place
+  Where(const std::string& text) : text_(text) {}   // NOLINT
+  // `kind "name"`.
+  Where(const char* kind, std::string_view name) : kind_(kind), text_(name) {}
+  // `parent: kind index`.
+  Where(const Where& parent, const char* kind, size_t index)
+      : parent_(&parent), kind_(kind), index_(index) {}
+
+  std::string str() const {
+    std::string own(text_);
+    if (kind_ != nullptr) {
+      own = std::string(kind_) + (parent_ ? " " + std::to_string(index_) : " \"" + own + "\"");
+    }
+    return parent_ ? Join(parent_->str(), own) : own;
+  }
+
+ private:
+  const Where* parent_ = nullptr;
+  const char* kind_ = nullptr;
+  std::string_view text_;
+  size_t index_ = 0;
+};
+
+Status Loss(const Where& where, const std::string& message) {
+  return DataLossError(Join(where.str(), message));
 }
 
 const char* TypeName(Type t) {
@@ -119,6 +148,10 @@ std::string ObjectName(const JsonPath* at) {
 
 // A key that `keys` holds twice, if any. May reorder `keys`.
 std::optional<std::string_view> Repeated(std::vector<std::string_view>& keys) {
+  if (keys.size() > 16 && std::adjacent_find(keys.begin(), keys.end(), std::greater_equal<>()) ==
+                              keys.end()) {
+    return std::nullopt;  // strictly increasing, as our writer's tensors and blobs are
+  }
   if (keys.size() <= 16) {  // the index's own objects: a few fields each
     for (size_t i = 1; i < keys.size(); ++i) {
       for (size_t j = 0; j < i; ++j) {
@@ -187,21 +220,21 @@ json ToJson(dom::element e) {
 
 // --- Pass 3: typed fields ------------------------------------------------------
 
-Result<dom::element> Get(dom::object obj, const char* field, const std::string& where) {
+Result<dom::element> Get(dom::object obj, const char* field, const Where& where) {
   dom::element v;
   if (obj.at_key(field).get(v)) return Loss(where, "missing field \"" + std::string(field) + "\"");
   return v;
 }
 
-std::string FieldWhere(const std::string& where, const char* field) {
-  return Join(where, "field \"" + std::string(field) + "\"");
+std::string FieldWhere(const Where& where, const char* field) {
+  return Join(where.str(), "field \"" + std::string(field) + "\"");
 }
 
 // Where a number sits: `where`, its field, and its position in an array
 // field (-1: not in one). The text is built only for an error message, so
 // that the walk of a large index allocates nothing per number.
 struct NumberAt {
-  const std::string& where;
+  const Where& where;
   const char* field;
   int64_t index = -1;
   std::string str() const {
@@ -218,7 +251,7 @@ Result<uint64_t> AsU64(dom::element v, const NumberAt& at) {
   return n;
 }
 
-Result<uint64_t> U64Field(dom::object obj, const char* field, const std::string& where,
+Result<uint64_t> U64Field(dom::object obj, const char* field, const Where& where,
                           uint64_t max = UINT64_MAX) {
   SS_ASSIGN_OR_RETURN(dom::element v, Get(obj, field, where));
   SS_ASSIGN_OR_RETURN(uint64_t n, AsU64(v, NumberAt{where, field}));
@@ -229,7 +262,7 @@ Result<uint64_t> U64Field(dom::object obj, const char* field, const std::string&
   return n;
 }
 
-Result<std::string> StringField(dom::object obj, const char* field, const std::string& where) {
+Result<std::string> StringField(dom::object obj, const char* field, const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::element v, Get(obj, field, where));
   std::string_view s;
   if (v.get_string().get(s)) {
@@ -238,7 +271,7 @@ Result<std::string> StringField(dom::object obj, const char* field, const std::s
   return std::string(s);
 }
 
-Result<dom::element> TypedField(dom::object obj, const char* field, const std::string& where,
+Result<dom::element> TypedField(dom::object obj, const char* field, const Where& where,
                                 Type type) {
   SS_ASSIGN_OR_RETURN(dom::element v, Get(obj, field, where));
   if (v.type() != type) {
@@ -249,12 +282,12 @@ Result<dom::element> TypedField(dom::object obj, const char* field, const std::s
 }
 
 // `v` as an object, or an error at `where` naming what it is instead.
-Result<dom::object> AsObject(dom::element v, const std::string& where) {
+Result<dom::object> AsObject(dom::element v, const Where& where) {
   if (!v.is_object()) return Loss(where, "expected a JSON object, got " + Describe(v));
   return ObjectOf(v);
 }
 
-Result<Shape> U64ArrayField(dom::object obj, const char* field, const std::string& where) {
+Result<Shape> U64ArrayField(dom::object obj, const char* field, const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::element v, TypedField(obj, field, where, Type::ARRAY));
   const dom::array array = ArrayOf(v);
   Shape out;
@@ -267,13 +300,13 @@ Result<Shape> U64ArrayField(dom::object obj, const char* field, const std::strin
   return out;
 }
 
-Result<std::optional<uint32_t>> OptionalCrc(dom::object obj, const std::string& where) {
+Result<std::optional<uint32_t>> OptionalCrc(dom::object obj, const Where& where) {
   if (obj.at_key("crc32c").error()) return std::optional<uint32_t>();
   SS_ASSIGN_OR_RETURN(uint64_t crc, U64Field(obj, "crc32c", where, UINT32_MAX));
   return std::optional<uint32_t>(static_cast<uint32_t>(crc));
 }
 
-Status CheckFileName(const std::string& name, const std::string& where) {
+Status CheckFileName(const std::string& name, const Where& where) {
   const bool bad = name.empty() || name == "." || name == ".." ||
                    name.find_first_of(std::string("/\\\0", 3)) != std::string::npos;
   if (bad) return Loss(where, "\"" + name + "\" is not a plain file name");
@@ -307,7 +340,7 @@ struct ByteRange {
 
 // A chunk's `file`, `at` and `bytes`: the range must lie inside the file.
 Result<ByteRange> ParseByteRange(dom::object c, const std::vector<IndexFile>& files,
-                                 const std::string& where) {
+                                 const Where& where) {
   if (files.empty()) return Loss(FieldWhere(where, "file"), "the index lists no files");
   ByteRange r;
   SS_ASSIGN_OR_RETURN(uint64_t f, U64Field(c, "file", where, files.size() - 1));
@@ -324,7 +357,7 @@ Result<ByteRange> ParseByteRange(dom::object c, const std::vector<IndexFile>& fi
   return r;
 }
 
-Result<Slice> ParseSlice(dom::object c, const std::string& where) {
+Result<Slice> ParseSlice(dom::object c, const Where& where) {
   Slice slice;
   SS_ASSIGN_OR_RETURN(slice.box.offset, U64ArrayField(c, "offset", where));
   SS_ASSIGN_OR_RETURN(slice.box.size, U64ArrayField(c, "size", where));
@@ -340,7 +373,7 @@ Result<Slice> ParseSlice(dom::object c, const std::string& where) {
 }
 
 Result<IndexChunk> ParseChunk(dom::element v, const IndexTensor& t,
-                              const std::vector<IndexFile>& files, const std::string& where) {
+                              const std::vector<IndexFile>& files, const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::object c, AsObject(v, where));
   IndexChunk chunk;
   SS_ASSIGN_OR_RETURN(chunk.slice, ParseSlice(c, where));
@@ -371,7 +404,7 @@ Result<IndexChunk> ParseChunk(dom::element v, const IndexTensor& t,
 }
 
 Result<IndexTensor> ParseTensor(dom::element value, const std::vector<IndexFile>& files,
-                                const std::string& where) {
+                                const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::object v, AsObject(value, where));
   IndexTensor t;
   SS_ASSIGN_OR_RETURN(std::string dtype, StringField(v, "dtype", where));
@@ -383,7 +416,7 @@ Result<IndexTensor> ParseTensor(dom::element value, const std::vector<IndexFile>
   if (!n.ok()) return Loss(FieldWhere(where, "shape"), n.status().message());
   SS_ASSIGN_OR_RETURN(dom::element chunks, TypedField(v, "chunks", where, Type::ARRAY));
   for (dom::element c : ArrayOf(chunks)) {
-    const std::string at = Join(where, "chunk " + std::to_string(t.chunks.size()));
+    const Where at(where, "chunk", t.chunks.size());
     SS_ASSIGN_OR_RETURN(IndexChunk chunk, ParseChunk(c, t, files, at));
     t.chunks.push_back(std::move(chunk));
   }
@@ -391,7 +424,7 @@ Result<IndexTensor> ParseTensor(dom::element value, const std::vector<IndexFile>
 }
 
 Result<IndexBlobChunk> ParseBlobChunk(dom::element v, const std::vector<IndexFile>& files,
-                                      int world_size, const std::string& where) {
+                                      int world_size, const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::object c, AsObject(v, where));
   IndexBlobChunk chunk;
   SS_ASSIGN_OR_RETURN(uint64_t rank, U64Field(c, "rank", where, world_size - 1));
@@ -405,7 +438,7 @@ Result<IndexBlobChunk> ParseBlobChunk(dom::element v, const std::vector<IndexFil
 }
 
 Result<IndexBlob> ParseBlob(dom::element value, const std::vector<IndexFile>& files,
-                            int world_size, const std::string& where) {
+                            int world_size, const Where& where) {
   SS_ASSIGN_OR_RETURN(dom::object v, AsObject(value, where));
   IndexBlob blob;
   SS_ASSIGN_OR_RETURN(dom::element per_rank, TypedField(v, "per_rank", where, Type::BOOL));
@@ -413,7 +446,7 @@ Result<IndexBlob> ParseBlob(dom::element value, const std::vector<IndexFile>& fi
   SS_ASSIGN_OR_RETURN(dom::element chunks, TypedField(v, "chunks", where, Type::ARRAY));
   std::set<int> ranks;
   for (dom::element c : ArrayOf(chunks)) {
-    const std::string at = Join(where, "chunk " + std::to_string(blob.chunks.size()));
+    const Where at(where, "chunk", blob.chunks.size());
     SS_ASSIGN_OR_RETURN(IndexBlobChunk chunk, ParseBlobChunk(c, files, world_size, at));
     if (!ranks.insert(chunk.rank).second) {
       return Loss(at, "rank " + std::to_string(chunk.rank) + " given twice");
@@ -461,18 +494,18 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
   index.metadata = ToJson(metadata);
   SS_ASSIGN_OR_RETURN(index.files, ParseFiles(root, index.world_size));
   SS_ASSIGN_OR_RETURN(dom::element tensors, TypedField(root, "tensors", "", Type::OBJECT));
+  // Keys come sorted from our writer: each goes in at the end, unsearched.
   for (dom::key_value_pair t : ObjectOf(tensors)) {
-    const std::string key(t.key);
-    SS_ASSIGN_OR_RETURN(index.tensors[key],
-                        ParseTensor(t.value, index.files, "tensor \"" + key + "\""));
+    SS_ASSIGN_OR_RETURN(IndexTensor tensor, ParseTensor(t.value, index.files, {"tensor", t.key}));
+    index.tensors.emplace_hint(index.tensors.end(), t.key, std::move(tensor));
   }
   SS_ASSIGN_OR_RETURN(dom::element values, TypedField(root, "values", "", Type::OBJECT));
   index.values = ToJson(values);
   SS_ASSIGN_OR_RETURN(dom::element blobs, TypedField(root, "blobs", "", Type::OBJECT));
   for (dom::key_value_pair b : ObjectOf(blobs)) {
-    const std::string name(b.key);
-    SS_ASSIGN_OR_RETURN(index.blobs[name],
-                        ParseBlob(b.value, index.files, index.world_size, "blob \"" + name + "\""));
+    SS_ASSIGN_OR_RETURN(IndexBlob blob,
+                        ParseBlob(b.value, index.files, index.world_size, {"blob", b.key}));
+    index.blobs.emplace_hint(index.blobs.end(), b.key, std::move(blob));
   }
   return index;
 }
