@@ -392,18 +392,19 @@ class _Read:
 @dataclass
 class _Plan:
     reads: list[_Read]
-    # The engine's targets (_load_specs tuples) of whole tensors read straight
-    # into themselves: planned by _plan_whole without a _Read each.
-    direct: list[tuple]
+    # The engine's targets of whole tensors read straight into themselves,
+    # planned by _plan_whole without a _Read each (None: none planned).
+    whole: _C.WholeTargets | None
     missing: list[str]  # state keys
     used: set[str]  # checkpoint tensor keys some target reads
     notes: list[str]  # for the KeyMismatchError message
 
 
-def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _Plan:
+def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: bool,
+          convert: bool) -> _Plan:
     """This rank's reads for the state's tensors, and what did not match."""
-    plan = _Plan([], [], [], set(), [])
-    rest = flat.tensors if keys.renamed else _plan_whole(flat.tensors, keys.saved, plan)
+    plan = _Plan([], None, [], set(), [])
+    rest = flat.tensors if keys.renamed else _plan_whole(flat.tensors, source, plan)
     for leaf in rest:
         src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))
         if src is None:
@@ -443,32 +444,23 @@ def _plan(flat: Flat, keys: hf.KeyMap, dequantize_fp8: bool, convert: bool) -> _
     return plan
 
 
-def _plan_whole(leaves: list[TensorLeaf], saved: Mapping[str, tuple], plan: _Plan) -> list:
-    """The common case, planned in a fraction of _plan's general path (which
-    costs ~3 us per tensor): a plain dense tensor loaded whole from the
-    checkpoint tensor of its own name and dtype. Plans the same read as the
-    general path, as the engine's target itself when the tensor takes the
-    bytes in place; returns the leaves it leaves to the general path."""
-    rest = []
-    direct, used = plan.direct.append, plan.used.add
-    for leaf in leaves:
-        t, key = leaf.tensor, leaf.key
-        found = saved.get(key)
-        if found is None or not _is_plain(t) or DTYPE_NAMES.get(t.dtype) != found[0]:
-            rest.append(leaf)
-            continue
-        used(key)
-        shape = tuple(t.shape)
-        offset = (0,) * len(shape)
-        if _in_place(t, found[0]):
-            direct((key, found[0], shape, offset, shape, t.data_ptr()))
-        else:
-            plan.reads.append(_Read(key, shape, offset, shape, t))
-    return rest
+def _plan_whole(leaves: list[TensorLeaf], source: _C.OpenedSource, plan: _Plan) -> list:
+    """The common case, planned by the extension (_C.plan_whole) in a
+    fraction of the general path's ~3 us a tensor: a plain dense CPU tensor
+    loaded whole and in place from the checkpoint tensor of its own key,
+    dtype and shape. Plans the read the general path would; returns the
+    leaves it leaves to the general path."""
+    whole, taken, rest = _C.plan_whole([leaf.key for leaf in leaves],
+                                       [leaf.tensor for leaf in leaves], source, _PLAIN_TYPES,
+                                       torch.strided, DTYPE_NAMES)
+    plan.whole = whole
+    plan.used.update(taken)
+    return [leaves[i] for i in rest]
 
 
-def _prepare_load(state: Any, desc: dict, rename: hf.Rename, experts: Sequence[hf.ExpertGroup],
-                  dequantize_fp8: bool, options: dict) -> tuple[Flat, hf.KeyMap, _Plan, dict]:
+def _prepare_load(state: Any, source: _C.OpenedSource, desc: dict, rename: hf.Rename,
+                  experts: Sequence[hf.ExpertGroup], dequantize_fp8: bool,
+                  options: dict) -> tuple[Flat, hf.KeyMap, _Plan, dict]:
     """This rank's side of a load, before any collective: the state walked,
     the checkpoint's keys mapped, this rank's reads planned, and its report
     of missing and unexpected keys."""
@@ -477,7 +469,7 @@ def _prepare_load(state: Any, desc: dict, rename: hf.Rename, experts: Sequence[h
     values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
     pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
                if b.startswith(PICKLE_PREFIX)}
-    plan = _plan(flat, keys, dequantize_fp8, bool(options.get("convert_dtypes", False)))
+    plan = _plan(flat, keys, source, dequantize_fp8, bool(options.get("convert_dtypes", False)))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
     wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
     unexpected = sorted({keys.name(k) for k in keys.saved
@@ -544,7 +536,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
         # Collective: rank 0 reads the index once; the engine load reuses it.
         source = _C.open_source(os.fspath(path), comm)
         desc = _C.describe_source(source)
-        flat, keys, plan, report = _prepare_load(state_dict, desc, rename, experts,
+        flat, keys, plan, report = _prepare_load(state_dict, source, desc, rename, experts,
                                                  dequantize_fp8, options)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
@@ -603,8 +595,7 @@ def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
                options: dict) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
-    specs = plan.direct + _load_specs(plan.reads)
-    result = _C.load_source(specs, source, comm, options)
+    result = _C.load_source(_load_specs(plan.reads), source, comm, options, plan.whole)
     with torch.no_grad():
         for r in staged:
             r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")

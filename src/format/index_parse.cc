@@ -139,11 +139,13 @@ struct JsonPath {
 
 std::string ObjectName(const JsonPath* at) {
   if (at == nullptr) return "the top-level object";
-  std::string path;
+  std::vector<std::string> parts;  // innermost first
   for (; at != nullptr; at = at->parent) {
-    path.insert(0, "/" + (at->index >= 0 ? std::to_string(at->index) : std::string(at->key)));
+    parts.push_back(at->index >= 0 ? std::to_string(at->index) : std::string(at->key));
   }
-  return "object " + path;
+  std::string name = "object ";
+  for (auto part = parts.rbegin(); part != parts.rend(); ++part) name += "/" + *part;
+  return name;
 }
 
 // A key that `keys` holds twice, if any. May reorder `keys`.

@@ -2,7 +2,8 @@
 //
 // The Python side turns state dicts into flat lists of tensor specs,
 // (key, dtype, global shape, box offset, box size, data pointer), and JSON
-// text for plain values; this file turns those into engine calls and runs
+// text for plain values (a load's common case is planned here instead:
+// whole_targets.h); this file turns those into engine calls and runs
 // them with the GIL released. Data is passed by pointer: nothing is copied
 // here. Collectives go through the Comm object the caller passes (a
 // python/shardsafe/_comm.py adapter over torch.distributed, or None for one
@@ -24,6 +25,7 @@
 #include "engine/load_internal.h"
 #include "engine/source.h"
 #include "python/py_comm.h"
+#include "python/whole_targets.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/hf.h"
@@ -218,13 +220,7 @@ nb::dict DescribeSource(const CheckpointSource& source) {
   for (const auto& [key, t] : source.index.tensors) {
     auto [name, fresh] = names.try_emplace(t.dtype);
     if (fresh) name->second = nb::str(std::string(DTypeName(t.dtype)).c_str());
-    nb::tuple shape = nb::steal<nb::tuple>(PyTuple_New(static_cast<Py_ssize_t>(t.shape.size())));
-    for (size_t i = 0; i < t.shape.size(); ++i) {
-      PyObject* dim = PyLong_FromUnsignedLongLong(t.shape[i]);
-      if (dim == nullptr) throw nb::python_error();
-      PyTuple_SET_ITEM(shape.ptr(), i, dim);
-    }
-    tensors[key.c_str()] = nb::make_tuple(name->second, shape);
+    tensors[key.c_str()] = nb::make_tuple(name->second, ShapeTuple(t.shape));
   }
   d["tensors"] = tensors;
   return d;
@@ -374,15 +370,32 @@ NB_MODULE(_C, m) {
         "path"_a, "comm"_a.none());
   m.def("describe_source", [](const OpenedSource& s) { return DescribeSource(s.source); },
         "source"_a);
+  nb::class_<WholeTargets>(m, "WholeTargets")
+      .def("specs", &WholeTargetSpecs)
+      .def("__len__", [](const WholeTargets& w) { return w.targets.size(); });
+  m.def(
+      "plan_whole",
+      [](nb::list keys, nb::list tensors, const OpenedSource& s, nb::tuple plain_types,
+         nb::handle strided, nb::dict dtype_names) {
+        return PlanWhole(keys, tensors, s.source, plain_types, strided, dtype_names);
+      },
+      "keys"_a, "tensors"_a, "source"_a, "plain_types"_a, "strided"_a, "dtype_names"_a);
+  // `whole` (from plan_whole) is moved into the request: empty afterwards.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
-           nb::dict options) {
+           nb::dict options, WholeTargets* whole) {
           LoadRequest request = MakeRequest(std::move(targets));
+          if (whole != nullptr) {
+            request.tensors.insert(request.tensors.end(),
+                                   std::make_move_iterator(whole->targets.begin()),
+                                   std::make_move_iterator(whole->targets.end()));
+            whole->targets.clear();
+          }
           LoadOptions o = ParseLoadOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
         },
-        "targets"_a, "source"_a, "comm"_a.none(), "options"_a);
+        "targets"_a, "source"_a, "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none());
 
   m.def("export_hf",
         [](const std::string& source, const std::string& out, nb::dict options,

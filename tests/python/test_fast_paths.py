@@ -2,10 +2,10 @@
 paths plan, and step aside for every tensor they do not handle.
 
 save: `_save_whole` (plain, dense, contiguous CPU tensors) against
-`_box` + `_dtype_name` + materialisation. load: `_plan_whole` (a plain
-tensor from the checkpoint tensor of its name and dtype) against
-`KeyMap.resolve` + pieces, reached by an identity rename (which turns the
-fast path off).
+`_box` + `_dtype_name` + materialisation. load: `_plan_whole` (the
+extension's `plan_whole`: a plain CPU tensor read in place from the
+checkpoint tensor of its name, dtype and shape) against `KeyMap.resolve` +
+pieces, reached by an identity rename (which turns the fast path off).
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ def test_save_fast_path_matches_general_path():
 
 
 def plans(state: dict, path) -> tuple[_api._Plan, _api._Plan]:
-    desc = _C.describe_source(_C.open_source(str(path), None))
+    source = _C.open_source(str(path), None)
+    desc = _C.describe_source(source)
     flat = flatten(state, for_load=True)
-    fast = _api._plan(flat, hf.KeyMap(desc["tensors"]), True, False)
-    general = _api._plan(flat, hf.KeyMap(desc["tensors"], rename=lambda k: k), True, False)
+    fast = _api._plan(flat, hf.KeyMap(desc["tensors"]), source, True, False)
+    general = _api._plan(flat, hf.KeyMap(desc["tensors"], rename=lambda k: k), source, True,
+                         False)
     return fast, general
 
 
@@ -71,7 +73,7 @@ def read_tuple(r: _api._Read) -> tuple:
 def planned(plan: _api._Plan) -> tuple[list[tuple], list[tuple]]:
     """(the engine targets that take their bytes in place, the other reads),
     whichever path planned them."""
-    direct = list(plan.direct)
+    direct = plan.whole.specs() if plan.whole is not None else []
     others = []
     for r in plan.reads:
         if r.scale is None and _api._in_place(r.dest):
@@ -87,11 +89,12 @@ def test_load_fast_path_matches_general_path(tmp_path):
     shardsafe.save(saved, tmp_path / "ck")
     target = {k: torch.zeros_like(v) for k, v in saved.items()}
     target["transposed"] = torch.zeros(6, 4).t()  # strided target: still one read, staged
+    target["conj"] = torch.zeros_like(saved["conj"]).conj()  # conjugate bit: staged too
     fast, general = plans(target, tmp_path / "ck")
     assert planned(fast) == planned(general)
-    assert len(fast.direct) == len(saved) - 1  # all but the strided target: no _Read
-    assert [r.key for r in fast.reads] == ["transposed"]
-    assert general.direct == []
+    assert len(fast.whole) == len(saved) - 2  # all but the strided and the conjugated: no _Read
+    assert sorted(r.key for r in fast.reads) == ["conj", "transposed"]
+    assert general.whole is None
     assert fast.used == general.used == set(saved)
     assert fast.missing == general.missing == []
 
@@ -109,3 +112,10 @@ def test_load_fast_path_steps_aside(tmp_path):
     assert fast.missing == general.missing == ["y"]
     with pytest.raises(shardsafe.DTypeMismatchError, match="dtype mismatch"):
         shardsafe.load({"x": torch.zeros(3, dtype=torch.float64)}, tmp_path / "ck", strict=False)
+    with pytest.raises(shardsafe.ShapeMismatchError, match="shape mismatch"):
+        shardsafe.load({"x": torch.zeros(4)}, tmp_path / "ck", strict=False)
+    negated = torch._neg_view(torch.zeros(3))  # its bytes hold minus what it shows: staged
+    fast, general = plans({"x": negated}, tmp_path / "ck")
+    assert fast.whole is not None and len(fast.whole) == 0 and planned(fast) == planned(general)
+    shardsafe.load({"x": negated}, tmp_path / "ck", strict=False)
+    assert torch.equal(negated, torch.ones(3))
