@@ -71,9 +71,10 @@ Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource&
   // Saved tensor -> its index in m.tensors (keys point into the index).
   std::unordered_map<std::string_view, uint32_t> tensor_ids;
   tensor_ids.reserve(request.tensors.size());
+  TensorFinder finder(src.index);
   for (const TensorTarget& t : request.tensors) {
-    auto it = src.index.tensors.find(t.key);
-    if (it == src.index.tensors.end()) {
+    auto it = finder.Find(t.key);
+    if (it == finder.end()) {
       result->missing.push_back(t.key);
       continue;
     }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -69,6 +70,29 @@ struct CheckpointIndex {
   std::map<std::string, IndexTensor> tensors;
   nlohmann::json values = nlohmann::json::object();
   std::map<std::string, IndexBlob> blobs;
+};
+
+// Finds an index's tensors by key. Keys asked in the index's order (sorted,
+// as the keys of most state dicts are) are found without a search: the
+// entry after the previous one found is tried first.
+class TensorFinder {
+ public:
+  using Iterator = std::map<std::string, IndexTensor>::const_iterator;
+  explicit TensorFinder(const CheckpointIndex& index)
+      : tensors_(index.tensors), next_(tensors_.begin()) {}
+  // The entry under `key`, or end().
+  Iterator Find(std::string_view key) {
+    const Iterator it = next_ != tensors_.end() && next_->first == key
+                            ? next_
+                            : tensors_.find(std::string(key));
+    if (it != tensors_.end()) next_ = std::next(it);
+    return it;
+  }
+  Iterator end() const { return tensors_.end(); }
+
+ private:
+  const std::map<std::string, IndexTensor>& tensors_;
+  Iterator next_;
 };
 
 // Compact JSON text of `index` (docs/format.md §3).

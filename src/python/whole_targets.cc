@@ -93,25 +93,6 @@ std::optional<Shape> SameShape(nb::handle shape, const Shape& saved) {
   return saved;
 }
 
-// The saved tensor under `key`. Keys mostly come in the index's order, so
-// the one after the previous find is tried before a search.
-class SavedLookup {
- public:
-  explicit SavedLookup(const std::map<std::string, IndexTensor>& tensors)
-      : tensors_(tensors), next_(tensors.begin()) {}
-  const IndexTensor* Find(std::string_view key) {
-    auto it = next_ != tensors_.end() && next_->first == key ? next_
-                                                             : tensors_.find(std::string(key));
-    if (it == tensors_.end()) return nullptr;
-    next_ = std::next(it);
-    return &it->second;
-  }
-
- private:
-  const std::map<std::string, IndexTensor>& tensors_;
-  std::map<std::string, IndexTensor>::const_iterator next_;
-};
-
 }  // namespace
 
 nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src,
@@ -120,7 +101,7 @@ nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src
     throw nb::value_error("plan_whole: keys and tensors differ in length");
   }
   TensorQuestions ask(plain_types, strided, dtype_names);
-  SavedLookup saved(src.index.tensors);
+  TensorFinder saved(src.index);
   WholeTargets whole;
   nb::list taken, rest;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -129,7 +110,8 @@ nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src
     const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &length)
                                                    : nullptr;
     if (utf8 == nullptr) PyErr_Clear();  // not a str (or not encodable): the general path says
-    const IndexTensor* found = utf8 ? saved.Find(std::string_view(utf8, length)) : nullptr;
+    const auto it = utf8 ? saved.Find(std::string_view(utf8, length)) : saved.end();
+    const IndexTensor* found = it != saved.end() ? &it->second : nullptr;
     std::optional<Shape> shape;
     // In the order of the Python planner's checks: each only once the
     // ones before have passed (a sparse tensor has no is_contiguous).
