@@ -59,11 +59,9 @@ class Where {
       : parent_(&parent), kind_(kind), index_(index) {}
 
   std::string str() const {
-    std::string own(text_);
-    if (kind_ != nullptr) {
-      own = std::string(kind_) + (parent_ ? " " + std::to_string(index_) : " \"" + own + "\"");
-    }
-    return parent_ ? Join(parent_->str(), own) : own;
+    if (kind_ == nullptr) return std::string(text_);
+    if (parent_ == nullptr) return std::string(kind_) + " \"" + std::string(text_) + "\"";
+    return Join(parent_->str(), std::string(kind_) + " " + std::to_string(index_));
   }
 
  private:
