@@ -65,12 +65,24 @@ Json ParseJson(const std::string& text, const char* what) {
   }
 }
 
-// The state of one save. `blobs` holds (name, bytes, per_rank) tuples; the
-// caller keeps that list alive for the call, so the bytes stay valid.
-SaveState MakeState(std::vector<Spec>&& tensors, nb::list blobs,
+// Moves the items a fast path planned (whole_targets.h), if any, to the end
+// of `to`.
+template <typename Item>
+void Append(std::vector<Item>& to, Whole<Item>* whole) {
+  if (whole == nullptr) return;
+  to.insert(to.end(), std::make_move_iterator(whole->items.begin()),
+            std::make_move_iterator(whole->items.end()));
+  whole->items.clear();
+}
+
+// The state of one save: the tensors of `whole` (moved out) and `tensors`.
+// `blobs` holds (name, bytes, per_rank) tuples; the caller keeps that list
+// alive for the call, so the bytes stay valid.
+SaveState MakeState(std::vector<Spec>&& tensors, WholeShards* whole, nb::list blobs,
                     const std::string& values_json, const std::string& metadata_json) {
   SaveState state;
-  state.tensors.reserve(tensors.size());
+  Append(state.tensors, whole);
+  state.tensors.reserve(state.tensors.size() + tensors.size());
   for (auto& [key, dtype, shape, offset, size, ptr] : tensors) {  // moved out of
     state.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
                              BoxSlice(std::move(offset), std::move(size)),
@@ -325,6 +337,14 @@ void RegisterErrors() {
   });
 }
 
+// A fast path's items as an opaque Python object (len, and specs for tests).
+template <typename Item>
+void BindWhole(nb::module_& m, const char* name) {
+  nb::class_<Whole<Item>>(m, name)
+      .def("specs", [](const Whole<Item>& w) { return WholeSpecs(w); })
+      .def("__len__", [](const Whole<Item>& w) { return w.items.size(); });
+}
+
 }  // namespace
 }  // namespace shardsafe::python
 
@@ -337,14 +357,14 @@ NB_MODULE(_C, m) {
   m.def("save",
         [](std::vector<Spec> tensors, nb::list blobs, const std::string& values,
            const std::string& metadata, const std::string& path, nb::handle comm,
-           nb::dict options) {
-          SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
+           nb::dict options, WholeShards* whole) {
+          SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
           SaveOptions o = ParseSaveOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return Save(state, path, *c, o); }));
         },
         "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "path"_a, "comm"_a.none(),
-        "options"_a);
+        "options"_a, "whole"_a.none() = nb::none());
 
   m.def("load",
         [](std::vector<Spec> targets, const std::string& path, nb::handle comm,
@@ -370,9 +390,8 @@ NB_MODULE(_C, m) {
         "path"_a, "comm"_a.none());
   m.def("describe_source", [](const OpenedSource& s) { return DescribeSource(s.source); },
         "source"_a);
-  nb::class_<WholeTargets>(m, "WholeTargets")
-      .def("specs", &WholeTargetSpecs)
-      .def("__len__", [](const WholeTargets& w) { return w.targets.size(); });
+  BindWhole<TensorTarget>(m, "WholeTargets");
+  BindWhole<TensorShard>(m, "WholeShards");
   m.def(
       "plan_whole",
       [](nb::list keys, nb::list tensors, const OpenedSource& s, nb::tuple plain_types,
@@ -380,17 +399,14 @@ NB_MODULE(_C, m) {
         return PlanWhole(keys, tensors, s.source, plain_types, strided, dtype_names);
       },
       "keys"_a, "tensors"_a, "source"_a, "plain_types"_a, "strided"_a, "dtype_names"_a);
+  m.def("plan_save_whole", &PlanSaveWhole, "keys"_a, "tensors"_a, "plain_types"_a, "strided"_a,
+        "dtype_names"_a);
   // `whole` (from plan_whole) is moved into the request: empty afterwards.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
            nb::dict options, WholeTargets* whole) {
           LoadRequest request = MakeRequest(std::move(targets));
-          if (whole != nullptr) {
-            request.tensors.insert(request.tensors.end(),
-                                   std::make_move_iterator(whole->targets.begin()),
-                                   std::make_move_iterator(whole->targets.end()));
-            whole->targets.clear();
-          }
+          Append(request.tensors, whole);
           LoadOptions o = ParseLoadOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
@@ -417,14 +433,14 @@ NB_MODULE(_C, m) {
       .def("save",
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, const std::string& root,
-              const std::string& tag, nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
+              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole) {
+             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return Handle(Released([&] { return saver.Save(state, root, tag, *c, o); }));
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
-           "comm"_a.none(), "options"_a)
+           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none())
       .def("wait_pending", [](AsyncSaver& saver) {
         Status s;
         {
@@ -445,25 +461,25 @@ NB_MODULE(_C, m) {
       .def("save",
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
+              nb::handle comm, nb::dict options, WholeShards* whole) {
+             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return ToDict(Released([&] { return m.Save(step, state, *c, o); }));
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a)
+           "options"_a, "whole"_a.none() = nb::none())
       .def("async_save",
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options) {
-             SaveState state = MakeState(std::move(tensors), blobs, values, metadata);
+              nb::handle comm, nb::dict options, WholeShards* whole) {
+             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
              SaveOptions o = ParseSaveOptions(options);
              std::unique_ptr<Comm> c = MakeComm(comm);
              return Handle(Released([&] { return m.AsyncSave(step, state, *c, o); }));
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a)
+           "options"_a, "whole"_a.none() = nb::none())
       .def("wait_async", [](CheckpointManager& m) {
         Status s;
         {

@@ -15,7 +15,7 @@ nb::object Take(PyObject* o) {
   return nb::steal(o);
 }
 
-// The questions PlanWhole asks each tensor, by interned name.
+// The questions the fast paths ask each tensor, by interned name.
 class TensorQuestions {
  public:
   TensorQuestions(nb::tuple plain_types, nb::handle strided, nb::dict dtype_names)
@@ -80,56 +80,121 @@ class TensorQuestions {
   std::vector<std::pair<nb::object, std::optional<DType>>> dtypes_;  // a few entries
 };
 
-// `shape` (a torch.Size) as a Shape when it equals `saved`, else nullopt.
-std::optional<Shape> SameShape(nb::handle shape, const Shape& saved) {
-  if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) != Py_ssize_t(saved.size())) {
+// A torch.Size as a Shape.
+Shape ShapeOf(nb::handle size) {
+  if (!PyTuple_Check(size.ptr())) throw nb::type_error("tensor.shape is not a tuple");
+  Shape shape(static_cast<size_t>(PyTuple_GET_SIZE(size.ptr())));
+  for (size_t i = 0; i < shape.size(); ++i) {
+    shape[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(size.ptr(), i));
+    if (shape[i] == static_cast<uint64_t>(-1) && PyErr_Occurred()) throw nb::python_error();
+  }
+  return shape;
+}
+
+// A tensor as both fast paths take it.
+struct Plain {
+  DType dtype;
+  Shape shape;
+  void* data;
+};
+
+// `t` when both fast paths can take it and `accept(dtype, shape)` agrees: a
+// plain type, strided, of a dtype safetensors stores, on the CPU,
+// contiguous, with neither the negative nor (the one complex dtype, C64)
+// the conjugate bit. Each question only once the ones before have passed,
+// as the Python planners ask them (a sparse tensor has no is_contiguous).
+template <typename Accept>
+std::optional<Plain> AskPlain(TensorQuestions& ask, nb::handle t, Accept accept) {
+  if (!ask.PlainType(t) || !ask.Strided(t)) return std::nullopt;
+  const std::optional<DType> dtype = ask.StoredDType(t);
+  if (!dtype) return std::nullopt;
+  Shape shape = ShapeOf(ask.Shape(t));
+  if (!accept(*dtype, shape) || !ask.OnCpu(t) || !ask.Contiguous(t) || ask.Negated(t) ||
+      (*dtype == DType::kC64 && ask.Conjugated(t))) {
     return std::nullopt;
   }
-  for (size_t i = 0; i < saved.size(); ++i) {
-    const unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
-    if (d == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw nb::python_error();
-    if (d != saved[i]) return std::nullopt;
+  return Plain{*dtype, std::move(shape), ask.Data(t)};
+}
+
+// keys[i] as UTF-8, or nullopt (then the general path deals with it).
+std::optional<std::string_view> KeyOf(nb::handle key) {
+  Py_ssize_t length = 0;
+  const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &length)
+                                                 : nullptr;
+  if (utf8 == nullptr) {
+    PyErr_Clear();  // not a str, or not encodable
+    return std::nullopt;
   }
-  return saved;
+  return std::string_view(utf8, static_cast<size_t>(length));
+}
+
+// The fast path's loop over (keys[i], tensors[i]): `plan_one(key, t)`
+// returns the item planned for a tensor, or nullopt to leave it to the
+// general path. Returns (the items, the keys taken, the indexes left).
+template <typename Item, typename PlanOne>
+nb::tuple PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one) {
+  if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
+  Whole<Item> whole;
+  nb::list taken, rest;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::optional<std::string_view> key = KeyOf(keys[i]);
+    std::optional<Item> item = key ? plan_one(*key, tensors[i]) : std::nullopt;
+    if (!item) {
+      rest.append(i);
+      continue;
+    }
+    whole.items.push_back(std::move(*item));
+    taken.append(keys[i]);
+  }
+  return nb::make_tuple(std::move(whole), taken, rest);
+}
+
+// (key, dtype name, shape, offset, size, data address) of each item.
+template <typename Item>
+nb::list SpecsOf(const Whole<Item>& whole) {
+  nb::list out;
+  for (const Item& t : whole.items) {
+    const std::string_view dtype = DTypeName(t.dtype);
+    out.append(nb::make_tuple(nb::str(t.key.data(), t.key.size()),
+                              nb::str(dtype.data(), dtype.size()), ShapeTuple(t.shape),
+                              ShapeTuple(t.slice.box.offset), ShapeTuple(t.slice.box.size),
+                              nb::int_(reinterpret_cast<uintptr_t>(t.data))));
+  }
+  return out;
 }
 
 }  // namespace
 
 nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src,
                     nb::tuple plain_types, nb::handle strided, nb::dict dtype_names) {
-  if (keys.size() != tensors.size()) {
-    throw nb::value_error("plan_whole: keys and tensors differ in length");
-  }
   TensorQuestions ask(plain_types, strided, dtype_names);
   TensorFinder saved(src.index);
-  WholeTargets whole;
-  nb::list taken, rest;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const nb::handle key = keys[i], t = tensors[i];
-    Py_ssize_t length = 0;
-    const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &length)
-                                                   : nullptr;
-    if (utf8 == nullptr) PyErr_Clear();  // not a str (or not encodable): the general path says
-    const auto it = utf8 ? saved.Find(std::string_view(utf8, length)) : saved.end();
-    const IndexTensor* found = it != saved.end() ? &it->second : nullptr;
-    std::optional<Shape> shape;
-    // In the order of the Python planner's checks: each only once the
-    // ones before have passed (a sparse tensor has no is_contiguous).
-    const bool ok = found != nullptr && ask.PlainType(t) && ask.Strided(t) &&
-                    ask.StoredDType(t) == found->dtype &&
-                    (shape = SameShape(ask.Shape(t), found->shape)) && ask.OnCpu(t) &&
-                    ask.Contiguous(t) && !ask.Negated(t) &&
-                    !(found->dtype == DType::kC64 && ask.Conjugated(t));  // the one complex dtype
-    if (!ok) {
-      rest.append(i);
-      continue;
-    }
-    Box box = Box::Whole(*shape);
-    whole.targets.push_back({std::string(utf8, length), found->dtype, std::move(*shape),
-                             Slice{std::move(box), {}}, ask.Data(t)});
-    taken.append(key);
-  }
-  return nb::make_tuple(std::move(whole), taken, rest);
+  return PlanEach<TensorTarget>(
+      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<TensorTarget> {
+        const auto it = saved.Find(key);
+        if (it == saved.end()) return std::nullopt;
+        const IndexTensor& found = it->second;
+        std::optional<Plain> p = AskPlain(ask, t, [&](DType dtype, const Shape& shape) {
+          return dtype == found.dtype && shape == found.shape;
+        });
+        if (!p) return std::nullopt;
+        Box box = Box::Whole(p->shape);
+        return TensorTarget{std::string(key), p->dtype, std::move(p->shape),
+                            Slice{std::move(box), {}}, p->data};
+      });
+}
+
+nb::tuple PlanSaveWhole(nb::list keys, nb::list tensors, nb::tuple plain_types,
+                        nb::handle strided, nb::dict dtype_names) {
+  TensorQuestions ask(plain_types, strided, dtype_names);
+  return PlanEach<TensorShard>(
+      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<TensorShard> {
+        std::optional<Plain> p = AskPlain(ask, t, [](DType, const Shape&) { return true; });
+        if (!p) return std::nullopt;
+        Box box = Box::Whole(p->shape);
+        return TensorShard{std::string(key), p->dtype, std::move(p->shape),
+                           Slice{std::move(box), {}}, p->data};
+      });
 }
 
 nb::tuple ShapeTuple(const Shape& shape) {
@@ -142,16 +207,7 @@ nb::tuple ShapeTuple(const Shape& shape) {
   return out;
 }
 
-nb::list WholeTargetSpecs(const WholeTargets& whole) {
-  nb::list out;
-  for (const TensorTarget& t : whole.targets) {
-    out.append(nb::make_tuple(nb::str(t.key.data(), t.key.size()),
-                              nb::str(DTypeName(t.dtype).data(), DTypeName(t.dtype).size()),
-                              ShapeTuple(t.shape), ShapeTuple(t.slice.box.offset),
-                              ShapeTuple(t.slice.box.size),
-                              nb::int_(reinterpret_cast<uintptr_t>(t.data))));
-  }
-  return out;
-}
+nb::list WholeSpecs(const WholeTargets& whole) { return SpecsOf(whole); }
+nb::list WholeSpecs(const WholeShards& whole) { return SpecsOf(whole); }
 
 }  // namespace shardsafe::python

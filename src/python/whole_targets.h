@@ -1,13 +1,15 @@
-// The common case of a load, planned in C++: a plain tensor loaded whole, in
-// place, from the checkpoint tensor of its own key, dtype and shape.
+// The common case of a save or a load, planned in C++: a plain CPU tensor
+// saved whole as it lies in memory, or loaded whole, in place, from the
+// checkpoint tensor of its own key, dtype and shape.
 //
-// python/shardsafe/_api.py plans every other tensor (DTensor shards, renamed
-// or grouped keys, dtype conversion, FP8 dequantisation, device or strided
-// targets). For the common case it spent ~2 us a tensor in the interpreter
-// and the target tuples it built cost ~0.4 us more to convert here; this
-// asks each tensor the same questions through the C API and keeps the
-// engine targets on this side (20,000 tensors: planning and conversion
-// ~50 -> ~25 ms).
+// python/shardsafe/_api.py plans every other tensor (DTensor shards, device
+// or strided tensors, lazy conj/neg views, renamed or grouped keys, dtype
+// conversion, FP8 dequantisation). For the common case it spent ~2 us a
+// tensor in the interpreter and the spec tuples it built cost ~0.4 us more
+// to convert here; this asks each tensor the same questions through the C
+// API and keeps the engine's items on this side (20,000 tensors: a load's
+// planning and conversion ~50 -> ~25 ms, a save's ~55 -> ~35 ms; torch's
+// getters, ~1.2-1.8 us a tensor, are most of what is left).
 #ifndef SHARDSAFE_PYTHON_WHOLE_TARGETS_H_
 #define SHARDSAFE_PYTHON_WHOLE_TARGETS_H_
 
@@ -20,31 +22,40 @@
 
 namespace shardsafe::python {
 
-// Engine targets planned by PlanWhole, handed to one load (which moves them
-// out: the object is empty afterwards).
-struct WholeTargets {
-  std::vector<TensorTarget> targets;
+// Items planned by a fast path, handed to one engine call, which moves them
+// out (the object is empty afterwards). The tensors they point into must
+// stay alive until that call returns.
+template <typename Item>
+struct Whole {
+  std::vector<Item> items;
 };
+using WholeTargets = Whole<TensorTarget>;  // a load's
+using WholeShards = Whole<TensorShard>;    // a save's
 
-// For each (keys[i], tensors[i]): when the tensor's type is one of
-// `plain_types` (torch.Tensor, torch.nn.Parameter), its layout is
-// `strided`, it lies contiguous in CPU memory with neither the negative nor
-// (for complex dtypes) the conjugate bit, and `src` holds a tensor under
-// the same key with the dtype `dtype_names[tensor.dtype]` and the same
-// shape, the tensor becomes a whole-tensor target reading into its own
-// memory. Returns (WholeTargets, the keys it took, the indexes of the
-// tensors it left to the caller's general planner, in order). Raises what
-// a tensor attribute raises. The tensors must stay alive until the load.
+// Both fast paths take a tensor whose type is one of `plain_types`
+// (torch.Tensor, torch.nn.Parameter), whose layout is `strided`, whose dtype
+// `dtype_names` maps to a safetensors name, and which lies contiguous in
+// CPU memory with neither the negative nor (C64) the conjugate bit. Both
+// return (the items, the keys they took, the indexes of the tensors left to
+// the general planner, in order) and raise what a tensor attribute raises.
+
+// A load's: keys[i] must name a tensor of `src` with tensors[i]'s dtype and
+// shape; it becomes a whole-tensor target reading into tensors[i].
 nanobind::tuple PlanWhole(nanobind::list keys, nanobind::list tensors, const CheckpointSource& src,
                           nanobind::tuple plain_types, nanobind::handle strided,
                           nanobind::dict dtype_names);
+// A save's: tensors[i] becomes the whole-tensor shard keys[i].
+nanobind::tuple PlanSaveWhole(nanobind::list keys, nanobind::list tensors,
+                              nanobind::tuple plain_types, nanobind::handle strided,
+                              nanobind::dict dtype_names);
+
+// (key, dtype name, shape, offset, size, data address) of each item, as the
+// Python planners write them (tests compare the two).
+nanobind::list WholeSpecs(const WholeTargets& whole);
+nanobind::list WholeSpecs(const WholeShards& whole);
 
 // `shape` as a tuple of ints.
 nanobind::tuple ShapeTuple(const Shape& shape);
-
-// (key, dtype name, shape, offset, size, data address) of each target, as
-// the Python planner writes them (tests compare the two).
-nanobind::list WholeTargetSpecs(const WholeTargets& whole);
 
 }  // namespace shardsafe::python
 

@@ -1,11 +1,12 @@
 """The per-tensor fast paths of save and load plan exactly what the general
 paths plan, and step aside for every tensor they do not handle.
 
-save: `_save_whole` (plain, dense, contiguous CPU tensors) against
-`_box` + `_dtype_name` + materialisation. load: `_plan_whole` (the
-extension's `plan_whole`: a plain CPU tensor read in place from the
-checkpoint tensor of its name, dtype and shape) against `KeyMap.resolve` +
-pieces, reached by an identity rename (which turns the fast path off).
+save: the extension's `plan_save_whole` (plain, dense, contiguous CPU
+tensors saved as they lie) against `_box` + `_dtype_name` +
+materialisation. load: `_plan_whole` (the extension's `plan_whole`: a
+plain CPU tensor read in place from the checkpoint tensor of its name, dtype
+and shape) against `KeyMap.resolve` + pieces, reached by an identity rename
+(which turns the fast path off).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def kinds_of_tensors() -> dict[str, torch.Tensor]:
         "param": torch.nn.Parameter(base.clone()),
         "transposed": base.t(),  # not contiguous: general path
         "conj": torch.complex(base, base).conj(),  # lazy conj: general path
+        "neg": torch._neg_view(base.clone()),  # lazy neg: general path
         "bool": base > 3,
         "fp8": base.to(torch.float8_e4m3fn),
     }
@@ -40,19 +42,20 @@ def general_spec(key: str, t: torch.Tensor) -> tuple:
 
 
 def test_save_fast_path_matches_general_path():
-    taken = set()
-    for leaf in flatten(kinds_of_tensors()).tensors:
-        args = _api._SaveArgs()
-        if not _api._save_whole(leaf, args):
-            assert args.specs == [] and args.keep == []
-            continue
-        taken.add(leaf.key)
-        (spec,) = args.specs
-        key, name, shape, offset, size, local = general_spec(leaf.key, leaf.tensor)
-        assert spec[:5] == (key, name, shape, offset, size)
-        assert spec[5] == local.data_ptr() == leaf.tensor.data_ptr()  # no copy
-        assert args.keep == [leaf.tensor]
-    assert taken == {"plain", "bf16", "scalar", "empty", "param", "bool", "fp8"}
+    state = kinds_of_tensors()
+    args = _api._prepare_save(state, None, False)
+    fast = {spec[0]: spec for spec in args.whole.specs()}
+    assert set(fast) == {"plain", "bf16", "scalar", "empty", "param", "bool", "fp8"}
+    for key, spec in fast.items():
+        name, shape, offset, size, local = general_spec(key, state[key])[1:]
+        assert spec[1:5] == (name, shape, offset, size)
+        assert spec[5] == local.data_ptr() == state[key].data_ptr()  # no copy
+    # The rest took the general path: materialised copies, kept alive.
+    assert sorted(spec[0] for spec in args.specs) == ["conj", "neg", "transposed"]
+    for spec in args.specs:
+        assert spec[5] != state[spec[0]].data_ptr()
+    ptrs = {t.data_ptr() for t in args.keep if isinstance(t, torch.Tensor)}
+    assert {spec[5] for spec in args.specs} <= ptrs
 
 
 def plans(state: dict, path) -> tuple[_api._Plan, _api._Plan]:
