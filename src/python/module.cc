@@ -2,10 +2,10 @@
 //
 // The Python side turns state dicts into flat lists of tensor specs,
 // (key, dtype, global shape, box offset, box size, data pointer), and JSON
-// text for plain values (a load's common case is planned here instead:
-// whole_targets.h); this file turns those into engine calls and runs
-// them with the GIL released. Data is passed by pointer: nothing is copied
-// here. Collectives go through the Comm object the caller passes (a
+// text for plain values (the common case of a save or a load is planned
+// here instead: whole_targets.h); this file turns those into engine calls
+// and runs them with the GIL released. Data is passed by pointer: nothing
+// is copied here. Collectives go through the Comm object the caller passes (a
 // python/shardsafe/_comm.py adapter over torch.distributed, or None for one
 // process). A failed Status raises the matching shardsafe.errors class.
 #include <nanobind/nanobind.h>
