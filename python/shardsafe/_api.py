@@ -61,9 +61,10 @@ def _box(key: str, t: torch.Tensor) -> _Box:
     return _Box(t, shape, (0,) * len(shape), shape)
 
 
-# Tensor types the per-tensor fast paths (_C.plan_whole, _C.plan_save_whole)
-# take; subclasses (DTensor among them) take the general paths.
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+# What the per-tensor fast paths (_C.plan_whole, _C.plan_save_whole) take:
+# tensors of these types (subclasses, DTensor among them, take the general
+# paths), of this layout, of these dtypes.
+_PLAIN = ((torch.Tensor, torch.nn.Parameter), torch.strided, DTYPE_NAMES)
 
 
 def _in_place(t: torch.Tensor) -> bool:
@@ -223,7 +224,7 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
     # tensor; the rest comes back.
     tensors = [leaf.tensor for leaf in flat.tensors]
     args.whole, _, rest = _C.plan_save_whole([leaf.key for leaf in flat.tensors], tensors,
-                                             _PLAIN_TYPES, torch.strided, DTYPE_NAMES)
+                                             *_PLAIN)
     args.keep.append(tensors)
     boxes = []
     for leaf in (flat.tensors[i] for i in rest):
@@ -434,8 +435,7 @@ def _plan_whole(leaves: list[TensorLeaf], source: _C.OpenedSource, plan: _Plan) 
     dtype and shape. Plans the read the general path would; returns the
     leaves it leaves to the general path."""
     whole, taken, rest = _C.plan_whole([leaf.key for leaf in leaves],
-                                       [leaf.tensor for leaf in leaves], source, _PLAIN_TYPES,
-                                       torch.strided, DTYPE_NAMES)
+                                       [leaf.tensor for leaf in leaves], source, *_PLAIN)
     plan.whole = whole
     plan.used.update(taken)
     return [leaves[i] for i in rest]

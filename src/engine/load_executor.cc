@@ -286,10 +286,12 @@ Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, cons
 
 // A read of several runs, none converted and none overlapping another: one
 // scattered read puts each run straight into its destination (no scratch
-// copy); only the bytes between runs land in `scratch`. False in *done when
-// the read does not qualify.
+// copy); only the bytes between runs land in `scratch`. Runs are read in
+// batches of about `step` bytes (CachedStep), each checksummed right after
+// it is read. False in *done when the read does not qualify.
 Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const ReadOp& read,
-                        GroupChecksums* sums, std::vector<char>* scratch, bool* done) {
+                        uint64_t step, GroupChecksums* sums, std::vector<char>* scratch,
+                        bool* done) {
   *done = false;
   struct Run {
     uint64_t at;  // within the read
@@ -322,9 +324,6 @@ Status ScatterIntoDests(const Context& ctx, const RandomAccessFile& file, const 
     }
     pieces.push_back({r.dst, static_cast<size_t>(r.n)});
   }
-  // Runs are read in batches of about CachedStep(...) bytes, each batch
-  // checksummed right after it is read.
-  const uint64_t step = CachedStep(file, read, sums);
   for (size_t i = 0, j; i < runs.size(); i = j) {
     uint64_t bytes = runs[i].n;
     for (j = i + 1; j < runs.size() && bytes + runs[j].n <= step; ++j) bytes += runs[j].n;
@@ -360,7 +359,7 @@ Status RunRead(const Context& ctx, const RandomAccessFile& file, const ReadOp& r
   SS_ASSIGN_OR_RETURN(const bool in_steps, CopiedInSteps(ctx, file, read, step));
   if (in_steps) return ReadThroughScratch(ctx, file, read, step, sums, scratch);
   bool scattered = false;
-  SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, sums, scratch, &scattered));
+  SS_RETURN_IF_ERROR(ScatterIntoDests(ctx, file, read, step, sums, scratch, &scattered));
   if (scattered) return Status();
   return ReadThroughScratch(ctx, file, read, read.length, sums, scratch);
 }

@@ -90,13 +90,11 @@ class SaveLoadTest : public ::testing::Test {
   // Whether the page cache holds all of the data buffer of safetensors file
   // `file` (its header, read once at open, need not be there).
   static bool DataCached(const std::string& file) {
+    uint64_t size = 0;
+    auto header = ReadSafetensorsHeader(*DefaultFileSystem(), file, &size);
     auto reader = DefaultFileSystem()->NewRandomAccessFile(file, ReadOptions{true});
-    char prefix[8];
-    if (!reader.ok() || !(*reader)->ReadAt(0, prefix, 8).ok()) return false;
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(prefix[i]);
-    const uint64_t size = std::filesystem::file_size(file);
-    return (*reader)->FullyCached(8 + n, size - 8 - n);
+    if (!header.ok() || !reader.ok()) return false;
+    return (*reader)->FullyCached(header->data_start(), size - header->data_start());
   }
 
   // Loads `slice` of the F32 tensor "w" of shape `s` from Path("ck") as F64

@@ -148,16 +148,16 @@ std::string ObjectName(const JsonPath* at) {
 
 // A key that `keys` holds twice, if any. May reorder `keys`.
 std::optional<std::string_view> Repeated(std::vector<std::string_view>& keys) {
-  if (keys.size() > 16 && std::adjacent_find(keys.begin(), keys.end(), std::greater_equal<>()) ==
-                              keys.end()) {
-    return std::nullopt;  // strictly increasing, as our writer's tensors and blobs are
-  }
   if (keys.size() <= 16) {  // the index's own objects: a few fields each
     for (size_t i = 1; i < keys.size(); ++i) {
       for (size_t j = 0; j < i; ++j) {
         if (keys[i] == keys[j]) return keys[i];
       }
     }
+    return std::nullopt;
+  }
+  // Strictly increasing (as our writer's tensors and blobs are): no repeat.
+  if (std::adjacent_find(keys.begin(), keys.end(), std::greater_equal<>()) == keys.end()) {
     return std::nullopt;
   }
   std::sort(keys.begin(), keys.end());

@@ -370,6 +370,19 @@ TEST(IndexTest, RejectsDuplicateTensorKey) {
                    "duplicate key \"layers.0.w\" in object /tensors");
 }
 
+// Objects of more than 16 keys are checked by sorting them, or not at all
+// when they come strictly increasing: a repeat right after itself, or out
+// of order, must still be found.
+TEST(IndexTest, RejectsDuplicateKeyAmongManyTensors) {
+  std::string many;
+  for (int i = 0; i < 20; ++i) many += "\"a" + std::to_string(10 + i) + "\":{},";
+  for (const char* repeat : {"a29", "a15"}) {
+    const std::string keys = many + "\"" + repeat + "\":{},";
+    EXPECT_DATA_LOSS(ParseIndex(Edited("\"tensors\":{", "\"tensors\":{" + keys), kSource),
+                     "duplicate key \"" + std::string(repeat) + "\" in object /tensors");
+  }
+}
+
 TEST(IndexTest, RejectsDuplicateValuesKey) {
   EXPECT_DATA_LOSS(ParseIndex(Edited("\"step\":100", "\"step\":100,\"step\":101"), kSource),
                    "duplicate key \"step\" in object /values");

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/load_internal.h"
@@ -65,29 +66,27 @@ Json ParseJson(const std::string& text, const char* what) {
   }
 }
 
-// Moves the items a fast path planned (whole_targets.h), if any, to the end
-// of `to`.
+// The engine's tensors (TensorShard for a save, TensorTarget for a load):
+// the items a fast path planned (whole_targets.h; moved out), then `specs`
+// (moved out of).
 template <typename Item>
-void Append(std::vector<Item>& to, Whole<Item>* whole) {
-  if (whole == nullptr) return;
-  to.insert(to.end(), std::make_move_iterator(whole->items.begin()),
-            std::make_move_iterator(whole->items.end()));
-  whole->items.clear();
+std::vector<Item> Items(std::vector<Spec>&& specs, Whole<Item>* whole) {
+  std::vector<Item> items;
+  if (whole != nullptr) items = std::exchange(whole->items, {});
+  items.reserve(items.size() + specs.size());
+  for (auto& [key, dtype, shape, offset, size, ptr] : specs) {
+    items.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+                     BoxSlice(std::move(offset), std::move(size)), reinterpret_cast<void*>(ptr)});
+  }
+  return items;
 }
 
-// The state of one save: the tensors of `whole` (moved out) and `tensors`.
-// `blobs` holds (name, bytes, per_rank) tuples; the caller keeps that list
-// alive for the call, so the bytes stay valid.
+// The state of one save. `blobs` holds (name, bytes, per_rank) tuples; the
+// caller keeps that list alive for the call, so the bytes stay valid.
 SaveState MakeState(std::vector<Spec>&& tensors, WholeShards* whole, nb::list blobs,
                     const std::string& values_json, const std::string& metadata_json) {
   SaveState state;
-  Append(state.tensors, whole);
-  state.tensors.reserve(state.tensors.size() + tensors.size());
-  for (auto& [key, dtype, shape, offset, size, ptr] : tensors) {  // moved out of
-    state.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
-                             BoxSlice(std::move(offset), std::move(size)),
-                             reinterpret_cast<const void*>(ptr)});
-  }
+  state.tensors = Items(std::move(tensors), whole);
   for (nb::handle item : blobs) {
     auto [name, data, per_rank] = nb::cast<std::tuple<std::string, nb::bytes, bool>>(item);
     state.blobs.push_back({name, data.c_str(), data.size(), per_rank});
@@ -98,15 +97,8 @@ SaveState MakeState(std::vector<Spec>&& tensors, WholeShards* whole, nb::list bl
   return state;
 }
 
-LoadRequest MakeRequest(std::vector<Spec>&& targets) {
-  LoadRequest request;
-  request.tensors.reserve(targets.size());
-  for (auto& [key, dtype, shape, offset, size, ptr] : targets) {  // moved out of
-    request.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
-                               BoxSlice(std::move(offset), std::move(size)),
-                               reinterpret_cast<void*>(ptr)});
-  }
-  return request;
+LoadRequest MakeRequest(std::vector<Spec>&& targets, WholeTargets* whole = nullptr) {
+  return LoadRequest{Items(std::move(targets), whole)};
 }
 
 // Options come as a dict of keyword arguments; an unknown key is an error so
@@ -231,7 +223,7 @@ nb::dict DescribeSource(const CheckpointSource& source) {
   std::map<DType, nb::str> names;
   for (const auto& [key, t] : source.index.tensors) {
     auto [name, fresh] = names.try_emplace(t.dtype);
-    if (fresh) name->second = nb::str(std::string(DTypeName(t.dtype)).c_str());
+    if (fresh) name->second = nb::str(DTypeName(t.dtype).data(), DTypeName(t.dtype).size());
     tensors[key.c_str()] = nb::make_tuple(name->second, ShapeTuple(t.shape));
   }
   d["tensors"] = tensors;
@@ -405,8 +397,7 @@ NB_MODULE(_C, m) {
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
            nb::dict options, WholeTargets* whole) {
-          LoadRequest request = MakeRequest(std::move(targets));
-          Append(request.tensors, whole);
+          LoadRequest request = MakeRequest(std::move(targets), whole);
           LoadOptions o = ParseLoadOptions(options);
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));

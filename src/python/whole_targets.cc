@@ -67,7 +67,7 @@ class TensorQuestions {
                                           1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
   }
   static nb::str Interned(const char* name) {
-    return nb::steal<nb::str>(PyUnicode_InternFromString(name));
+    return nb::borrow<nb::str>(Take(PyUnicode_InternFromString(name)));
   }
 
   nb::tuple plain_types_;
