@@ -42,23 +42,38 @@ class _Box:
     size: tuple[int, ...]
 
 
-def _box(key: str, t: torch.Tensor) -> _Box:
-    """The part of the global tensor that `t` holds on this rank."""
-    if DTensor is not None and isinstance(t, DTensor):
-        for p in t.placements:
-            # _StridedShard subclasses Shard but its local part is not one box.
-            if not (type(p) is Shard or isinstance(p, Replicate)):
-                raise InvalidStateError(
-                    f"tensor {key!r}: placement {p} is not supported (only Shard and Replicate); "
-                    f"redistribute it first")
-        size, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+class _Boxes:
+    """The part of the global tensor that each tensor holds on this rank, for
+    the tensors of one call. A DTensor's box is a function of its global
+    shape, mesh and placements, computed once per combination (torch's
+    compute_local_shape_and_global_offset costs ~30 us a call, most of a
+    DTensor's planning; a model repeats a few shapes)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, tuple[tuple, tuple]] = {}
+
+    def __call__(self, key: str, t: torch.Tensor) -> _Box:
+        if DTensor is None or not isinstance(t, DTensor):
+            shape = tuple(t.shape)
+            return _Box(t, shape, (0,) * len(shape), shape)
+        mesh, placements = t.device_mesh, t.placements
+        spec = (t.shape, id(mesh), placements)  # the tensors keep their mesh alive
+        box = self._seen.get(spec)
+        if box is None:
+            for p in placements:
+                # _StridedShard subclasses Shard but its local part is not one box.
+                if not (type(p) is Shard or isinstance(p, Replicate)):
+                    raise InvalidStateError(
+                        f"tensor {key!r}: placement {p} is not supported (only Shard and "
+                        f"Replicate); redistribute it first")
+            size, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+            box = self._seen[spec] = (tuple(size), tuple(offset))
+        size, offset = box
         local = t._local_tensor
-        if tuple(local.shape) != tuple(size):
+        if tuple(local.shape) != size:
             raise InvalidStateError(f"tensor {key!r}: local shard has shape {tuple(local.shape)}, "
-                                    f"its placements imply {tuple(size)}")
-        return _Box(local, tuple(t.shape), tuple(offset), tuple(size))
-    shape = tuple(t.shape)
-    return _Box(t, shape, (0,) * len(shape), shape)
+                                    f"its placements imply {size}")
+        return _Box(local, tuple(t.shape), offset, size)
 
 
 # What the per-tensor fast paths (_C.plan_whole, _C.plan_save_whole) take:
@@ -226,9 +241,9 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
     args.whole, _, rest = _C.plan_save_whole([leaf.key for leaf in flat.tensors], tensors,
                                              *_PLAIN)
     args.keep.append(tensors)
-    boxes = []
+    boxes, box = [], _Boxes()
     for leaf in (flat.tensors[i] for i in rest):
-        b = _box(leaf.key, leaf.tensor)
+        b = box(leaf.key, leaf.tensor)
         name = _dtype_name(leaf.key, b.local)
         if b.local.numel() == 0 and math.prod(b.shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
@@ -389,6 +404,7 @@ def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: 
     """This rank's reads for the state's tensors, and what did not match."""
     plan = _Plan([], None, [], set(), [])
     rest = flat.tensors if keys.renamed else _plan_whole(flat.tensors, source, plan)
+    box = _Boxes()
     for leaf in rest:
         src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))
         if src is None:
@@ -396,7 +412,7 @@ def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: 
             if note:
                 plan.notes.append(note)
             continue
-        b = _box(leaf.key, leaf.tensor)
+        b = box(leaf.key, leaf.tensor)
         name = _dtype_name(leaf.key, b.local)
         scales = {}
         for k in src.keys:

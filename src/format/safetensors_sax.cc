@@ -48,7 +48,7 @@ std::string AllDTypeNames() {
   std::string s;
   for (int i = 0; i < kNumDTypes; ++i) {
     if (i) s += ", ";
-    s += "`" + std::string(DTypeName(static_cast<DType>(i))) + "`";
+    s.append("`").append(DTypeName(static_cast<DType>(i))).append("`");
   }
   return s;
 }

@@ -338,7 +338,7 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
 Status ValidateSavedFileName(std::string_view name) {
   if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
       name.find_first_of(std::string_view("/\\\0", 3)) != std::string_view::npos) {
-    return InvalidArgumentError("\"" + std::string(name) +
+    return InvalidArgumentError(std::string("\"").append(name) +
                                 "\" is not a plain file name (1-255 bytes, no '/', '\\' or NUL, "
                                 "not '.' or '..')");
   }

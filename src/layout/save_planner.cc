@@ -63,7 +63,7 @@ uint64_t HashSlice(const Slice& s) {
   return h;
 }
 
-std::string Quoted(std::string_view key) { return "\"" + std::string(key) + "\""; }
+std::string Quoted(std::string_view key) { return std::string("\"").append(key).append("\""); }
 
 std::string DescribeType(DType dtype, const Shape& shape) {
   return std::string(DTypeName(dtype)) + " " + ShapeToString(shape);

@@ -243,6 +243,19 @@ def _placements(rank, world, tmp):
         target = distribute_tensor(torch.zeros_like(full), mesh, placements)
         shardsafe.load({"w": target}, f"{tmp}/l{i}")
         assert torch.equal(target.full_tensor(), full), (i, placements)
+    # Every layout in one state, for two shapes: one call plans tensors of one shape on several
+    # meshes and placements, and the same mesh and placements for two shapes (a box is
+    # computed once per shape, mesh and placements); loaded with the layouts rotated.
+    other = torch.arange(5 * 4, dtype=torch.float64).reshape(5, 4) - 100
+    fulls = {"w": full, "v": other}
+    state = {f"{n}{i}": distribute_tensor(t, mesh, placements)
+             for n, t in fulls.items() for i, (mesh, placements) in enumerate(layouts)}
+    shardsafe.save(state, f"{tmp}/all")
+    targets = {f"{n}{i}": distribute_tensor(torch.zeros_like(t), *layouts[(i + 1) % len(layouts)])
+               for n, t in fulls.items() for i in range(len(layouts))}
+    shardsafe.load(targets, f"{tmp}/all")
+    for key, target in targets.items():
+        assert torch.equal(target.full_tensor(), fulls[key[0]]), key
 
 
 def test_shard_and_replicate_on_1d_and_2d_meshes_reshard_both_ways(tmp_path):
