@@ -2,7 +2,7 @@
 paths plan, and step aside for every tensor they do not handle.
 
 save: the extension's `plan_save_whole` (plain, dense, contiguous CPU
-tensors saved as they lie) against `_box` + `_dtype_name` +
+tensors saved as they lie) against `_Boxes` + `_dtype_name` +
 materialisation. load: `_plan_whole` (the extension's `plan_whole`: a
 plain CPU tensor read in place from the checkpoint tensor of its name, dtype
 and shape) against `KeyMap.resolve` + pieces, reached by an identity rename
@@ -36,7 +36,7 @@ def kinds_of_tensors() -> dict[str, torch.Tensor]:
 
 
 def general_spec(key: str, t: torch.Tensor) -> tuple:
-    b = _api._box(key, t)
+    b = _api._Boxes()(key, t)
     local = b.local.detach().resolve_conj().resolve_neg().contiguous()
     return (key, _api._dtype_name(key, b.local), b.shape, b.offset, b.size, local)
 
