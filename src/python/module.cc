@@ -67,12 +67,18 @@ Json ParseJson(const std::string& text, const char* what) {
 }
 
 // The engine's tensors (TensorShard for a save, TensorTarget for a load):
-// the items a fast path planned (whole_targets.h; moved out), then `specs`
-// (moved out of).
+// the items a fast path planned (whole_targets.h; moved out, once), then
+// `specs` (moved out of).
 template <typename Item>
 std::vector<Item> Items(std::vector<Spec>&& specs, Whole<Item>* whole) {
   std::vector<Item> items;
-  if (whole != nullptr) items = std::exchange(whole->items, {});
+  if (whole != nullptr) {
+    if (whole->handed_over) {
+      throw nb::value_error("a fast path's plan goes to one engine call; plan again");
+    }
+    whole->handed_over = true;
+    items = std::exchange(whole->items, {});
+  }
   items.reserve(items.size() + specs.size());
   for (auto& [key, dtype, shape, offset, size, ptr] : specs) {
     items.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
@@ -393,7 +399,7 @@ NB_MODULE(_C, m) {
       "keys"_a, "tensors"_a, "source"_a, "plain_types"_a, "strided"_a, "dtype_names"_a);
   m.def("plan_save_whole", &PlanSaveWhole, "keys"_a, "tensors"_a, "plain_types"_a, "strided"_a,
         "dtype_names"_a);
-  // `whole` (from plan_whole) is moved into the request: empty afterwards.
+  // `whole` (from plan_whole) is moved into the request: a second use raises.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
            nb::dict options, WholeTargets* whole) {

@@ -129,8 +129,8 @@ std::optional<std::string_view> KeyOf(nb::handle key) {
 }
 
 // The fast path's loop over (keys[i], tensors[i]): `plan_one(key, t)`
-// returns the item planned for a tensor, or nullopt to leave it to the
-// general path. Returns (the items, the keys taken, the indexes left).
+// returns the tensor taken whole under its key, or nullopt to leave it to
+// the general path. Returns (the items, the keys taken, the indexes left).
 template <typename Item, typename PlanOne>
 nb::tuple PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one) {
   if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
@@ -138,12 +138,14 @@ nb::tuple PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one) {
   nb::list taken, rest;
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::optional<std::string_view> key = KeyOf(keys[i]);
-    std::optional<Item> item = key ? plan_one(*key, tensors[i]) : std::nullopt;
-    if (!item) {
+    std::optional<Plain> p = key ? plan_one(*key, tensors[i]) : std::nullopt;
+    if (!p) {
       rest.append(i);
       continue;
     }
-    whole.items.push_back(std::move(*item));
+    Box box = Box::Whole(p->shape);
+    whole.items.push_back(
+        Item{std::string(*key), p->dtype, std::move(p->shape), Slice{std::move(box), {}}, p->data});
     taken.append(keys[i]);
   }
   return nb::make_tuple(std::move(whole), taken, rest);
@@ -170,17 +172,13 @@ nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src
   TensorQuestions ask(plain_types, strided, dtype_names);
   TensorFinder saved(src.index);
   return PlanEach<TensorTarget>(
-      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<TensorTarget> {
+      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<Plain> {
         const auto it = saved.Find(key);
         if (it == saved.end()) return std::nullopt;
         const IndexTensor& found = it->second;
-        std::optional<Plain> p = AskPlain(ask, t, [&](DType dtype, const Shape& shape) {
+        return AskPlain(ask, t, [&](DType dtype, const Shape& shape) {
           return dtype == found.dtype && shape == found.shape;
         });
-        if (!p) return std::nullopt;
-        Box box = Box::Whole(p->shape);
-        return TensorTarget{std::string(key), p->dtype, std::move(p->shape),
-                            Slice{std::move(box), {}}, p->data};
       });
 }
 
@@ -188,12 +186,8 @@ nb::tuple PlanSaveWhole(nb::list keys, nb::list tensors, nb::tuple plain_types,
                         nb::handle strided, nb::dict dtype_names) {
   TensorQuestions ask(plain_types, strided, dtype_names);
   return PlanEach<TensorShard>(
-      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<TensorShard> {
-        std::optional<Plain> p = AskPlain(ask, t, [](DType, const Shape&) { return true; });
-        if (!p) return std::nullopt;
-        Box box = Box::Whole(p->shape);
-        return TensorShard{std::string(key), p->dtype, std::move(p->shape),
-                           Slice{std::move(box), {}}, p->data};
+      keys, tensors, [&](std::string_view, nb::handle t) {
+        return AskPlain(ask, t, [](DType, const Shape&) { return true; });
       });
 }
 

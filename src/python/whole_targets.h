@@ -23,11 +23,13 @@
 namespace shardsafe::python {
 
 // Items planned by a fast path, handed to one engine call, which moves them
-// out (the object is empty afterwards). The tensors they point into must
+// out; a second call with the same object is an error (it would silently
+// read or write none of those tensors). The tensors they point into must
 // stay alive until that call returns.
 template <typename Item>
 struct Whole {
   std::vector<Item> items;
+  bool handed_over = false;
 };
 using WholeTargets = Whole<TensorTarget>;  // a load's
 using WholeShards = Whole<TensorShard>;    // a save's

@@ -122,3 +122,25 @@ def test_load_fast_path_steps_aside(tmp_path):
     assert fast.whole is not None and len(fast.whole) == 0 and planned(fast) == planned(general)
     shardsafe.load({"x": negated}, tmp_path / "ck", strict=False)
     assert torch.equal(negated, torch.ones(3))
+
+
+def test_a_fast_plan_goes_to_one_engine_call(tmp_path):
+    """The planned items move into the engine call; handing the same plan to
+    a second call raises instead of silently loading nothing into them."""
+    saved = {"a": torch.arange(6.0), "b": torch.ones(2, 3)}
+    shardsafe.save(saved, tmp_path / "ck")
+    target = {k: torch.zeros_like(v) for k, v in saved.items()}
+    source = _C.open_source(str(tmp_path / "ck"), None)
+    fast, _ = plans(target, tmp_path / "ck")
+    assert len(fast.whole) == 2
+    _C.load_source([], source, None, {}, fast.whole)
+    assert all(torch.equal(target[k], saved[k]) for k in saved)
+    with pytest.raises(ValueError, match="one engine call"):
+        _C.load_source([], source, None, {}, fast.whole)
+    args = _api._prepare_save(saved, None, False)
+    _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s1"), None, {},
+            args.whole)
+    with pytest.raises(ValueError, match="one engine call"):
+        _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s2"), None,
+                {}, args.whole)
+    assert not (tmp_path / "s2").exists()
