@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
@@ -222,6 +223,25 @@ struct RowCursor {
   }
 };
 
+// Copies `rows` runs of `bytes` bytes, `src_step` and `dst_step` apart.
+// Short fixed sizes (a column split's rows: 64 to 512 bytes) are inlined
+// copies, not a call per row.
+void CopyStrided(char* dst, uint64_t dst_step, const char* src, uint64_t src_step, uint64_t bytes,
+                 uint64_t rows) {
+  const auto loop = [&]<size_t kBytes>(std::integral_constant<size_t, kBytes>) {
+    for (uint64_t r = 0; r < rows; ++r, dst += dst_step, src += src_step) {
+      std::memcpy(dst, src, kBytes ? kBytes : bytes);
+    }
+  };
+  switch (bytes) {
+    case 64: return loop(std::integral_constant<size_t, 64>());
+    case 128: return loop(std::integral_constant<size_t, 128>());
+    case 256: return loop(std::integral_constant<size_t, 256>());
+    case 512: return loop(std::integral_constant<size_t, 512>());
+    default: return loop(std::integral_constant<size_t, 0>());
+  }
+}
+
 // Copies (converts) rows [from, to) of the read's segments out of `data`,
 // which holds the read's bytes from `begin` on.
 void CopyRows(const Context& ctx, const std::vector<Segment>& segs, RowCursor from, RowCursor to,
@@ -230,18 +250,41 @@ void CopyRows(const Context& ctx, const std::vector<Segment>& segs, RowCursor fr
     const Segment& seg = segs[s];
     const uint64_t first = s == from.seg ? from.row : 0;
     const uint64_t last = s == to.seg ? to.row : seg.rows;
+    if (first >= last) continue;
     const DType saved = SavedDType(ctx, seg), dest = ctx.dests[seg.want].dtype;
-    const uint64_t bytes = SavedBytes(ctx, seg);
-    for (uint64_t r = first; r < last; ++r) {
-      const char* src = data + (seg.row_src(r) - begin);
-      char* dst = DestBytes(ctx, seg, r);
-      if (saved == dest) {
-        std::memcpy(dst, src, bytes);
-      } else {
-        ConvertElements(src, saved, dst, dest, seg.count);
-      }
+    const char* src = data + (seg.row_src(first) - begin);
+    char* dst = DestBytes(ctx, seg, first);
+    const uint64_t dst_step = seg.dst_stride * DTypeBits(dest) / 8;
+    if (saved == dest) {
+      CopyStrided(dst, dst_step, src, seg.src_stride, SavedBytes(ctx, seg), last - first);
+      continue;
+    }
+    for (uint64_t r = first; r < last; ++r, src += seg.src_stride, dst += dst_step) {
+      ConvertElements(src, saved, dst, dest, seg.count);
     }
   }
+}
+
+// From `next` on, the rows that end at most `limit` bytes into the read
+// (at least one row, when one is left): returns the cursor past them and
+// raises *end to where the last of them ends. Rows are in order.
+RowCursor RowsEndingBy(const Context& ctx, const std::vector<Segment>& segs, RowCursor next,
+                       uint64_t limit, uint64_t* end) {
+  for (bool first = true; next.seg < segs.size(); first = false) {
+    const Segment& seg = segs[next.seg];
+    const uint64_t bytes = SavedBytes(ctx, seg);
+    uint64_t fit = next.row;  // one past the last row that ends by `limit`
+    if (seg.row_src(next.row) + bytes <= limit) {
+      fit = seg.rows == 1 ? 1
+                          : std::min(seg.rows, (limit - bytes - seg.src_byte) / seg.src_stride + 1);
+    }
+    if (first && fit == next.row) fit = next.row + 1;
+    if (fit == next.row) break;
+    *end = std::max(*end, seg.row_src(fit - 1) + bytes);
+    if (fit < seg.rows) return RowCursor{next.seg, fit};
+    next = RowCursor{next.seg + 1, 0};
+  }
+  return next;
 }
 
 // Reads `read` in steps of about `step` bytes, each ending where a run
@@ -255,18 +298,9 @@ Status ReadThroughScratch(const Context& ctx, const RandomAccessFile& file, cons
   RowCursor next;  // the first row not copied out yet
   uint64_t begin = 0;
   while (begin < read.length) {
-    // Rows [next, stop): one if any is left, then as many as end within `step` of begin.
-    RowCursor stop = next;
     uint64_t end = begin;
-    if (step >= read.length) {
-      stop.seg = segs.size();  // the whole read in one step
-    }
-    for (bool first = true; stop.seg < segs.size(); first = false) {
-      const uint64_t row_end = segs[stop.seg].row_src(stop.row) + SavedBytes(ctx, segs[stop.seg]);
-      if (!first && row_end - begin > step) break;
-      end = std::max(end, row_end);
-      stop.Next(segs);
-    }
+    const RowCursor stop = step >= read.length ? RowCursor{segs.size(), 0}
+                                               : RowsEndingBy(ctx, segs, next, begin + step, &end);
     if (stop.seg == segs.size()) end = read.length;
     const uint64_t n = end - begin;
     // Bytes the file holds in memory are used in place (no copy to scratch).

@@ -82,17 +82,6 @@ int CompareBoxes(const Box& a, const Box& b) {
 
 FlatRange FlatOf(const Slice& s) { return s.flat ? *s.flat : FlatRange{0, Volume(s.box)}; }
 
-void Append(const ElementRun& run, std::vector<ElementRun>* out, size_t first) {
-  if (out->size() > first) {
-    ElementRun& last = out->back();
-    if (last.src + last.count == run.src && last.dst + last.count == run.dst) {
-      last.count += run.count;
-      return;
-    }
-  }
-  out->push_back(run);
-}
-
 }  // namespace
 
 uint64_t Volume(const Box& box) {
@@ -141,33 +130,41 @@ void CommonRuns(const Slice& src, const Slice& dst, std::vector<ElementRun>* out
   const FlatRange fs = FlatOf(src), fd = FlatOf(dst);
   if (fs.begin >= fs.end || fd.begin >= fd.end) return;
   const uint64_t len = grid.length;
-  // Runs [first, last) are the only ones that can meet both flat ranges.
+  // Runs [first, last) are the only ones that can meet both flat ranges;
+  // runs [inside, past) lie wholly inside both.
   const uint64_t first = grid.FirstWhere(
       [&](uint64_t s, uint64_t d) { return s + len > fs.begin && d + len > fd.begin; });
   const uint64_t last =
       grid.FirstWhere([&](uint64_t s, uint64_t d) { return s >= fs.end || d >= fd.end; });
   if (first >= last) return;
-  std::vector<uint64_t> idx(grid.r);
-  uint64_t j = first;
-  for (size_t x = grid.r; x-- > 0;) {
-    idx[x] = j % grid.extent[x];
-    j /= grid.extent[x];
-  }
-  auto [s, d] = grid.Start(first);
-  const size_t first_out = out->size();
-  for (uint64_t run = first; run < last; ++run) {
+  const uint64_t inside = std::clamp(
+      grid.FirstWhere([&](uint64_t s, uint64_t d) { return s >= fs.begin && d >= fd.begin; }),
+      first, last);
+  const uint64_t past = std::clamp(grid.FirstWhere([&](uint64_t s, uint64_t d) {
+    return s + len > fs.end || d + len > fd.end;
+  }), inside, last);
+  const auto clipped = [&](uint64_t j) {
+    const auto [s, d] = grid.Start(j);
     const uint64_t lo = std::max(SubOrZero(fs.begin, s), SubOrZero(fd.begin, d));
     const uint64_t hi = std::min({len, fs.end - s, fd.end - d});
-    if (lo < hi) Append(ElementRun{s + lo - fs.begin, d + lo - fd.begin, hi - lo}, out, first_out);
-    for (size_t x = grid.r; x-- > 0;) {  // odometer step to run + 1
-      s += grid.src_stride[x];
-      d += grid.dst_stride[x];
-      if (++idx[x] < grid.extent[x]) break;
-      s -= grid.extent[x] * grid.src_stride[x];
-      d -= grid.extent[x] * grid.dst_stride[x];
-      idx[x] = 0;
+    if (lo < hi) out->push_back(ElementRun{s + lo - fs.begin, d + lo - fd.begin, hi - lo});
+  };
+  for (uint64_t j = first; j < inside; ++j) clipped(j);
+  // Along the last walked dimension, the runs of one line form one ElementRun.
+  const uint64_t line = grid.r > 0 ? grid.extent[grid.r - 1] : 1;
+  for (uint64_t j = inside; j < past;) {
+    const uint64_t rows = std::min(past - j, line - j % line);
+    const auto [s, d] = grid.Start(j);
+    ElementRun run{s - fs.begin, d - fd.begin, len};
+    if (rows > 1) {
+      run.rows = rows;
+      run.src_stride = grid.src_stride[grid.r - 1];
+      run.dst_stride = grid.dst_stride[grid.r - 1];
     }
+    out->push_back(run);
+    j += rows;
   }
+  for (uint64_t j = past; j < last; ++j) clipped(j);
 }
 
 }  // namespace shardsafe

@@ -10,12 +10,15 @@
 // boxes are contiguous in both numberings, so they fold into the run: with
 // r the last dimension that is not full in both, one run is I restricted to
 // one index of each dimension before r (prod(I.size[r:]) elements), and
-// there are prod(I.size[:r]) runs. ElementRun j starts at src_j in S's numbering
-// and dst_j in R's; both grow with j, so the runs that can meet the flat
+// there are prod(I.size[:r]) runs. Run j starts at src_j in S's numbering and
+// dst_j in R's; both grow with j, so the runs that can meet the flat
 // ranges form one interval of j, found by binary search: a tiny flat range
 // of a huge box costs O(rank · log runs), not one step per row. Each run is
 // then clipped to both flat ranges (a contiguous index interval clipped to
-// an interval stays one interval).
+// an interval stays one interval). Only the first two and the last two
+// runs can be clipped (a run is no longer than the strides between runs);
+// the runs between lie inside both ranges, and those along the last walked
+// dimension come out as one strided ElementRun.
 // Pure; thread-safe.
 #pragma once
 
@@ -45,19 +48,26 @@ bool BoxLess(const Box& a, const Box& b);
 // ranges of it), then flat end.
 bool SliceLess(const Slice& a, const Slice& b);
 
-// `count` consecutive elements at flat index `src` of the source slice and
-// `dst` of the destination slice. Indices are relative to the slice's first
-// element (its flat begin, or 0 for a whole box).
+// `rows` runs of `count` consecutive elements each: run i starts at flat
+// index src + i * src_stride of the source slice and dst + i * dst_stride of
+// the destination slice (strides are 0 when rows == 1). Indices are
+// relative to the slice's first element (its flat begin, or 0 for a whole
+// box). A column slice of a row-major box is one ElementRun of many rows.
 struct ElementRun {
   uint64_t src = 0;
   uint64_t dst = 0;
   uint64_t count = 0;
+  uint64_t rows = 1;
+  uint64_t src_stride = 0;
+  uint64_t dst_stride = 0;
   friend bool operator==(const ElementRun&, const ElementRun&) = default;
 };
 
-// The elements common to `src` and `dst` (same tensor, both valid) as
-// maximal runs contiguous in both, in increasing order of src (and of dst).
-// Appends to `out`.
+// The elements common to `src` and `dst` (same tensor, both valid), in
+// increasing order of src (and of dst). Each run is maximal (no two runs,
+// nor two rows, are contiguous in both); equal runs at constant strides
+// along one dimension of the intersection form one ElementRun, so a column
+// slice costs O(rank) here, not one step per row. Appends to `out`.
 void CommonRuns(const Slice& src, const Slice& dst, std::vector<ElementRun>* out);
 
 }  // namespace shardsafe

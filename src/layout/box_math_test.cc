@@ -30,7 +30,22 @@ std::vector<std::pair<uint64_t, uint64_t>> CommonPairs(const Slice& src, const S
 std::vector<std::pair<uint64_t, uint64_t>> Expand(const std::vector<ElementRun>& runs) {
   std::vector<std::pair<uint64_t, uint64_t>> out;
   for (const ElementRun& r : runs) {
-    for (uint64_t k = 0; k < r.count; ++k) out.push_back({r.src + k, r.dst + k});
+    for (uint64_t i = 0; i < r.rows; ++i) {
+      for (uint64_t k = 0; k < r.count; ++k) {
+        out.push_back({r.src + i * r.src_stride + k, r.dst + i * r.dst_stride + k});
+      }
+    }
+  }
+  return out;
+}
+
+// Every row of `runs` as a run of its own.
+std::vector<ElementRun> Rows(const std::vector<ElementRun>& runs) {
+  std::vector<ElementRun> out;
+  for (const ElementRun& r : runs) {
+    for (uint64_t i = 0; i < r.rows; ++i) {
+      out.push_back({r.src + i * r.src_stride, r.dst + i * r.dst_stride, r.count});
+    }
   }
   return out;
 }
@@ -60,17 +75,31 @@ TEST(BoxMathTest, FullTrailingDimsMergeIntoOneRun) {
   EXPECT_EQ(runs, (std::vector<ElementRun>{{15, 0, 30}}));
 }
 
-TEST(BoxMathTest, ColumnSplitGivesOneRunPerRow) {
+TEST(BoxMathTest, ColumnSplitGivesOneRunOfManyRows) {
   std::vector<ElementRun> runs;
   CommonRuns(Slice{Box{{0, 0}, {3, 8}}, {}}, Slice{Box{{0, 4}, {3, 4}}, {}}, &runs);
-  EXPECT_EQ(runs, (std::vector<ElementRun>{{4, 0, 4}, {12, 4, 4}, {20, 8, 4}}));
+  EXPECT_EQ(runs, (std::vector<ElementRun>{{4, 0, 4, 3, 8, 4}}));
+}
+
+TEST(BoxMathTest, ManyRowsTakeNoStepPerRow) {
+  const uint64_t rows = uint64_t{1} << 40;
+  std::vector<ElementRun> runs;
+  CommonRuns(Slice{Box{{0, 0}, {rows, 64}}, {}}, Slice{Box{{0, 32}, {rows, 32}}, {}}, &runs);
+  EXPECT_EQ(runs, (std::vector<ElementRun>{{32, 0, 32, rows, 64, 32}}));
+}
+
+TEST(BoxMathTest, EachLineOfA3dSplitIsOneRun) {
+  std::vector<ElementRun> runs;
+  // [2, 3, 4]: columns 1..2 of every row, lines along dimension 1.
+  CommonRuns(Slice{Box{{0, 0, 0}, {2, 3, 4}}, {}}, Slice{Box{{0, 0, 1}, {2, 3, 2}}, {}}, &runs);
+  EXPECT_EQ(runs, (std::vector<ElementRun>{{1, 0, 2, 3, 4, 2}, {13, 6, 2, 3, 4, 2}}));
 }
 
 TEST(BoxMathTest, FlatToBoxClipsFirstAndLastRow) {
   std::vector<ElementRun> runs;
   // Source: elements 5..17 of a [4, 6] box; destination: columns 2..4.
   CommonRuns(Slice{Box{{0, 0}, {4, 6}}, FlatRange{5, 17}}, Slice{Box{{0, 2}, {4, 3}}, {}}, &runs);
-  EXPECT_EQ(runs, (std::vector<ElementRun>{{3, 3, 3}, {9, 6, 3}}));
+  EXPECT_EQ(runs, (std::vector<ElementRun>{{3, 3, 3, 2, 6, 3}}));
 }
 
 TEST(BoxMathTest, TinyFlatRangeOfHugeBoxSkipsRows) {
@@ -98,7 +127,7 @@ TEST(BoxMathTest, ZeroDimAndEmptyBoxes) {
 }
 
 // Every pair of random slices of random small shapes, against brute force;
-// runs must also be maximal (no two consecutive ones could merge).
+// runs must also be maximal (no two consecutive rows could merge).
 TEST(BoxMathTest, RandomSlicesMatchBruteForce) {
   testing::Rng rng(42);
   size_t compared = 0;
@@ -111,13 +140,15 @@ TEST(BoxMathTest, RandomSlicesMatchBruteForce) {
     CommonRuns(src, dst, &runs);
     ASSERT_EQ(Expand(runs), CommonPairs(src, dst, shape))
         << ShapeToString(shape) << " " << SliceToString(src) << " " << SliceToString(dst);
-    for (size_t i = 1; i < runs.size(); ++i) {
-      const ElementRun &a = runs[i - 1], &b = runs[i];
+    const std::vector<ElementRun> rows = Rows(runs);
+    for (size_t i = 1; i < rows.size(); ++i) {
+      const ElementRun &a = rows[i - 1], &b = rows[i];
       EXPECT_FALSE(a.src + a.count == b.src && a.dst + a.count == b.dst);
     }
     for (const ElementRun& r : runs) {
       EXPECT_GT(r.count, 0u);
-      compared += r.count;
+      EXPECT_EQ(r.rows > 1, r.src_stride > 0 && r.dst_stride > 0);
+      compared += r.count * r.rows;
     }
   }
   EXPECT_GT(compared, 40000u);

@@ -1,9 +1,10 @@
 // The load planner, in four steps:
 //   1. pieces: for each want and each saved chunk of its tensor, the runs of
-//      elements they share (box_math.h: CommonRuns), each turned into a byte
-//      range of the chunk's file and a destination element index; runs of
-//      equal length at constant strides, apart by at most join_gap_bytes,
-//      form one piece of many rows (and one segment of a read).
+//      elements they share (box_math.h: CommonRuns, which already groups
+//      equal runs at constant strides), each turned into byte ranges of the
+//      chunk's file and destination element indices; runs of equal length
+//      at constant strides, apart by at most join_gap_bytes, form one piece
+//      of many rows (and one segment of a read).
 //      The run counts of a want must add up to its element count: the
 //      chunks tile the tensor, so each element is then covered exactly once.
 //   1b. chunk edges: filler pieces (read, not delivered) cover what the
@@ -136,7 +137,7 @@ class Planner {
       if (runs_.empty()) continue;
       block_starts_.push_back(pieces_.size());
       SS_RETURN_IF_ERROR(AddPieces(w, c, where));
-      for (const ElementRun& run : runs_) covered += run.count;
+      for (const ElementRun& run : runs_) covered += run.count * run.rows;
     }
     const uint64_t expected = want.slice.NumElements();
     if (covered == expected) return Status();
@@ -158,31 +159,55 @@ class Planner {
     return Status();
   }
 
-  // The pieces of runs_, the runs of want `w` in chunk `c`.
+  // The pieces of runs_, the runs of want `w` in chunk `c`. A run of many
+  // rows is one piece while the gap between its rows is at most
+  // join_gap_bytes, else a piece per row.
   template <typename Where>
   Status AddPieces(uint32_t w, uint32_t c, const Where& where) {
     const SavedTensor& t = tensors_[wants_[w].tensor];
     const SavedChunk& chunk = t.chunks[c];
     const Unit unit = UnitOf(t.dtype);
+    const auto bytes = [&](uint64_t elems) { return elems / unit.elems * unit.bytes; };
     for (const ElementRun& run : runs_) {
-      const bool off_byte = run.src % unit.elems || run.dst % unit.elems || run.count % unit.elems;
-      if (unit.elems > 1 && off_byte) {
-        return InvalidArgumentError(where() + ": a run of " + std::to_string(run.count) + " " +
-                                    std::string(DTypeName(t.dtype)) + " elements at element " +
-                                    std::to_string(run.dst) + " is off a byte boundary");
+      if (unit.elems > 1) SS_RETURN_IF_ERROR(CheckOnBytes(run, t.dtype, unit, where));
+      Piece p{chunk.at + bytes(run.src), bytes(run.count), run.dst, chunk.file, w,
+              wants_[w].tensor, c, run.rows, bytes(run.src_stride), run.dst_stride};
+      plan_.bytes_needed += p.length * p.rows;
+      if (p.rows > 1 && p.stride - p.length > options_.join_gap_bytes) {
+        const Piece many = p;
+        p.rows = 1;
+        p.stride = p.dst_stride = 0;
+        for (uint64_t i = 0; i < many.rows; ++i) {
+          p.offset = many.row_at(i);
+          p.dst_elem = many.dst_at(i);
+          pieces_.push_back(p);
+        }
+      } else if (!ExtendRows(p)) {
+        pieces_.push_back(p);
       }
-      const Piece p{chunk.at + run.src / unit.elems * unit.bytes,
-                    run.count / unit.elems * unit.bytes, run.dst, chunk.file, w,
-                    wants_[w].tensor, c};
-      plan_.bytes_needed += p.length;
-      if (!ExtendRows(p)) pieces_.push_back(p);
     }
     return Status();
   }
 
-  // Adds `p` (one run, after the last piece's in its block) to the last
-  // piece as its next row, if it continues that piece's strides (or sets
-  // them) and the gap before it is at most join_gap_bytes.
+  // InvalidArgument naming the first row of `run` that starts or ends off
+  // a byte boundary of a sub-byte dtype. (Rows repeat their alignment
+  // every unit.elems rows.)
+  template <typename Where>
+  static Status CheckOnBytes(const ElementRun& run, DType dtype, Unit unit, const Where& where) {
+    for (uint64_t i = 0; i < std::min(run.rows, unit.elems); ++i) {
+      const uint64_t src = run.src + i * run.src_stride, dst = run.dst + i * run.dst_stride;
+      if (src % unit.elems || dst % unit.elems || run.count % unit.elems) {
+        return InvalidArgumentError(where() + ": a run of " + std::to_string(run.count) + " " +
+                                    std::string(DTypeName(dtype)) + " elements at element " +
+                                    std::to_string(dst) + " is off a byte boundary");
+      }
+    }
+    return Status();
+  }
+
+  // Adds `p` (rows after the last piece's in its block) to the last piece,
+  // if they continue that piece's strides (or set them), keep their own,
+  // and the gap before `p` is at most join_gap_bytes.
   bool ExtendRows(const Piece& p) {
     if (pieces_.size() <= block_starts_.back()) return false;  // first of its block
     Piece& last = pieces_.back();
@@ -192,13 +217,14 @@ class Planner {
         p.offset - (last_row + last.length) > options_.join_gap_bytes || p.dst_elem <= last_dst) {
       return false;
     }
-    if (last.rows > 1 &&
-        (p.offset - last_row != last.stride || p.dst_elem - last_dst != last.dst_stride)) {
-      return false;
-    }
-    last.stride = p.offset - last_row;
-    last.dst_stride = p.dst_elem - last_dst;
-    ++last.rows;
+    const uint64_t stride = p.offset - last_row, dst_stride = p.dst_elem - last_dst;
+    const auto keeps = [&](const Piece& q) {
+      return q.rows == 1 || (q.stride == stride && q.dst_stride == dst_stride);
+    };
+    if (!keeps(last) || !keeps(p)) return false;
+    last.stride = stride;
+    last.dst_stride = dst_stride;
+    last.rows += p.rows;
     return true;
   }
 
