@@ -166,6 +166,8 @@ std::optional<std::string_view> Repeated(std::vector<std::string_view>& keys) {
   return *it;
 }
 
+bool IsContainer(dom::element e) { return e.is_array() || e.is_object(); }
+
 // `scratch` is reused down the recursion: an object's keys are checked
 // before its children are walked.
 Status CheckUniqueKeys(dom::element e, const JsonPath* at, std::vector<std::string_view>& scratch) {
@@ -173,7 +175,7 @@ Status CheckUniqueKeys(dom::element e, const JsonPath* at, std::vector<std::stri
     int64_t i = 0;
     for (dom::element v : ArrayOf(e)) {
       const JsonPath here{at, {}, i++};
-      SS_RETURN_IF_ERROR(CheckUniqueKeys(v, &here, scratch));
+      if (IsContainer(v)) SS_RETURN_IF_ERROR(CheckUniqueKeys(v, &here, scratch));
     }
     return Status();
   }
@@ -186,7 +188,7 @@ Status CheckUniqueKeys(dom::element e, const JsonPath* at, std::vector<std::stri
   }
   for (dom::key_value_pair field : object) {
     const JsonPath here{at, field.key, -1};
-    SS_RETURN_IF_ERROR(CheckUniqueKeys(field.value, &here, scratch));
+    if (IsContainer(field.value)) SS_RETURN_IF_ERROR(CheckUniqueKeys(field.value, &here, scratch));
   }
   return Status();
 }
