@@ -470,10 +470,14 @@ def _prepare_load(state: Any, source: _C.OpenedSource, desc: dict, rename: hf.Re
                if b.startswith(PICKLE_PREFIX)}
     plan = _plan(flat, keys, source, dequantize_fp8, bool(options.get("convert_dtypes", False)))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
-    wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
-    unexpected = sorted({keys.name(k) for k in keys.saved
-                         if k not in plan.used and keys.name(k) not in wanted}
-                        | {k for k in [*values, *pickled] if k not in wanted})
+    # plan.used holds saved keys only: as many as saved means every one was used.
+    unused = ([k for k in keys.saved if k not in plan.used]
+              if len(plan.used) < len(keys.saved) else [])
+    unexpected = []
+    if unused or values or pickled:
+        wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
+        unexpected = sorted({keys.name(k) for k in unused if keys.name(k) not in wanted}
+                            | {k for k in [*values, *pickled] if k not in wanted})
     report = {"missing": missing, "unexpected": unexpected, "notes": plan.notes}
     return flat, keys, plan, report
 
