@@ -215,12 +215,6 @@ Result<bool> CopiedInSteps(const Context& ctx, const RandomAccessFile& file, con
 struct RowCursor {
   size_t seg = 0;
   uint64_t row = 0;
-  void Next(const std::vector<Segment>& segs) {
-    if (++row == segs[seg].rows) {
-      ++seg;
-      row = 0;
-    }
-  }
 };
 
 // Copies `rows` runs of `bytes` bytes, `src_step` and `dst_step` apart.
