@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,6 +60,9 @@ struct IndexBlob {
   std::vector<IndexBlobChunk> chunks;
 };
 
+// Tensors by key; found by std::string_view too (no string built per lookup).
+using IndexTensors = std::map<std::string, IndexTensor, std::less<>>;
+
 struct CheckpointIndex {
   int version = kFormatVersion;
   std::string tag;
@@ -67,31 +71,32 @@ struct CheckpointIndex {
   nlohmann::json layout;    // null if none
   nlohmann::json metadata;  // null if none
   std::vector<IndexFile> files;
-  std::map<std::string, IndexTensor> tensors;
+  IndexTensors tensors;
   nlohmann::json values = nlohmann::json::object();
   std::map<std::string, IndexBlob> blobs;
 };
 
 // Finds an index's tensors by key. Keys asked in the index's order (sorted,
-// as the keys of most state dicts are) are found without a search: the
-// entry after the previous one found is tried first.
+// as the keys of many state dicts are) are found without a search: the
+// entry after the previous one found is tried first; others by a search
+// that builds no string.
 class TensorFinder {
  public:
-  using Iterator = std::map<std::string, IndexTensor>::const_iterator;
+  using Iterator = IndexTensors::const_iterator;
   explicit TensorFinder(const CheckpointIndex& index)
       : tensors_(index.tensors), next_(tensors_.begin()) {}
   // The entry under `key`, or end().
   Iterator Find(std::string_view key) {
     const Iterator it = next_ != tensors_.end() && next_->first == key
                             ? next_
-                            : tensors_.find(std::string(key));
+                            : tensors_.find(key);
     if (it != tensors_.end()) next_ = std::next(it);
     return it;
   }
   Iterator end() const { return tensors_.end(); }
 
  private:
-  const std::map<std::string, IndexTensor>& tensors_;
+  const IndexTensors& tensors_;
   Iterator next_;
 };
 

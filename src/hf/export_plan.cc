@@ -105,7 +105,7 @@ std::vector<std::vector<uint32_t>> AssignShards(const std::vector<uint64_t>& siz
   return shards;
 }
 
-Result<ExportPlan> PlanExport(const std::map<std::string, IndexTensor>& tensors,
+Result<ExportPlan> PlanExport(const IndexTensors& tensors,
                               const ExportHfOptions& options) {
   if (options.dtype && !IsFloat(*options.dtype)) {
     return InvalidArgumentError("export dtype must be F16, BF16, F32 or F64, not " +

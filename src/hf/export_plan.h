@@ -57,7 +57,7 @@ std::vector<std::vector<uint32_t>> AssignShards(const std::vector<uint64_t>& siz
 // The export of `tensors` under `options`. InvalidArgument for bad
 // patterns or rules, a rule that does not fit a tensor, two outputs under
 // one name (naming both sources), an empty name, or nothing selected.
-Result<ExportPlan> PlanExport(const std::map<std::string, IndexTensor>& tensors,
+Result<ExportPlan> PlanExport(const IndexTensors& tensors,
                               const ExportHfOptions& options);
 
 }  // namespace shardsafe

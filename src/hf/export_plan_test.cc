@@ -40,7 +40,7 @@ TEST(AssignShardsTest, GreedyAsHuggingFaceHub) {
 }
 
 TEST(PlanExportTest, SingleFileNoIndex) {
-  std::map<std::string, IndexTensor> t = {{"w", Tensor(DType::kF32, {2, 3})}};
+  IndexTensors t = {{"w", Tensor(DType::kF32, {2, 3})}};
   auto plan = PlanExport(t, {});
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_EQ(plan->shards.size(), 1u);
@@ -51,7 +51,7 @@ TEST(PlanExportTest, SingleFileNoIndex) {
 }
 
 TEST(PlanExportTest, ShardsIndexAndNaturalOrder) {
-  std::map<std::string, IndexTensor> t;
+  IndexTensors t;
   for (int i = 0; i < 12; ++i) {
     t["model.layers." + std::to_string(i) + ".w"] = Tensor(DType::kBF16, {10, 10});  // 200 B
   }
@@ -79,7 +79,7 @@ TEST(PlanExportTest, ShardsIndexAndNaturalOrder) {
 }
 
 TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
-  std::map<std::string, IndexTensor> t = {
+  IndexTensors t = {
       {"model.model.layers.0.mlp.experts.gate_up_proj", Tensor(DType::kF32, {2, 8, 4})},
       {"model.model.layers.0.mlp.experts.down_proj", Tensor(DType::kF32, {2, 4, 4})},
       {"model.model.layers.0.mlp.gate.weight", Tensor(DType::kI64, {2, 4})},
@@ -109,7 +109,7 @@ TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
 }
 
 TEST(PlanExportTest, CollisionNamesBothSources) {
-  std::map<std::string, IndexTensor> t = {{"a.w", Tensor(DType::kF32, {1})},
+  IndexTensors t = {{"a.w", Tensor(DType::kF32, {1})},
                                           {"b.w", Tensor(DType::kF32, {1})}};
   ExportHfOptions o;
   o.rename = {{"^[ab]", "c"}};
@@ -120,7 +120,7 @@ TEST(PlanExportTest, CollisionNamesBothSources) {
 }
 
 TEST(PlanExportTest, NothingSelectedAndBadDtypeAreErrors) {
-  std::map<std::string, IndexTensor> t = {{"a", Tensor(DType::kF32, {1})}};
+  IndexTensors t = {{"a", Tensor(DType::kF32, {1})}};
   ExportHfOptions o;
   o.prefix = "model.";
   auto plan = PlanExport(t, o);
