@@ -120,10 +120,25 @@ void PrintIndex(const SavePlan& plan) {
               read_s, parsed.ok() ? "" : " FAILED");
 }
 
+// The plan of `wants`, made `iters` times; *best: the fastest, in seconds.
+// A failure is printed.
+Result<LoadPlan> TimedPlanLoad(const std::vector<SavedTensor>& saved,
+                               const std::vector<Want>& wants, int iters, double* best) {
+  *best = 1e9;
+  Result<LoadPlan> lp = InvalidArgumentError("not run");
+  for (int i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    lp = PlanLoad(saved, wants, LoadPlanOptions{});
+    *best = std::min(*best, Seconds(start));
+  }
+  if (!lp.ok()) std::fprintf(stderr, "PlanLoad: %s\n", lp.status().ToString().c_str());
+  return lp;
+}
+
 // 20,000 tensors of [416, 64] f32 saved in row halves by 2 ranks (a file
 // each), planned for the rank that loads the left half of the columns:
 // 8.3 million rows of 128 bytes.
-void PlanColumnSplit(int iters) {
+bool PlanColumnSplit(int iters) {
   constexpr uint32_t kTensors = 20000;
   constexpr uint64_t kRows = 416, kCols = 64, kHalf = kRows / 2 * kCols * 4;
   std::vector<SavedTensor> saved(kTensors);
@@ -136,17 +151,9 @@ void PlanColumnSplit(int iters) {
     }
     wants.push_back(Want{t, Slice{Box{{0, 0}, {kRows, kCols / 2}}, {}}});
   }
-  double best = 1e9;
-  Result<LoadPlan> lp = InvalidArgumentError("not run");
-  for (int i = 0; i < iters; ++i) {
-    const auto start = Clock::now();
-    lp = PlanLoad(saved, wants, LoadPlanOptions{});
-    best = std::min(best, Seconds(start));
-  }
-  if (!lp.ok()) {
-    std::fprintf(stderr, "PlanLoad: %s\n", lp.status().ToString().c_str());
-    return;
-  }
+  double best = 0;
+  const Result<LoadPlan> lp = TimedPlanLoad(saved, wants, iters, &best);
+  if (!lp.ok()) return false;
   size_t segments = 0;
   for (const ReadGroup& g : lp->groups) {
     for (const ReadOp& r : g.reads) segments += r.segments.size();
@@ -156,6 +163,7 @@ void PlanColumnSplit(int iters) {
               kTensors, static_cast<unsigned long long>(kRows),
               static_cast<unsigned long long>(kCols), best, lp->groups.size(), segments,
               lp->bytes_read / 1073741824.0, lp->bytes_needed / 1073741824.0);
+  return true;
 }
 
 int Run(int argc, char** argv) {
@@ -193,17 +201,9 @@ int Run(int argc, char** argv) {
   const int samples[][3] = {{0, 0, 0}, {1, 17, 2}, {3, load_layout.dp - 1, load_layout.tp - 1}};
   for (const auto& s : samples) {
     const std::vector<Want> wants = WantsOf(load_layout, s[0], s[1], s[2], *plan);
-    double load_best = 1e9;
-    Result<LoadPlan> lp = InvalidArgumentError("not run");
-    for (int i = 0; i < iters; ++i) {
-      const auto start = Clock::now();
-      lp = PlanLoad(saved, wants, LoadPlanOptions{});
-      load_best = std::min(load_best, Seconds(start));
-    }
-    if (!lp.ok()) {
-      std::fprintf(stderr, "PlanLoad: %s\n", lp.status().ToString().c_str());
-      return 1;
-    }
+    double load_best = 0;
+    const Result<LoadPlan> lp = TimedPlanLoad(saved, wants, iters, &load_best);
+    if (!lp.ok()) return 1;
     size_t reads = 0;
     for (const ReadGroup& g : lp->groups) reads += g.reads.size();
     std::printf("  rank (pp %d, dp %d, tp %d): %zu wants, PlanLoad %.4f s, %zu groups, %zu reads, "
@@ -212,8 +212,7 @@ int Run(int argc, char** argv) {
                 lp->bytes_read / 1073741824.0, lp->bytes_needed / 1073741824.0,
                 static_cast<double>(lp->bytes_read) / static_cast<double>(lp->bytes_needed));
   }
-  PlanColumnSplit(iters);
-  return 0;
+  return PlanColumnSplit(iters) ? 0 : 1;
 }
 
 }  // namespace

@@ -238,8 +238,7 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
     # is planned by the extension in a fraction of the general path's ~4 us a
     # tensor; the rest comes back.
     tensors = [leaf.tensor for leaf in flat.tensors]
-    args.whole, _, rest = _C.plan_save_whole([leaf.key for leaf in flat.tensors], tensors,
-                                             *_PLAIN)
+    args.whole, rest = _C.plan_save_whole([leaf.key for leaf in flat.tensors], tensors, *_PLAIN)
     args.keep.append(tensors)
     boxes, box = [], _Boxes()
     for leaf in (flat.tensors[i] for i in rest):

@@ -8,8 +8,8 @@
 #pragma once
 
 #include <cstdint>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>

@@ -109,8 +109,7 @@ TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
 }
 
 TEST(PlanExportTest, CollisionNamesBothSources) {
-  IndexTensors t = {{"a.w", Tensor(DType::kF32, {1})},
-                                          {"b.w", Tensor(DType::kF32, {1})}};
+  IndexTensors t = {{"a.w", Tensor(DType::kF32, {1})}, {"b.w", Tensor(DType::kF32, {1})}};
   ExportHfOptions o;
   o.rename = {{"^[ab]", "c"}};
   auto plan = PlanExport(t, o);

@@ -27,18 +27,6 @@ std::vector<std::pair<uint64_t, uint64_t>> CommonPairs(const Slice& src, const S
   return out;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> Expand(const std::vector<ElementRun>& runs) {
-  std::vector<std::pair<uint64_t, uint64_t>> out;
-  for (const ElementRun& r : runs) {
-    for (uint64_t i = 0; i < r.rows; ++i) {
-      for (uint64_t k = 0; k < r.count; ++k) {
-        out.push_back({r.src + i * r.src_stride + k, r.dst + i * r.dst_stride + k});
-      }
-    }
-  }
-  return out;
-}
-
 // Every row of `runs` as a run of its own.
 std::vector<ElementRun> Rows(const std::vector<ElementRun>& runs) {
   std::vector<ElementRun> out;
@@ -46,6 +34,14 @@ std::vector<ElementRun> Rows(const std::vector<ElementRun>& runs) {
     for (uint64_t i = 0; i < r.rows; ++i) {
       out.push_back({r.src + i * r.src_stride, r.dst + i * r.dst_stride, r.count});
     }
+  }
+  return out;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> Expand(const std::vector<ElementRun>& runs) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const ElementRun& r : Rows(runs)) {
+    for (uint64_t k = 0; k < r.count; ++k) out.push_back({r.src + k, r.dst + k});
   }
   return out;
 }

@@ -130,25 +130,26 @@ std::optional<std::string_view> KeyOf(nb::handle key) {
 
 // The fast path's loop over (keys[i], tensors[i]): `plan_one(key, t)`
 // returns the tensor taken whole under its key, or nullopt to leave it to
-// the general path. Returns (the items, the keys taken, the indexes left).
+// the general path. Returns the items and fills `rest` with the indexes
+// left and `taken` (unless null) with the keys taken.
 template <typename Item, typename PlanOne>
-nb::tuple PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one) {
+Whole<Item> PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one, nb::list* taken,
+                     nb::list* rest) {
   if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
   Whole<Item> whole;
-  nb::list taken, rest;
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::optional<std::string_view> key = KeyOf(keys[i]);
     std::optional<Plain> p = key ? plan_one(*key, tensors[i]) : std::nullopt;
     if (!p) {
-      rest.append(i);
+      rest->append(i);
       continue;
     }
     Box box = Box::Whole(p->shape);
     whole.items.push_back(
         Item{std::string(*key), p->dtype, std::move(p->shape), Slice{std::move(box), {}}, p->data});
-    taken.append(keys[i]);
+    if (taken != nullptr) taken->append(keys[i]);
   }
-  return nb::make_tuple(std::move(whole), taken, rest);
+  return whole;
 }
 
 // (key, dtype name, shape, offset, size, data address) of each item.
@@ -171,24 +172,32 @@ nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src
                     nb::tuple plain_types, nb::handle strided, nb::dict dtype_names) {
   TensorQuestions ask(plain_types, strided, dtype_names);
   TensorFinder saved(src.index);
-  return PlanEach<TensorTarget>(
-      keys, tensors, [&](std::string_view key, nb::handle t) -> std::optional<Plain> {
+  nb::list taken, rest;
+  WholeTargets whole = PlanEach<TensorTarget>(
+      keys, tensors,
+      [&](std::string_view key, nb::handle t) -> std::optional<Plain> {
         const auto it = saved.Find(key);
         if (it == saved.end()) return std::nullopt;
         const IndexTensor& found = it->second;
         return AskPlain(ask, t, [&](DType dtype, const Shape& shape) {
           return dtype == found.dtype && shape == found.shape;
         });
-      });
+      },
+      &taken, &rest);
+  return nb::make_tuple(std::move(whole), taken, rest);
 }
 
 nb::tuple PlanSaveWhole(nb::list keys, nb::list tensors, nb::tuple plain_types,
                         nb::handle strided, nb::dict dtype_names) {
   TensorQuestions ask(plain_types, strided, dtype_names);
-  return PlanEach<TensorShard>(
-      keys, tensors, [&](std::string_view, nb::handle t) {
+  nb::list rest;
+  WholeShards whole = PlanEach<TensorShard>(
+      keys, tensors,
+      [&](std::string_view, nb::handle t) {
         return AskPlain(ask, t, [](DType, const Shape&) { return true; });
-      });
+      },
+      nullptr, &rest);
+  return nb::make_tuple(std::move(whole), rest);
 }
 
 nb::tuple ShapeTuple(const Shape& shape) {

@@ -38,15 +38,17 @@ using WholeShards = Whole<TensorShard>;    // a save's
 // (torch.Tensor, torch.nn.Parameter), whose layout is `strided`, whose dtype
 // `dtype_names` maps to a safetensors name, and which lies contiguous in
 // CPU memory with neither the negative nor (C64) the conjugate bit. Both
-// return (the items, the keys they took, the indexes of the tensors left to
-// the general planner, in order) and raise what a tensor attribute raises.
+// raise what a tensor attribute raises.
 
 // A load's: keys[i] must name a tensor of `src` with tensors[i]'s dtype and
-// shape; it becomes a whole-tensor target reading into tensors[i].
+// shape; it becomes a whole-tensor target reading into tensors[i]. Returns
+// (the items, the keys taken, the indexes of the tensors left to the general
+// planner, in order).
 nanobind::tuple PlanWhole(nanobind::list keys, nanobind::list tensors, const CheckpointSource& src,
                           nanobind::tuple plain_types, nanobind::handle strided,
                           nanobind::dict dtype_names);
-// A save's: tensors[i] becomes the whole-tensor shard keys[i].
+// A save's: tensors[i] becomes the whole-tensor shard keys[i]. Returns (the
+// items, the indexes left, in order): a save has no use for the keys taken.
 nanobind::tuple PlanSaveWhole(nanobind::list keys, nanobind::list tensors,
                               nanobind::tuple plain_types, nanobind::handle strided,
                               nanobind::dict dtype_names);
