@@ -19,8 +19,9 @@
 //
 // Memory: one staging arena per saver, sized to the files this rank writes
 // (headers included, each file image 4 KiB aligned), allocated once,
-// pre-faulted, grown when a save needs more, reused across saves. Checksums
-// are computed during the copy.
+// pre-faulted, grown when a save needs more, reused across saves; Reserve
+// allocates it ahead of the first save. Checksums are computed during the
+// copy.
 //
 // At most one save is in flight per saver: a new Save first waits for the
 // previous one. A background failure commits nothing; it is reported by the
@@ -71,6 +72,16 @@ class AsyncSaver {
                                                 const std::string& tag, Comm& comm,
                                                 const SaveOptions& options,
                                                 bool update_latest = false, int keep_last = 0);
+
+  // Collective, like Save: plans the save of `state` and allocates (and
+  // pre-faults) the staging memory for this rank's files now, so that the
+  // first Save of a state of the same tensors blocks only for its copy
+  // rather than also for fresh memory (seconds per GiB on some hosts).
+  // Call it once the state has its final tensors (optimizers that create
+  // their state at the first step: after that step). Touches no file.
+  // Errors as Save's planning, plus the failure of the save in flight
+  // (which it waits for); ResourceExhausted when the memory is not there.
+  Status Reserve(const SaveState& state, Comm& comm, const SaveOptions& options = {});
 
   // Waits for the save in flight, if any; returns its outcome (OK if none).
   Status WaitForPending();

@@ -224,6 +224,9 @@ class CheckpointManager {
   // failure of the previous async save is returned here, on every rank.
   Result<std::shared_ptr<AsyncSaveHandle>> AsyncSave(int64_t step, const SaveState& state,
                                                      Comm& comm, SaveOptions options);
+  // Collective: allocates the async saves' staging memory for `state` now
+  // (AsyncSaver::Reserve), so that the first AsyncSave does not pay for it.
+  Status ReserveAsyncSave(const SaveState& state, Comm& comm, const SaveOptions& options = {});
   // Waits for the async save in flight, if any; its outcome.
   Status WaitForAsyncSave();
   // Step of the checkpoint `latest` names (or the newest committed one);

@@ -355,6 +355,23 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     return _future(handle, path)
 
 
+@_without_gc
+def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | None = None,
+                       metadata: Any = None, unsafe_pickle: bool = False,
+                       files: Mapping[str, Any] | None = None, **options: Any) -> int:
+    """Allocates (and pre-faults) async_save's host staging memory for
+    `state_dict` now, so that the first async_save blocks only for its copy.
+    Collective like async_save, with the same arguments but the path; writes
+    nothing. Call it once the state has all its tensors (an optimizer that
+    creates its state at the first step: after that step). Waits for the
+    save in flight and raises its failure. Returns the staging bytes held."""
+    comm = resolve(process_group)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
+    with args.hold:
+        return _saver().reserve(args.specs, args.blobs, args.values, args.metadata, comm, options,
+                                args.whole)
+
+
 # ------------------------------------------------------------------- load --
 
 @dataclass
@@ -666,6 +683,17 @@ class CheckpointManager:
             handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
                                         comm, options, args.whole)
         return _future(handle, self.path(step))
+
+    def reserve_async_save(self, state: Any, *, metadata: Any = None,
+                           unsafe_pickle: bool = False,
+                           files: Mapping[str, Any] | None = None, **options: Any) -> None:
+        """Allocates the staging memory of this manager's async saves of
+        `state` now (see shardsafe.reserve_async_save)."""
+        comm = resolve(self._group)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files)
+        with args.hold:
+            self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata, comm,
+                                  options, args.whole)
 
     def wait(self) -> None:
         """Waits for the async save in flight; raises its failure."""

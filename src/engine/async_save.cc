@@ -63,6 +63,22 @@ struct StagedFile {
   WrittenFile report;
 };
 
+// The files `rank` writes under `plan`: their images and where each sits
+// in the arena (4 KiB aligned, in plan order). Returns the arena bytes
+// they need.
+Result<uint64_t> DescribeStaged(const SavePlan& plan, int rank, const SaveState& state,
+                                std::vector<StagedFile>* files, std::vector<FileImage>* images) {
+  uint64_t total = 0;
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    if (plan.files[f].rank != rank) continue;
+    SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state));
+    files->push_back({f, total, image.layout.file_size, {}});
+    total += AlignUp(image.layout.file_size);
+    images->push_back(std::move(image));
+  }
+  return total;
+}
+
 // How far the staging copy (step c) has got, for the writer (step d) that
 // follows it: per file, the length of the image's prefix that is staged.
 // Pieces complete in any order; a file's prefix grows over the pieces done
@@ -358,6 +374,8 @@ class AsyncSaver::Impl {
                                                 const SaveOptions& options, bool update_latest,
                                                 int keep_last);
 
+  Status Reserve(const SaveState& state, Comm& comm, const SaveOptions& options);
+
   Status WaitForPending() {
     if (worker_.joinable()) worker_.join();
     if (!pending_) return Status();
@@ -369,6 +387,20 @@ class AsyncSaver::Impl {
   size_t staging_bytes() const { return arena_.capacity(); }
 
  private:
+  // Step a: waits for the save in flight; its failure, naming it.
+  Status Previous() {
+    Status previous = WaitForPending();
+    if (previous.ok()) return previous;
+    return previous.WithContext("previous async save of " + pending_tag_);
+  }
+  // Makes the arena hold at least `bytes` (the old one is released first:
+  // the peak is one arena, not two). Throws std::bad_alloc.
+  void Grow(uint64_t bytes) {
+    if (arena_.capacity() >= bytes) return;
+    arena_ = AlignedBuffer();
+    arena_ = AcquireAlignedBuffer(bytes);
+  }
+
   // A piece of one payload's copy into the arena.
   struct Piece {
     char* dst;
@@ -402,18 +434,8 @@ class AsyncSaver::Impl {
 Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
                                 std::vector<FileImage>* images, std::vector<Piece>* pieces,
                                 std::vector<std::vector<std::pair<size_t, size_t>>>* ranges) {
-  uint64_t total = 0;
-  for (uint32_t f = 0; f < plan.files.size(); ++f) {
-    if (plan.files[f].rank != rank) continue;
-    SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state));
-    job->files.push_back({f, total, image.layout.file_size, {}});
-    total += AlignUp(image.layout.file_size);
-    images->push_back(std::move(image));
-  }
-  if (arena_.capacity() < total) {
-    arena_ = AlignedBuffer();  // release first: peak is one arena, not two
-    arena_ = AcquireAlignedBuffer(total);
-  }
+  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, rank, state, &job->files, images));
+  Grow(total);
   job->arena = arena_.data();
   // Pieces in file order, so the writer can follow the copy closely.
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(images->size());
@@ -472,12 +494,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     const SaveOptions& options, bool update_latest, int keep_last) {
   const auto start = std::chrono::steady_clock::now();
   if (options.overwrite) return InvalidArgumentError("async save cannot overwrite a checkpoint");
-  // a. The previous save's failure fails this call on every rank.
-  Status previous = WaitForPending();
-  if (!previous.ok()) previous = previous.WithContext("previous async save of " + pending_tag_);
-  // b.
+  // a. The previous save's failure fails this call on every rank. b.
   SS_ASSIGN_OR_RETURN(PreparedSave prepared,
-                      PlanAndPrepare(state, root, tag, comm, options, previous));
+                      PlanAndPrepare(state, root, tag, comm, options, Previous()));
   // The job is shared: the foreground fills in the reports (c) while the
   // background writes (d), whichever ends first.
   auto job = std::make_shared<Job>();
@@ -542,6 +561,23 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   return std::shared_ptr<AsyncSaveHandle>(handle);
 }
 
+Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
+                                 const SaveOptions& options) {
+  // A tag no save uses: a rank calling Save meanwhile fails the planning.
+  SS_ASSIGN_OR_RETURN(SavePlan plan,
+                      GatherAndPlan(state, "(staging reservation)", comm, options, Previous()));
+  std::vector<StagedFile> files;
+  std::vector<FileImage> images;
+  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state, &files, &images));
+  try {
+    Grow(total);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError("no memory for " + std::to_string(total) +
+                                  " bytes of async save staging");
+  }
+  return Status();
+}
+
 AsyncSaver::AsyncSaver(AsyncSaveOptions options) : impl_(std::make_unique<Impl>(options)) {}
 AsyncSaver::~AsyncSaver() = default;
 
@@ -551,6 +587,10 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Save(const SaveState& state
                                                           const SaveOptions& options,
                                                           bool update_latest, int keep_last) {
   return impl_->Save(state, root, tag, comm, options, update_latest, keep_last);
+}
+
+Status AsyncSaver::Reserve(const SaveState& state, Comm& comm, const SaveOptions& options) {
+  return impl_->Reserve(state, comm, options);
 }
 
 Status AsyncSaver::WaitForPending() { return impl_->WaitForPending(); }

@@ -349,5 +349,57 @@ TEST_F(AsyncSaveTest, LayoutErrorsAreReportedByTheCall) {
   EXPECT_EQ(saver.Save({}, root_, "x", *comm, over).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(AsyncSaveTest, ReserveAllocatesTheStagingThatTheFirstSaveUses) {
+  std::vector<size_t> reserved(kRanks), used(kRanks);
+  std::vector<uint64_t> written(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    CheckpointManager m(root_, {});
+    auto state = MakeState(r, 5);
+    ASSERT_TRUE(m.ReserveAsyncSave(state->state, comm).ok());
+    AsyncSaver saver;
+    ASSERT_TRUE(saver.Reserve(state->state, comm).ok());
+    reserved[r] = saver.staging_bytes();
+    if (r == 0) EXPECT_TRUE(std::filesystem::is_empty(root_)) << "Reserve touched the root";
+    auto h = saver.Save(state->state, root_, "five", comm, {});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    auto stats = (*h)->Wait();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    used[r] = saver.staging_bytes();
+    written[r] = stats->bytes_written;
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_GE(reserved[r], written[r]) << r;
+    EXPECT_LE(reserved[r], written[r] * 11 / 10 + 2 * 4096) << r;
+    EXPECT_EQ(reserved[r], used[r]) << "the first save grew the staging on rank " << r;
+  }
+}
+
+TEST_F(AsyncSaveTest, ReserveReportsThePreviousFailureAndAMismatchedCall) {
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  faulty.FailNth(OpKind::kAppend, 1, UnavailableError("I/O error (injected)"));
+  std::vector<Status> reserve(kRanks), mixed(kRanks), after(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    auto state = MakeState(r, 1);
+    SaveOptions faulty_fs;
+    faulty_fs.fs = &faulty;
+    auto h = saver.Save(state->state, root_, "one", comm, faulty_fs);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    reserve[r] = saver.Reserve(state->state, comm);
+    // Rank 0 reserves while the others save: every rank fails, none hangs.
+    mixed[r] = r == 0 ? saver.Reserve(state->state, comm)
+                      : saver.Save(state->state, root_, "two", comm, {}).status();
+    auto h3 = saver.Save(state->state, root_, "three", comm, {});
+    after[r] = h3.ok() ? (*h3)->Wait().status() : h3.status();
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_THAT(reserve[r].message(), HasSubstr("previous async save of one")) << r;
+    EXPECT_THAT(mixed[r].message(), HasSubstr("ranks disagree")) << r;
+    EXPECT_TRUE(after[r].ok()) << r << ": " << after[r].ToString();
+  }
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/one"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/two"));
+}
+
 }  // namespace
 }  // namespace shardsafe

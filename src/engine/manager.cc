@@ -26,6 +26,12 @@ Result<std::shared_ptr<AsyncSaveHandle>> CheckpointManager::AsyncSave(int64_t st
                       options_.keep_last);
 }
 
+Status CheckpointManager::ReserveAsyncSave(const SaveState& state, Comm& comm,
+                                           const SaveOptions& options) {
+  if (!saver_) saver_ = std::make_unique<AsyncSaver>();
+  return saver_->Reserve(state, comm, options);
+}
+
 Status CheckpointManager::WaitForAsyncSave() {
   return saver_ ? saver_->WaitForPending() : Status();
 }

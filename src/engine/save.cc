@@ -27,8 +27,8 @@ Status CheckLocalState(const SaveState& state) {
   return Status();
 }
 
-// Protocol step 0: gather every rank's holdings and plan, identically on
-// every rank.
+}  // namespace
+
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
                                const SaveOptions& options, const Status& pending) {
   Status local = pending.ok() ? CheckLocalState(state) : pending;
@@ -44,8 +44,6 @@ Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, C
   }
   return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
 }
-
-}  // namespace
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,

@@ -14,6 +14,12 @@ struct PreparedSave {
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
 
+// Protocol step 0 (collective): gather every rank's holdings and plan,
+// identically on every rank. `pending`: as for PlanAndPrepare. Touches no
+// file.
+Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
+                               const SaveOptions& options, const Status& pending);
+
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
 // every rank's holdings, plan identically everywhere, and have rank 0
 // create the temporary directory. `pending` is a failure this rank must

@@ -147,6 +147,20 @@ SaveOptions ParseSaveOptions(nb::dict d) {
       .Done();
 }
 
+// One save call's arguments as the engine takes them.
+struct SaveCall {
+  SaveState state;
+  SaveOptions options;
+  std::unique_ptr<Comm> comm;
+};
+
+SaveCall MakeSaveCall(std::vector<Spec>&& tensors, WholeShards* whole, nb::list blobs,
+                      const std::string& values, const std::string& metadata, nb::handle comm,
+                      nb::dict options) {
+  return {MakeState(std::move(tensors), whole, blobs, values, metadata),
+          ParseSaveOptions(options), MakeComm(comm)};
+}
+
 LoadOptions ParseLoadOptions(nb::dict d) {
   LoadOptions o = OptionReader<LoadOptions>(d)
                       .Get("verify_checksums", &LoadOptions::verify_checksums)
@@ -323,6 +337,17 @@ auto Released(Fn&& fn) {
   return Unwrap(std::move(r));
 }
 
+// The same for an engine call that returns a Status.
+template <typename Fn>
+void CheckReleased(Fn&& fn) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = fn();
+  }
+  Check(s);
+}
+
 void RegisterErrors() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -356,10 +381,9 @@ NB_MODULE(_C, m) {
         [](std::vector<Spec> tensors, nb::list blobs, const std::string& values,
            const std::string& metadata, const std::string& path, nb::handle comm,
            nb::dict options, WholeShards* whole) {
-          SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
-          SaveOptions o = ParseSaveOptions(options);
-          std::unique_ptr<Comm> c = MakeComm(comm);
-          return ToDict(Released([&] { return Save(state, path, *c, o); }));
+          SaveCall c =
+              MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+          return ToDict(Released([&] { return Save(c.state, path, *c.comm, c.options); }));
         },
         "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "path"_a, "comm"_a.none(),
         "options"_a, "whole"_a.none() = nb::none());
@@ -431,21 +455,26 @@ NB_MODULE(_C, m) {
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, const std::string& root,
               const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
-             SaveOptions o = ParseSaveOptions(options);
-             std::unique_ptr<Comm> c = MakeComm(comm);
-             return Handle(Released([&] { return saver.Save(state, root, tag, *c, o); }));
+             SaveCall c =
+                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+             return Handle(
+                 Released([&] { return saver.Save(c.state, root, tag, *c.comm, c.options); }));
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
            "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none())
-      .def("wait_pending", [](AsyncSaver& saver) {
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = saver.WaitForPending();
-        }
-        Check(s);
-      })
+      .def("reserve",
+           [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
+              const std::string& values, const std::string& metadata, nb::handle comm,
+              nb::dict options, WholeShards* whole) {
+             SaveCall c =
+                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+             CheckReleased([&] { return saver.Reserve(c.state, *c.comm, c.options); });
+             return saver.staging_bytes();
+           },
+           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
+           "whole"_a.none() = nb::none())
+      .def("wait_pending",
+           [](AsyncSaver& saver) { CheckReleased([&] { return saver.WaitForPending(); }); })
       .def_prop_ro("staging_bytes", &AsyncSaver::staging_bytes);
 
   nb::class_<CheckpointManager>(m, "CheckpointManager")
@@ -459,10 +488,9 @@ NB_MODULE(_C, m) {
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
               nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
-             SaveOptions o = ParseSaveOptions(options);
-             std::unique_ptr<Comm> c = MakeComm(comm);
-             return ToDict(Released([&] { return m.Save(step, state, *c, o); }));
+             SaveCall c =
+                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+             return ToDict(Released([&] { return m.Save(step, c.state, *c.comm, c.options); }));
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
            "options"_a, "whole"_a.none() = nb::none())
@@ -470,21 +498,25 @@ NB_MODULE(_C, m) {
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
               nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveState state = MakeState(std::move(tensors), whole, blobs, values, metadata);
-             SaveOptions o = ParseSaveOptions(options);
-             std::unique_ptr<Comm> c = MakeComm(comm);
-             return Handle(Released([&] { return m.AsyncSave(step, state, *c, o); }));
+             SaveCall c =
+                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+             return Handle(
+                 Released([&] { return m.AsyncSave(step, c.state, *c.comm, c.options); }));
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
            "options"_a, "whole"_a.none() = nb::none())
-      .def("wait_async", [](CheckpointManager& m) {
-        Status s;
-        {
-          nb::gil_scoped_release release;
-          s = m.WaitForAsyncSave();
-        }
-        Check(s);
-      })
+      .def("reserve_async",
+           [](CheckpointManager& m, std::vector<Spec> tensors, nb::list blobs,
+              const std::string& values, const std::string& metadata, nb::handle comm,
+              nb::dict options, WholeShards* whole) {
+             SaveCall c =
+                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+             CheckReleased([&] { return m.ReserveAsyncSave(c.state, *c.comm, c.options); });
+           },
+           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
+           "whole"_a.none() = nb::none())
+      .def("wait_async",
+           [](CheckpointManager& m) { CheckReleased([&] { return m.WaitForAsyncSave(); }); })
       .def("latest_step",
            [](CheckpointManager& m) { return Released([&] { return m.LatestStep(); }); })
       .def("load",

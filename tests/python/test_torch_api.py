@@ -298,6 +298,24 @@ def test_async_save_snapshots_at_the_call(tmp_path):
     assert torch.equal(got["w"], want) and got["step"] == 3
 
 
+def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch):
+    from shardsafe import _api
+    monkeypatch.setattr(_api, "_SAVER", None)  # a fresh saver: no staging from other tests
+    state = {"w": torch.randn(1 << 20), "b": torch.randn(3, 5), "step": 1}
+    nbytes = (state["w"].numel() + state["b"].numel()) * 4
+    held = shardsafe.reserve_async_save(state)
+    assert nbytes <= held <= nbytes * 11 // 10 + 2 * 4096
+    assert not any(tmp_path.iterdir())
+    for step in (1, 2):
+        state["step"] = step
+        shardsafe.async_save(state, tmp_path / f"step-{step}").result(timeout=120)
+        assert _api._saver().staging_bytes == held
+    assert shardsafe.reserve_async_save(state) == held
+    got = {"w": torch.zeros(1 << 20), "b": torch.zeros(3, 5), "step": 0}
+    shardsafe.load(got, tmp_path / "step-2")
+    assert torch.equal(got["w"], state["w"]) and got["step"] == 2
+
+
 def test_async_save_error_at_the_call(tmp_path):
     shardsafe.save({"w": torch.ones(2)}, tmp_path / "s")
     with pytest.raises(shardsafe.ShardsafeError):

@@ -198,6 +198,9 @@ def _async(rank, world, tmp):
     futures, snapshots = [], {}
     for step in range(1, 7):
         train_step(model, optim, step, rank)
+        if step == 1:  # the optimizer's state exists: staging sized once, ahead of the saves
+            msd, osd = get_state_dict(model, optim)
+            mgr.reserve_async_save({"model": msd, "optim": osd, "step": step})
         if step % 2 == 0:
             msd, osd = get_state_dict(model, optim)
             futures.append(mgr.async_save(step, {"model": msd, "optim": osd, "step": step}))
