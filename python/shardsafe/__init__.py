@@ -15,7 +15,8 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
                      ShardsafeError, StorageError)
 
 __all__ = [
-    "save", "async_save", "reserve_async_save", "load", "CheckpointManager", "LoadResult", "describe",
+    "save", "async_save", "reserve_async_save", "load", "CheckpointManager", "LoadResult",
+    "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",
     "ShapeMismatchError", "DTypeMismatchError", "InvalidStateError", "KeyMismatchError",
     "StorageError",
