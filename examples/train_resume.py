@@ -266,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             log.flush()  # reaches the kernel: survives our own SIGKILL
         say(f"step {step:4d}/{args.steps}  loss {value:.4f}  lr {sched.get_last_lr()[0]:.2e}")
 
+        if step == start + 1:
+            # Every tensor of the state exists now (the optimizer's after its first step):
+            # allocate async_save's staging memory once, so no checkpoint pays for it.
+            mgr.reserve_async_save(state(step))
         if step % args.save_every == 0 or step == args.steps:
             if pending is not None and pending.done():
                 pending.result()  # raises a background failure of the previous save
