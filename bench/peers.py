@@ -143,7 +143,7 @@ class Ctx:
         self.reps = args.reps
         self.workdir = args.workdir
         self.rows: dict[tuple[str, str], dict] = {}
-        self.warmup: dict[str, dict] = {}  # mix -> reserve_async_save: seconds, bytes
+        self.reserved: dict[str, dict] = {}  # mix -> reserve_async_save: seconds, bytes
         self.cold_error: str | None = None
         self.mesh = None
         self.ss_pg = self.dcp_pg = None
@@ -620,7 +620,7 @@ def run_mix(ctx: Ctx, mix: str, compute: Compute) -> None:
     secs = time.perf_counter() - t0
     if ctx.rank == 0:
         log(f"{mix}: reserve_async_save: {held / GIB:.2f} GiB of staging in {secs:.3f} s")
-        ctx.warmup[mix] = {"reserve": secs, "bytes": held}
+        ctx.reserved[mix] = {"seconds": secs, "bytes": held}
     for rep in range(ctx.reps):
         if ctx.rank == 0:
             log(f"{mix}: rep {rep + 1}/{ctx.reps}")
@@ -728,7 +728,7 @@ def worker(rank: int, world: int, args, init_file: str, out_file: str, what: str
             run_reshard(ctx, mix)
         if rank == 0:
             with open(out_file, "w") as f:
-                json.dump({"rows": list(ctx.rows.values()), "warmup": ctx.warmup,
+                json.dump({"rows": list(ctx.rows.values()), "reserved": ctx.reserved,
                            "cold_error": ctx.cold_error}, f)
         dist.barrier()
     finally:
@@ -940,9 +940,9 @@ def report(meta: dict, rows: dict) -> dict:
           f"{a['reps']} rep(s), dir {a['dir']}\n{meta['machine']}")
     for m in mixes:
         print(f"mix {m:5s}: {describe_mix(m, mix_specs(m, size))}")
-    for m, w in meta["warmup_async"].items():
+    for m, w in meta["async_reserved"].items():
         print(f"async save staging of {m} (reserve_async_save, not in the table): "
-              f"{w['bytes'] / GIB:.2f} GiB in {w['reserve']:.3f} s")
+              f"{w['bytes'] / GIB:.2f} GiB in {w['seconds']:.3f} s")
     if meta["cold_error"]:
         print(f"WARNING: drop_caches failed ({meta['cold_error']}); every 'cold' row is WARM")
     else:
@@ -1013,7 +1013,7 @@ def main() -> int:
         f"mixes {','.join(args.mixes)}, work dir {args.workdir}")
     t_start = time.time()
     rows: dict = {}
-    warm: dict = {}
+    reserved: dict = {}
     cold_error = None
     try:
         if args.only_reshard:
@@ -1024,7 +1024,7 @@ def main() -> int:
             ctx = Ctx(args)
             run_mixes(ctx)
             rows.update(ctx.rows)
-            warm.update(ctx.warmup)
+            reserved.update(ctx.reserved)
             cold_error = ctx.cold_error
             if not args.no_reshard:
                 del ctx
@@ -1035,14 +1035,14 @@ def main() -> int:
         else:
             got = spawn(args, args.ranks, "all")
             rows.update({(r["mix"], r["op"]): r for r in got["rows"]})
-            warm.update(got["warmup"])
+            reserved.update(got["reserved"])
             cold_error = got["cold_error"]
     finally:
         shutil.rmtree(args.workdir, ignore_errors=True)
     elapsed = time.time() - t_start
 
     meta = {"args": {k: v for k, v in vars(args).items() if k != "workdir"}, "machine": note,
-            "cold_error": cold_error, "warmup_async": warm, "elapsed_s": elapsed,
+            "cold_error": cold_error, "async_reserved": reserved, "elapsed_s": elapsed,
             "load_average_end": list(os.getloadavg())}
     ordered = report(meta, rows)
     if args.json:

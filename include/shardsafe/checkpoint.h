@@ -227,6 +227,9 @@ class CheckpointManager {
   // Collective: allocates the async saves' staging memory for `state` now
   // (AsyncSaver::Reserve), so that the first AsyncSave does not pay for it.
   Status ReserveAsyncSave(const SaveState& state, Comm& comm, const SaveOptions& options = {});
+  // Bytes of async save staging memory held (0 before the first
+  // ReserveAsyncSave or AsyncSave).
+  size_t async_staging_bytes() const;
   // Waits for the async save in flight, if any; its outcome.
   Status WaitForAsyncSave();
   // Step of the checkpoint `latest` names (or the newest committed one);

@@ -686,13 +686,13 @@ class CheckpointManager:
 
     def reserve_async_save(self, state: Any, *, metadata: Any = None,
                            unsafe_pickle: bool = False,
-                           files: Mapping[str, Any] | None = None, **options: Any) -> None:
+                           files: Mapping[str, Any] | None = None, **options: Any) -> int:
         """Allocates the staging memory of this manager's async saves of
-        `state` now (see shardsafe.reserve_async_save)."""
+        `state` now (see shardsafe.reserve_async_save); the bytes held."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
         with args.hold:
-            self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata, comm,
+            return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata, comm,
                                   options, args.whole)
 
     def wait(self) -> None:

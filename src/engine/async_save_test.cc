@@ -350,12 +350,14 @@ TEST_F(AsyncSaveTest, LayoutErrorsAreReportedByTheCall) {
 }
 
 TEST_F(AsyncSaveTest, ReserveAllocatesTheStagingThatTheFirstSaveUses) {
-  std::vector<size_t> reserved(kRanks), used(kRanks);
+  std::vector<size_t> reserved(kRanks), by_manager(kRanks), used(kRanks);
   std::vector<uint64_t> written(kRanks);
   RunRanks(kRanks, [&](int r, Comm& comm) {
     CheckpointManager m(root_, {});
     auto state = MakeState(r, 5);
+    EXPECT_EQ(m.async_staging_bytes(), 0u);
     ASSERT_TRUE(m.ReserveAsyncSave(state->state, comm).ok());
+    by_manager[r] = m.async_staging_bytes();
     AsyncSaver saver;
     ASSERT_TRUE(saver.Reserve(state->state, comm).ok());
     reserved[r] = saver.staging_bytes();
@@ -371,6 +373,7 @@ TEST_F(AsyncSaveTest, ReserveAllocatesTheStagingThatTheFirstSaveUses) {
     EXPECT_GE(reserved[r], written[r]) << r;
     EXPECT_LE(reserved[r], written[r] * 11 / 10 + 2 * 4096) << r;
     EXPECT_EQ(reserved[r], used[r]) << "the first save grew the staging on rank " << r;
+    EXPECT_EQ(by_manager[r], reserved[r]) << r;
   }
 }
 

@@ -32,6 +32,10 @@ Status CheckpointManager::ReserveAsyncSave(const SaveState& state, Comm& comm,
   return saver_->Reserve(state, comm, options);
 }
 
+size_t CheckpointManager::async_staging_bytes() const {
+  return saver_ ? saver_->staging_bytes() : 0;
+}
+
 Status CheckpointManager::WaitForAsyncSave() {
   return saver_ ? saver_->WaitForPending() : Status();
 }

@@ -512,6 +512,7 @@ NB_MODULE(_C, m) {
              SaveCall c =
                  MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
              CheckReleased([&] { return m.ReserveAsyncSave(c.state, *c.comm, c.options); });
+             return m.async_staging_bytes();
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
            "whole"_a.none() = nb::none())

@@ -301,11 +301,13 @@ def test_async_save_snapshots_at_the_call(tmp_path):
 def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch):
     from shardsafe import _api
     monkeypatch.setattr(_api, "_SAVER", None)  # a fresh saver: no staging from other tests
+    monkeypatch.chdir(tmp_path)  # where a stray relative write would land
     state = {"w": torch.randn(1 << 20), "b": torch.randn(3, 5), "step": 1}
     nbytes = (state["w"].numel() + state["b"].numel()) * 4
     held = shardsafe.reserve_async_save(state)
     assert nbytes <= held <= nbytes * 11 // 10 + 2 * 4096
     assert not any(tmp_path.iterdir())
+    assert shardsafe.CheckpointManager(tmp_path / "root").reserve_async_save(state) == held
     for step in (1, 2):
         state["step"] = step
         shardsafe.async_save(state, tmp_path / f"step-{step}").result(timeout=120)

@@ -200,7 +200,7 @@ def _async(rank, world, tmp):
         train_step(model, optim, step, rank)
         if step == 1:  # the optimizer's state exists: staging sized once, ahead of the saves
             msd, osd = get_state_dict(model, optim)
-            mgr.reserve_async_save({"model": msd, "optim": osd, "step": step})
+            assert mgr.reserve_async_save({"model": msd, "optim": osd, "step": step}) > 0
         if step % 2 == 0:
             msd, osd = get_state_dict(model, optim)
             futures.append(mgr.async_save(step, {"model": msd, "optim": osd, "step": step}))
