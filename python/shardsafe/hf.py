@@ -53,7 +53,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -250,6 +250,27 @@ def _shape(x: Sequence[int]) -> str:
 
 # --------------------------------------------------------------- key map --
 
+class _SameKeys(Mapping):
+    """{key: key for key in keys}, without building it."""
+
+    def __init__(self, keys: Mapping[str, object]):
+        self._keys = keys
+
+    def __getitem__(self, key: str) -> str:
+        if key in self._keys:
+            return key
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 class KeyMap:
     """The checkpoint's tensors seen through `rename` and `experts`."""
 
@@ -259,7 +280,7 @@ class KeyMap:
         self.renamed = rename is not None
         self.name = renamer(rename)
         # State key -> checkpoint key (the identity without a rename).
-        self.to_ckpt = self._state_keys() if self.renamed else {k: k for k in self.saved}
+        self.to_ckpt = self._state_keys() if self.renamed else _SameKeys(saved)
         if isinstance(experts, ExpertGroup):
             experts = [experts]
         self.rules = []

@@ -16,7 +16,6 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -25,7 +24,9 @@
 
 #include "engine/load_internal.h"
 #include "engine/source.h"
+#include "python/opened_source.h"
 #include "python/py_comm.h"
+#include "python/status_error.h"
 #include "python/whole_targets.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
@@ -36,22 +37,6 @@ using namespace nb::literals;
 
 namespace shardsafe::python {
 namespace {
-
-// A failed Status on its way to Python.
-struct StatusError : std::exception {
-  explicit StatusError(Status s) : status(std::move(s)) {}
-  const char* what() const noexcept override { return status.message().c_str(); }
-  Status status;
-};
-
-void Check(const Status& s) {
-  if (!s.ok()) throw StatusError(s);
-}
-template <typename T>
-T Unwrap(Result<T> r) {
-  Check(r.status());
-  return std::move(r).value();
-}
 
 // (key, dtype, global shape, box offset, box size, data address)
 using Spec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t>;
@@ -218,47 +203,6 @@ nb::dict ToDict(const CheckpointInfo& c) {
   return d;
 }
 
-// A checkpoint opened once for a load: rank 0 read and validated its index,
-// every rank holds it (OpenSourceCollective).
-struct OpenedSource {
-  CheckpointSource source;
-};
-
-// What a checkpoint (or safetensors file, or HF directory) holds, without
-// reading tensor data: {path, tag, native, values, metadata, blobs,
-// tensors: {key: (dtype, shape)}}.
-nb::dict DescribeSource(const CheckpointSource& source) {
-  nb::dict d;
-  d["path"] = source.path;
-  d["tag"] = source.index.tag;
-  d["native"] = source.native;
-  d["values"] = source.index.values.dump();
-  d["metadata"] = source.index.metadata.dump();
-  std::vector<std::string> blobs;
-  for (const auto& [name, blob] : source.index.blobs) blobs.push_back(name);
-  d["blobs"] = blobs;
-  // {key: (dtype name, shape tuple)}: one str object per dtype, and tuples
-  // KeyMap keeps as they are (20,000 tensors: 8 -> ~4 ms here, 5 -> 0 there).
-  nb::dict tensors;
-  std::map<DType, nb::str> names;
-  for (const auto& [key, t] : source.index.tensors) {
-    auto [name, fresh] = names.try_emplace(t.dtype);
-    if (fresh) name->second = nb::str(DTypeName(t.dtype).data(), DTypeName(t.dtype).size());
-    tensors[key.c_str()] = nb::make_tuple(name->second, ShapeTuple(t.shape));
-  }
-  d["tensors"] = tensors;
-  return d;
-}
-
-nb::dict Describe(const std::string& path) {
-  CheckpointSource source;
-  {
-    nb::gil_scoped_release release;
-    source = Unwrap(OpenSource(*DefaultFileSystem(), path));
-  }
-  return DescribeSource(source);
-}
-
 // (sources, target, dim) of shardsafe.hf.ExpertGroup
 using ExpertSpec = std::tuple<std::vector<std::string>, std::string, int>;
 
@@ -327,27 +271,6 @@ class Handle {
   std::shared_ptr<AsyncSaveHandle> h_;
 };
 
-// Runs `fn` (an engine call) with the GIL released and unwraps its result.
-template <typename Fn>
-auto Released(Fn&& fn) {
-  auto r = [&] {
-    nb::gil_scoped_release release;
-    return fn();
-  }();
-  return Unwrap(std::move(r));
-}
-
-// The same for an engine call that returns a Status.
-template <typename Fn>
-void CheckReleased(Fn&& fn) {
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = fn();
-  }
-  Check(s);
-}
-
 void RegisterErrors() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -398,20 +321,7 @@ NB_MODULE(_C, m) {
         },
         "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
 
-  m.def("describe", &Describe, "path"_a);
-
-  // Collective open + describe, then a load from the same opened source:
-  // the index is read once, by rank 0.
-  nb::class_<OpenedSource>(m, "OpenedSource");
-  m.def("open_source",
-        [](const std::string& path, nb::handle comm) {
-          std::unique_ptr<Comm> c = MakeComm(comm);
-          return OpenedSource{
-              Released([&] { return OpenSourceCollective(*DefaultFileSystem(), path, *c); })};
-        },
-        "path"_a, "comm"_a.none());
-  m.def("describe_source", [](const OpenedSource& s) { return DescribeSource(s.source); },
-        "source"_a);
+  BindOpenedSource(m);
   BindWhole<TensorTarget>(m, "WholeTargets");
   BindWhole<TensorShard>(m, "WholeShards");
   m.def(

@@ -1,6 +1,10 @@
 """The per-tensor fast paths of save and load plan exactly what the general
 paths plan, and step aside for every tensor they do not handle.
 
+The load's opening of the checkpoint is fast too: one process opens it on
+an engine thread while it walks the state (`PendingSource`), and the index's
+tensors are described by a view that builds the entries looked up.
+
 save: the extension's `plan_save_whole` (plain, dense, contiguous CPU
 tensors saved as they lie) against `_Boxes` + `_dtype_name` +
 materialisation. load: `_plan_whole` (the extension's `plan_whole`: a
@@ -11,12 +15,15 @@ and shape) against `KeyMap.resolve` + pieces, reached by an identity rename
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 import shardsafe
 from shardsafe import _api, _C, hf
 from shardsafe._state import flatten
+from shardsafe.errors import CheckpointNotFoundError
 
 
 def kinds_of_tensors() -> dict[str, torch.Tensor]:
@@ -144,3 +151,30 @@ def test_a_fast_plan_goes_to_one_engine_call(tmp_path):
         _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s2"), None,
                 {}, args.whole)
     assert not (tmp_path / "s2").exists()
+
+
+def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp_path):
+    path = str(tmp_path / "ck")
+    shardsafe.save({"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.bfloat16),
+                    "c": torch.tensor(1.0)}, path)
+    pending = _C.PendingSource(path)
+    source = pending.result()
+    with pytest.raises(ValueError, match="called twice"):
+        pending.result()
+    tensors = _C.describe_source(source)["tensors"]
+    del source, pending
+    gc.collect()  # the view keeps the opened source alive
+    assert len(tensors) == 3 and list(tensors) == ["a", "b", "c"]
+    assert tensors["b"] == ("F32", (2, 3)) and tensors["a"] == ("BF16", (4,))
+    assert tensors["c"] == ("F32", ())
+    assert {k: tensors[k] for k in tensors} == _C.describe(path)["tensors"]
+    assert "a" in tensors and "z" not in tensors and 1 not in tensors
+    with pytest.raises(KeyError, match="z"):
+        tensors["z"]
+    with pytest.raises(CheckpointNotFoundError, match="none"):
+        _C.PendingSource(str(tmp_path / "none")).result()
+    _C.PendingSource(path)  # dropped unwaited: waits for its thread
+    # What a load does with them: the identity key map over the view.
+    keys = hf.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
+    assert keys.to_ckpt.get("a") == "a" and keys.to_ckpt.get("z") is None
+    assert sorted(keys.to_ckpt) == ["a", "b", "c"] and len(keys.to_ckpt) == 3

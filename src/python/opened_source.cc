@@ -1,0 +1,174 @@
+#include "python/opened_source.h"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "engine/load_internal.h"
+#include "python/py_comm.h"
+#include "python/status_error.h"
+#include "python/whole_targets.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace shardsafe::python {
+namespace {
+
+// One str object per dtype name, made on first use.
+class DTypeNames {
+ public:
+  nb::handle Of(DType dtype) {
+    nb::object& name = names_[static_cast<size_t>(dtype)];
+    if (!name.is_valid()) name = nb::str(DTypeName(dtype).data(), DTypeName(dtype).size());
+    return name;
+  }
+
+ private:
+  std::array<nb::object, kNumDTypes> names_;
+};
+
+// (dtype name, shape tuple) of a saved tensor.
+nb::tuple Entry(DTypeNames& names, const IndexTensor& t) {
+  return nb::make_tuple(names.Of(t.dtype), ShapeTuple(t.shape));
+}
+
+// The tensors of an OpenedSource as a read-only mapping, each entry built
+// when looked up: a load in its common case looks up none (20,000 tensors:
+// ~6 ms for a dict of all of them).
+class SavedTensors {
+ public:
+  explicit SavedTensors(nb::object opened)
+      : opened_(std::move(opened)),
+        tensors_(nb::cast<const OpenedSource&>(opened_).source.index.tensors) {}
+
+  size_t size() const { return tensors_.size(); }
+  bool contains(nb::handle key) const { return Find(key) != tensors_.end(); }
+  nb::tuple at(nb::handle key) {
+    const auto it = Find(key);
+    if (it == tensors_.end()) {
+      PyErr_SetObject(PyExc_KeyError, key.ptr());
+      throw nb::python_error();
+    }
+    return Entry(names_, it->second);
+  }
+  nb::iterator iter() const {
+    nb::list keys;
+    for (const auto& [key, t] : tensors_) keys.append(nb::str(key.data(), key.size()));
+    return nb::iter(keys);
+  }
+
+ private:
+  IndexTensors::const_iterator Find(nb::handle key) const {
+    Py_ssize_t n = 0;
+    const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &n)
+                                                   : nullptr;
+    if (utf8 == nullptr) {
+      PyErr_Clear();  // not a str, or not encodable: no such key
+      return tensors_.end();
+    }
+    return tensors_.find(std::string_view(utf8, static_cast<size_t>(n)));
+  }
+
+  nb::object opened_;  // keeps tensors_ alive
+  const IndexTensors& tensors_;
+  DTypeNames names_;
+};
+
+// Runs on a thread of its own; see the header.
+class PendingSource {
+ public:
+  explicit PendingSource(std::string path) : path_(std::move(path)) {
+    try {
+      thread_ = std::thread([this] { opened_ = OpenSource(*DefaultFileSystem(), path_); });
+    } catch (const std::system_error&) {  // no thread to be had: result() opens it
+      inline_ = true;
+    }
+  }
+  ~PendingSource() {
+    if (thread_.joinable()) {
+      nb::gil_scoped_release release;
+      thread_.join();
+    }
+  }
+  PendingSource(const PendingSource&) = delete;
+  PendingSource& operator=(const PendingSource&) = delete;
+
+  OpenedSource result() {
+    if (taken_) throw nb::value_error("PendingSource.result() called twice");
+    taken_ = true;
+    return OpenedSource{Released([&] {
+      if (inline_) return OpenSource(*DefaultFileSystem(), path_);
+      thread_.join();
+      return std::move(opened_);
+    })};
+  }
+
+ private:
+  const std::string path_;
+  Result<CheckpointSource> opened_ = CheckpointSource();
+  bool inline_ = false;
+  bool taken_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
+// Every field of describe_source but "tensors".
+nb::dict Fields(const CheckpointSource& source) {
+  nb::dict d;
+  d["path"] = source.path;
+  d["tag"] = source.index.tag;
+  d["native"] = source.native;
+  d["values"] = source.index.values.dump();
+  d["metadata"] = source.index.metadata.dump();
+  std::vector<std::string> blobs;
+  for (const auto& [name, blob] : source.index.blobs) blobs.push_back(name);
+  d["blobs"] = blobs;
+  return d;
+}
+
+nb::dict Describe(const std::string& path) {
+  const CheckpointSource source = Released([&] { return OpenSource(*DefaultFileSystem(), path); });
+  nb::dict d = Fields(source);
+  nb::dict tensors;
+  DTypeNames names;
+  for (const auto& [key, t] : source.index.tensors) tensors[key.c_str()] = Entry(names, t);
+  d["tensors"] = tensors;
+  return d;
+}
+
+}  // namespace
+
+void BindOpenedSource(nb::module_& m) {
+  nb::class_<OpenedSource>(m, "OpenedSource");
+  m.def("open_source",
+        [](const std::string& path, nb::handle comm) {
+          std::unique_ptr<Comm> c = MakeComm(comm);
+          return OpenedSource{
+              Released([&] { return OpenSourceCollective(*DefaultFileSystem(), path, *c); })};
+        },
+        "path"_a, "comm"_a.none());
+  nb::class_<PendingSource>(m, "PendingSource")
+      .def(nb::init<std::string>(), "path"_a)
+      .def("result", &PendingSource::result);
+  nb::class_<SavedTensors>(m, "SavedTensors")
+      .def("__len__", &SavedTensors::size)
+      .def("__contains__", &SavedTensors::contains)
+      .def("__getitem__", &SavedTensors::at)
+      .def("__iter__", &SavedTensors::iter);
+  m.def("describe_source",
+        [](nb::object opened) {
+          nb::dict d = Fields(nb::cast<const OpenedSource&>(opened).source);
+          d["tensors"] = SavedTensors(std::move(opened));
+          return d;
+        },
+        "source"_a);
+  m.def("describe", &Describe, "path"_a);
+}
+
+}  // namespace shardsafe::python

@@ -1,0 +1,34 @@
+// A checkpoint opened for a load, as the Python side holds it: its index
+// read and validated once (by rank 0, then broadcast to every rank:
+// OpenSourceCollective), described to Python without copying the index,
+// planned against (whole_targets.h) and handed to the engine's load.
+#ifndef SHARDSAFE_PYTHON_OPENED_SOURCE_H_
+#define SHARDSAFE_PYTHON_OPENED_SOURCE_H_
+
+#include <nanobind/nanobind.h>
+
+#include "engine/source.h"
+
+namespace shardsafe::python {
+
+struct OpenedSource {
+  CheckpointSource source;
+};
+
+// Registers, in `m`:
+// - OpenedSource; open_source(path, comm): the collective open.
+// - PendingSource(path): an open of one process's checkpoint started on a
+//   thread of its own, so that the caller can walk its state meanwhile;
+//   result() waits for it with the GIL released and returns the
+//   OpenedSource or raises what the open failed with (once: a second call
+//   raises ValueError). Dropped unwaited, it waits for the thread.
+// - describe_source(opened): {path, tag, native, values, metadata, blobs,
+//   tensors}, where tensors is a SavedTensors: a read-only view {key:
+//   (dtype name, shape tuple)} of the index that builds the entry looked up
+//   (keys in sorted order; it keeps the OpenedSource alive).
+// - describe(path): the same for a path, tensors a dict.
+void BindOpenedSource(nanobind::module_& m);
+
+}  // namespace shardsafe::python
+
+#endif  // SHARDSAFE_PYTHON_OPENED_SOURCE_H_
