@@ -420,6 +420,8 @@ def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: 
     """This rank's reads for the state's tensors, and what did not match."""
     plan = _Plan([], None, [], set(), [])
     rest = flat.tensors if keys.renamed else _plan_whole(flat.tensors, source, plan)
+    if rest:
+        keys.materialize()
     box = _Boxes()
     for leaf in rest:
         src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))

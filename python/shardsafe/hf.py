@@ -276,7 +276,8 @@ class KeyMap:
 
     def __init__(self, saved: Mapping[str, tuple], rename: Rename = None,
                  experts: Sequence[ExpertGroup] = ()):
-        self.saved = saved  # {key: (dtype name, shape tuple)}, as describe_source gives it
+        # {key: (dtype name, shape tuple)}: describe_source's view, or a dict.
+        self.saved = saved
         self.renamed = rename is not None
         self.name = renamer(rename)
         # State key -> checkpoint key (the identity without a rename).
@@ -289,6 +290,15 @@ class KeyMap:
                 raise InvalidStateError(f"experts: {rule!r} is not a shardsafe.hf.ExpertGroup")
             self.rules.append((rule, [_part_regex(s) for s in rule.sources],
                                _part_regex(rule.target)))
+
+    def materialize(self) -> None:
+        """Before the general path plans: `saved` and the identity key map as
+        dicts (views until then, for a load whose tensors the fast path takes
+        all; the general path looks each tensor up 2-4 times)."""
+        if not isinstance(self.saved, dict):
+            self.saved = self.saved.to_dict()
+        if isinstance(self.to_ckpt, _SameKeys):
+            self.to_ckpt = {k: k for k in self.saved}
 
     def _state_keys(self) -> dict[str, str]:
         """State key -> checkpoint key under `rename`; two keys on one name raise."""

@@ -39,6 +39,14 @@ nb::tuple Entry(DTypeNames& names, const IndexTensor& t) {
   return nb::make_tuple(names.Of(t.dtype), ShapeTuple(t.shape));
 }
 
+// {key: (dtype name, shape tuple)} of every tensor.
+nb::dict TensorsDict(const IndexTensors& tensors) {
+  nb::dict d;
+  DTypeNames names;
+  for (const auto& [key, t] : tensors) d[key.c_str()] = Entry(names, t);
+  return d;
+}
+
 // The tensors of an OpenedSource as a read-only mapping, each entry built
 // when looked up: a load in its common case looks up none (20,000 tensors:
 // ~6 ms for a dict of all of them).
@@ -58,6 +66,7 @@ class SavedTensors {
     }
     return Entry(names_, it->second);
   }
+  nb::dict to_dict() const { return TensorsDict(tensors_); }
   nb::iterator iter() const {
     nb::list keys;
     for (const auto& [key, t] : tensors_) keys.append(nb::str(key.data(), key.size()));
@@ -135,10 +144,7 @@ nb::dict Fields(const CheckpointSource& source) {
 nb::dict Describe(const std::string& path) {
   const CheckpointSource source = Released([&] { return OpenSource(*DefaultFileSystem(), path); });
   nb::dict d = Fields(source);
-  nb::dict tensors;
-  DTypeNames names;
-  for (const auto& [key, t] : source.index.tensors) tensors[key.c_str()] = Entry(names, t);
-  d["tensors"] = tensors;
+  d["tensors"] = TensorsDict(source.index.tensors);
   return d;
 }
 
@@ -160,7 +166,8 @@ void BindOpenedSource(nb::module_& m) {
       .def("__len__", &SavedTensors::size)
       .def("__contains__", &SavedTensors::contains)
       .def("__getitem__", &SavedTensors::at)
-      .def("__iter__", &SavedTensors::iter);
+      .def("__iter__", &SavedTensors::iter)
+      .def("to_dict", &SavedTensors::to_dict);
   m.def("describe_source",
         [](nb::object opened) {
           nb::dict d = Fields(nb::cast<const OpenedSource&>(opened).source);

@@ -25,7 +25,8 @@ struct OpenedSource {
 // - describe_source(opened): {path, tag, native, values, metadata, blobs,
 //   tensors}, where tensors is a SavedTensors: a read-only view {key:
 //   (dtype name, shape tuple)} of the index that builds the entry looked up
-//   (keys in sorted order; it keeps the OpenedSource alive).
+//   (keys in sorted order; it keeps the OpenedSource alive), to_dict() all
+//   of them as a dict (for many lookups: ~0.3 us each, a dict's ~0.05).
 // - describe(path): the same for a path, tensors a dict.
 void BindOpenedSource(nanobind::module_& m);
 

@@ -178,3 +178,6 @@ def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp
     keys = hf.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
     assert keys.to_ckpt.get("a") == "a" and keys.to_ckpt.get("z") is None
     assert sorted(keys.to_ckpt) == ["a", "b", "c"] and len(keys.to_ckpt) == 3
+    keys.materialize()  # before the general path: dicts, the same entries
+    assert keys.saved == _C.describe(path)["tensors"] and type(keys.saved) is dict
+    assert keys.to_ckpt == {"a": "a", "b": "b", "c": "c"}
