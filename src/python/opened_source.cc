@@ -124,7 +124,7 @@ class PendingSource {
   Result<CheckpointSource> opened_ = CheckpointSource();
   bool inline_ = false;
   bool taken_ = false;
-  std::thread thread_;  // last: started once the members it uses exist
+  std::thread thread_;  // writes opened_; joined before any member is destroyed
 };
 
 // Every field of describe_source but "tensors".
