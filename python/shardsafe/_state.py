@@ -108,9 +108,12 @@ def init_optimizer_state(optim: torch.optim.Optimizer) -> None:
                 g["lr"] = lr
 
 
-def flatten(state: Any, for_load: bool = False) -> Flat:
+def flatten(state: Any, for_load: bool = False,
+            before_init: Callable[[], None] | None = None) -> Flat:
     """Walks `state` (see the module doc) and records what it holds. For a
-    load, optimizers that have not stepped yet get their state created."""
+    load, optimizers that have not stepped yet get their state created,
+    each after a call of `before_init` (if given), which may raise to leave
+    them as they are."""
     flat = Flat()
     seen: set[str] = set()
 
@@ -120,6 +123,8 @@ def flatten(state: Any, for_load: bool = False) -> Flat:
             flat.tensors.append(TensorLeaf(key, node))
         elif is_stateful(node) and not isinstance(node, Mapping):
             if for_load and isinstance(node, torch.optim.Optimizer):
+                if not node.state and before_init is not None:
+                    before_init()
                 init_optimizer_state(node)
             sd = flat.state_dicts.setdefault(id(node), node.state_dict())
             visit(sd, key)

@@ -295,7 +295,7 @@ class KeyMap:
         """Before the general path plans: `saved` and the identity key map as
         dicts (views until then, for a load whose tensors the fast path takes
         all; the general path looks each tensor up 2-4 times)."""
-        if not isinstance(self.saved, dict):
+        if isinstance(self.saved, _C.SavedTensors):
             self.saved = self.saved.to_dict()
         if isinstance(self.to_ckpt, _SameKeys):
             self.to_ckpt = {k: k for k in self.saved}

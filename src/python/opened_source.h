@@ -18,7 +18,7 @@ struct OpenedSource {
 // Registers, in `m`:
 // - OpenedSource; open_source(path, comm): the collective open.
 // - PendingSource(path): an open of one process's checkpoint started on a
-//   thread of its own, so that the caller can walk its state meanwhile;
+//   new thread, so that the caller can walk its state meanwhile;
 //   result() waits for it with the GIL released and returns the
 //   OpenedSource or raises what the open failed with (once: a second call
 //   raises ValueError). Dropped unwaited, it waits for the thread.

@@ -394,6 +394,23 @@ def test_resumed_training_follows_the_uninterrupted_loss_curve(tmp_path):
     assert resumed == straight
 
 
+@pytest.mark.parametrize("damage", ["missing", "corrupt index"])
+def test_a_checkpoint_that_cannot_be_opened_leaves_a_fresh_optimizer_as_it_was(tmp_path, damage):
+    # One process walks the state while the index is opened on another thread:
+    # the walk must wait for the open before it creates the optimizer's state.
+    model = torch.nn.Linear(5, 4)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+    path = tmp_path / "ck"
+    if damage == "corrupt index":
+        shardsafe.save({"model": model, "optim": optim}, path)
+        optim.state.clear()
+        (path / "shardsafe.json").write_text("{")
+    error = shardsafe.CheckpointNotFoundError if damage == "missing" else shardsafe.CorruptCheckpointError
+    with pytest.raises(error):
+        shardsafe.load({"model": model, "optim": optim}, path)
+    assert not optim.state  # no step taken, so a later first step starts from scratch
+
+
 def test_loading_into_a_fresh_optimizer_creates_its_state_without_touching_parameters(tmp_path):
     from shardsafe._state import init_optimizer_state
 
