@@ -486,15 +486,8 @@ def _open_and_flatten(path: str, comm: TorchComm | None,
     if comm is not None:
         return _C.open_source(path, comm), flatten(state, for_load=True)
     pending = _C.PendingSource(path)
-    opened: list[_C.OpenedSource] = []
-
-    def wait() -> None:
-        if not opened:
-            opened.append(pending.result())  # raises what the open failed with
-
-    flat = flatten(state, for_load=True, before_init=wait)
-    wait()
-    return opened[0], flat
+    flat = flatten(state, for_load=True, before_init=pending.wait)
+    return pending.result(), flat
 
 
 def _prepare_load(flat: Flat, source: _C.OpenedSource, desc: dict, rename: hf.Rename,
@@ -715,8 +708,8 @@ class CheckpointManager:
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
         with args.hold:
-            return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata, comm,
-                                  options, args.whole)
+            return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata,
+                                         comm, options, args.whole)
 
     def wait(self) -> None:
         """Waits for the async save in flight; raises its failure."""

@@ -53,7 +53,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -250,27 +250,6 @@ def _shape(x: Sequence[int]) -> str:
 
 # --------------------------------------------------------------- key map --
 
-class _SameKeys(Mapping):
-    """{key: key for key in keys}, without building it."""
-
-    def __init__(self, keys: Mapping[str, object]):
-        self._keys = keys
-
-    def __getitem__(self, key: str) -> str:
-        if key in self._keys:
-            return key
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
 class KeyMap:
     """The checkpoint's tensors seen through `rename` and `experts`."""
 
@@ -280,8 +259,11 @@ class KeyMap:
         self.saved = saved
         self.renamed = rename is not None
         self.name = renamer(rename)
-        # State key -> checkpoint key (the identity without a rename).
-        self.to_ckpt = self._state_keys() if self.renamed else _SameKeys(saved)
+        if self.renamed:
+            self.materialize()  # every tensor takes the general path
+        # State key -> checkpoint key; without a rename the identity, built
+        # when first used (the fast path's load never uses it).
+        self._to_ckpt = self._state_keys() if self.renamed else None
         if isinstance(experts, ExpertGroup):
             experts = [experts]
         self.rules = []
@@ -291,14 +273,18 @@ class KeyMap:
             self.rules.append((rule, [_part_regex(s) for s in rule.sources],
                                _part_regex(rule.target)))
 
+    @property
+    def to_ckpt(self) -> dict[str, str]:
+        if self._to_ckpt is None:
+            self._to_ckpt = {k: k for k in self.saved}
+        return self._to_ckpt
+
     def materialize(self) -> None:
-        """Before the general path plans: `saved` and the identity key map as
-        dicts (views until then, for a load whose tensors the fast path takes
-        all; the general path looks each tensor up 2-4 times)."""
+        """Before the general path plans: `saved` as a dict (describe_source's
+        view until then, for a load whose tensors the fast path takes all;
+        the general path looks each tensor up 2-4 times)."""
         if isinstance(self.saved, _C.SavedTensors):
             self.saved = self.saved.to_dict()
-        if isinstance(self.to_ckpt, _SameKeys):
-            self.to_ckpt = {k: k for k in self.saved}
 
     def _state_keys(self) -> dict[str, str]:
         """State key -> checkpoint key under `rename`; two keys on one name raise."""

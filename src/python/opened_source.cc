@@ -5,6 +5,7 @@
 
 #include <array>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <string>
 #include <system_error>
@@ -98,8 +99,7 @@ class PendingSource {
   explicit PendingSource(std::string path) : path_(std::move(path)) {
     try {
       thread_ = std::thread([this] { opened_ = Open(path_); });
-    } catch (const std::system_error&) {  // no thread to be had: result() opens it
-      inline_ = true;
+    } catch (const std::system_error&) {  // no thread to be had: wait() opens it
     }
   }
   ~PendingSource() {
@@ -111,14 +111,25 @@ class PendingSource {
   PendingSource(const PendingSource&) = delete;
   PendingSource& operator=(const PendingSource&) = delete;
 
+  void wait() {
+    {
+      nb::gil_scoped_release release;
+      std::call_once(finished_, [this] {
+        if (thread_.joinable()) {
+          thread_.join();
+        } else {
+          opened_ = Open(path_);
+        }
+      });
+    }
+    Check(opened_.status());
+  }
+
   OpenedSource result() {
     if (taken_) throw nb::value_error("PendingSource.result() called twice");
+    wait();
     taken_ = true;
-    return OpenedSource{Released([&] {
-      if (inline_) return Open(path_);
-      thread_.join();
-      return std::move(opened_);
-    })};
+    return OpenedSource{std::move(opened_).value()};
   }
 
  private:
@@ -136,7 +147,7 @@ class PendingSource {
 
   const std::string path_;
   Result<CheckpointSource> opened_ = CheckpointSource();
-  bool inline_ = false;
+  std::once_flag finished_;  // the open joined (or run here)
   bool taken_ = false;
   std::thread thread_;  // writes opened_; joined before any member is destroyed
 };
@@ -175,6 +186,7 @@ void BindOpenedSource(nb::module_& m) {
         "path"_a, "comm"_a.none());
   nb::class_<PendingSource>(m, "PendingSource")
       .def(nb::init<std::string>(), "path"_a)
+      .def("wait", &PendingSource::wait)
       .def("result", &PendingSource::result);
   nb::class_<SavedTensors>(m, "SavedTensors")
       .def("__len__", &SavedTensors::size)

@@ -18,15 +18,15 @@ struct OpenedSource {
 // Registers, in `m`:
 // - OpenedSource; open_source(path, comm): the collective open.
 // - PendingSource(path): an open of one process's checkpoint started on a
-//   new thread, so that the caller can walk its state meanwhile;
-//   result() waits for it with the GIL released and returns the
-//   OpenedSource or raises what the open failed with (once: a second call
-//   raises ValueError). Dropped unwaited, it waits for the thread.
+//   new thread, so that the caller can walk its state meanwhile. wait()
+//   waits for it with the GIL released and raises what the open failed with
+//   (any number of calls); result() then returns the OpenedSource (once: a
+//   second call raises ValueError). Dropped unwaited, it joins the thread.
 // - describe_source(opened): {path, tag, native, values, metadata, blobs,
 //   tensors}, where tensors is a SavedTensors: a read-only view {key:
 //   (dtype name, shape tuple)} of the index that builds the entry looked up
 //   (keys in sorted order; it keeps the OpenedSource alive), to_dict() all
-//   of them as a dict (for many lookups: ~0.3 us each, a dict's ~0.05).
+//   of them as a dict (for many lookups: ~0.2 us each, a dict's ~0.01).
 // - describe(path): the same for a path, tensors a dict.
 void BindOpenedSource(nanobind::module_& m);
 

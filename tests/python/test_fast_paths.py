@@ -174,9 +174,18 @@ def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp
         tensors["z"]
     with pytest.raises(CheckpointNotFoundError, match="none"):
         _C.PendingSource(str(tmp_path / "none")).result()
+    missing = _C.PendingSource(str(tmp_path / "none"))
+    for _ in range(2):  # wait() raises the open's error each time it is called
+        with pytest.raises(CheckpointNotFoundError, match="none"):
+            missing.wait()
+    waited = _C.PendingSource(path)
+    waited.wait()
+    waited.wait()
+    assert len(_C.describe_source(waited.result())["tensors"]) == 3
     _C.PendingSource(path)  # dropped unwaited: joins its thread (no crash, no hang)
-    # What a load does with them: the identity key map over the view.
+    # What a load does with them: the identity key map, built from the view.
     keys = hf.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
+    assert isinstance(keys.saved, _C.SavedTensors)  # a view until the general path needs more
     assert keys.to_ckpt.get("a") == "a" and keys.to_ckpt.get("z") is None
     assert sorted(keys.to_ckpt) == ["a", "b", "c"] and len(keys.to_ckpt) == 3
     keys.materialize()  # before the general path: dicts, the same entries
