@@ -76,7 +76,8 @@ class _Boxes:
         return _Box(local, tuple(t.shape), offset, size)
 
 
-# What the per-tensor fast paths (_C.plan_whole, _C.plan_save_whole) take:
+# What the per-tensor fast paths (_C.ask_tensors, then _C.plan_whole or
+# _C.plan_save_whole) take:
 # tensors of these types (subclasses, DTensor among them, take the general
 # paths), of this layout, of these dtypes.
 _PLAIN = ((torch.Tensor, torch.nn.Parameter), torch.strided, DTYPE_NAMES)
@@ -238,7 +239,7 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
     # is planned by the extension in a fraction of the general path's ~4 us a
     # tensor; the rest comes back.
     tensors = [leaf.tensor for leaf in flat.tensors]
-    args.whole, rest = _C.plan_save_whole([leaf.key for leaf in flat.tensors], tensors, *_PLAIN)
+    args.whole, rest = _C.plan_save_whole(_ask(flat.tensors))
     args.keep.append(tensors)
     boxes, box = [], _Boxes()
     for leaf in (flat.tensors[i] for i in rest):
@@ -415,11 +416,13 @@ class _Plan:
     notes: list[str]  # for the KeyMismatchError message
 
 
-def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: bool,
-          convert: bool) -> _Plan:
-    """This rank's reads for the state's tensors, and what did not match."""
+def _plan(flat: Flat, asked: _C.AskedTensors | None, keys: hf.KeyMap, source: _C.OpenedSource,
+          dequantize_fp8: bool, convert: bool) -> _Plan:
+    """This rank's reads for the state's tensors, and what did not match;
+    `asked` (_ask(flat.tensors)) or None turns the fast path on or off."""
     plan = _Plan([], None, [], set(), [])
-    rest = flat.tensors if keys.renamed else _plan_whole(flat.tensors, source, plan)
+    whole = asked is not None and not keys.renamed
+    rest = _plan_whole(flat.tensors, asked, source, plan) if whole else flat.tensors
     if rest:
         keys.materialize()
     box = _Boxes()
@@ -462,37 +465,47 @@ def _plan(flat: Flat, keys: hf.KeyMap, source: _C.OpenedSource, dequantize_fp8: 
     return plan
 
 
-def _plan_whole(leaves: list[TensorLeaf], source: _C.OpenedSource, plan: _Plan) -> list:
+def _ask(leaves: list[TensorLeaf]) -> _C.AskedTensors:
+    """What the fast paths need of each tensor, asked by the extension
+    (~1 us a tensor, most of it the first touch of its objects)."""
+    return _C.ask_tensors([leaf.key for leaf in leaves], [leaf.tensor for leaf in leaves],
+                          *_PLAIN)
+
+
+def _plan_whole(leaves: list[TensorLeaf], asked: _C.AskedTensors, source: _C.OpenedSource,
+                plan: _Plan) -> list:
     """The common case, planned by the extension (_C.plan_whole) in a
     fraction of the general path's ~3 us a tensor: a plain dense CPU tensor
     loaded whole and in place from the checkpoint tensor of its own key,
     dtype and shape. Plans the read the general path would; returns the
     leaves it leaves to the general path."""
-    whole, taken, rest = _C.plan_whole([leaf.key for leaf in leaves],
-                                       [leaf.tensor for leaf in leaves], source, *_PLAIN)
+    whole, taken, rest = _C.plan_whole(asked, source)
     plan.whole = whole
     plan.used.update(taken)
     return [leaves[i] for i in rest]
 
 
-def _open_and_flatten(path: str, comm: TorchComm | None,
-                      state: Any) -> tuple[_C.OpenedSource, Flat]:
-    """The checkpoint opened (collective) and the state walked. With one
-    process the index is read and checked on a thread of its own while this
-    one walks the state (20,000 tensors: ~22 and ~9 ms), waiting for it
+def _open_and_flatten(path: str, comm: TorchComm | None, state: Any,
+                      ask: bool) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
+    """The checkpoint opened (collective), the state walked and, if `ask`,
+    its tensors asked what the fast path needs (_ask). With one process the
+    index is read and checked on a thread of its own while this one walks
+    and asks (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it
     before the walk changes anything (an optimizer's state created), so a
     checkpoint that cannot be opened leaves the state as it was; with
     several, every rank opens first, in step."""
     if comm is not None:
-        return _C.open_source(path, comm), flatten(state, for_load=True)
+        source, flat = _C.open_source(path, comm), flatten(state, for_load=True)
+        return source, flat, _ask(flat.tensors) if ask else None
     pending = _C.PendingSource(path)
     flat = flatten(state, for_load=True, before_init=pending.wait)
-    return pending.result(), flat
+    asked = _ask(flat.tensors) if ask else None
+    return pending.result(), flat, asked
 
 
-def _prepare_load(flat: Flat, source: _C.OpenedSource, desc: dict, rename: hf.Rename,
-                  experts: Sequence[hf.ExpertGroup], dequantize_fp8: bool,
-                  options: dict) -> tuple[hf.KeyMap, _Plan, dict]:
+def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSource,
+                  desc: dict, rename: hf.Rename, experts: Sequence[hf.ExpertGroup],
+                  dequantize_fp8: bool, options: dict) -> tuple[hf.KeyMap, _Plan, dict]:
     """This rank's side of a load, before any collective: the checkpoint's
     keys mapped, this rank's reads planned, and its report of missing and
     unexpected keys."""
@@ -500,7 +513,8 @@ def _prepare_load(flat: Flat, source: _C.OpenedSource, desc: dict, rename: hf.Re
     values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
     pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
                if b.startswith(PICKLE_PREFIX)}
-    plan = _plan(flat, keys, source, dequantize_fp8, bool(options.get("convert_dtypes", False)))
+    plan = _plan(flat, asked, keys, source, dequantize_fp8,
+                 bool(options.get("convert_dtypes", False)))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
     # plan.used holds saved keys only: as many as saved means every one was used.
     unused = ([k for k in keys.saved if k not in plan.used]
@@ -569,10 +583,12 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
-        source, flat = _open_and_flatten(os.fspath(path), comm, state_dict)
+        # The fast path's questions are asked while the index is read (no use with a rename).
+        source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
+                                                ask=rename is None)
         desc = _C.describe_source(source)
-        keys, plan, report = _prepare_load(flat, source, desc, rename, experts, dequantize_fp8,
-                                           options)
+        keys, plan, report = _prepare_load(flat, asked, source, desc, rename, experts,
+                                           dequantize_fp8, options)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
     reports = _agree(comm, error, report)

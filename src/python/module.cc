@@ -324,15 +324,15 @@ NB_MODULE(_C, m) {
   BindOpenedSource(m);
   BindWhole<TensorTarget>(m, "WholeTargets");
   BindWhole<TensorShard>(m, "WholeShards");
+  nb::class_<AskedTensors>(m, "AskedTensors")
+      .def("__len__", [](const AskedTensors& a) { return a.asked.size(); });
+  m.def("ask_tensors", &AskTensors, "keys"_a, "tensors"_a, "plain_types"_a, "strided"_a,
+        "dtype_names"_a);
   m.def(
       "plan_whole",
-      [](nb::list keys, nb::list tensors, const OpenedSource& s, nb::tuple plain_types,
-         nb::handle strided, nb::dict dtype_names) {
-        return PlanWhole(keys, tensors, s.source, plain_types, strided, dtype_names);
-      },
-      "keys"_a, "tensors"_a, "source"_a, "plain_types"_a, "strided"_a, "dtype_names"_a);
-  m.def("plan_save_whole", &PlanSaveWhole, "keys"_a, "tensors"_a, "plain_types"_a, "strided"_a,
-        "dtype_names"_a);
+      [](AskedTensors& asked, const OpenedSource& s) { return PlanWhole(asked, s.source); },
+      "asked"_a, "source"_a);
+  m.def("plan_save_whole", &PlanSaveWhole, "asked"_a);
   // `whole` (from plan_whole) is moved into the request: a second use raises.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,

@@ -91,29 +91,21 @@ Shape ShapeOf(nb::handle size) {
   return shape;
 }
 
-// A tensor as both fast paths take it.
-struct Plain {
-  DType dtype;
-  Shape shape;
-  void* data;
-};
-
-// `t` when both fast paths can take it and `accept(dtype, shape)` agrees: a
-// plain type, strided, of a dtype safetensors stores, on the CPU,
-// contiguous, with neither the negative nor (the one complex dtype, C64)
-// the conjugate bit. Each question only once the ones before have passed,
-// as the Python planners ask them (a sparse tensor has no is_contiguous).
-template <typename Accept>
-std::optional<Plain> AskPlain(TensorQuestions& ask, nb::handle t, Accept accept) {
+// `t` as both fast paths take it: a plain type, strided, of a dtype
+// safetensors stores, on the CPU, contiguous, with neither the negative nor
+// (the one complex dtype, C64) the conjugate bit. Each question only once
+// the ones before have passed, as the Python planners ask them (a sparse
+// tensor has no is_contiguous).
+std::optional<AskedTensor> AskPlain(TensorQuestions& ask, std::string_view key, nb::handle t) {
   if (!ask.PlainType(t) || !ask.Strided(t)) return std::nullopt;
   const std::optional<DType> dtype = ask.StoredDType(t);
   if (!dtype) return std::nullopt;
   Shape shape = ShapeOf(ask.Shape(t));
-  if (!accept(*dtype, shape) || !ask.OnCpu(t) || !ask.Contiguous(t) || ask.Negated(t) ||
+  if (!ask.OnCpu(t) || !ask.Contiguous(t) || ask.Negated(t) ||
       (*dtype == DType::kC64 && ask.Conjugated(t))) {
     return std::nullopt;
   }
-  return Plain{*dtype, std::move(shape), ask.Data(t)};
+  return AskedTensor{key, *dtype, std::move(shape), ask.Data(t)};
 }
 
 // keys[i] as UTF-8, or nullopt (then the general path deals with it).
@@ -128,26 +120,26 @@ std::optional<std::string_view> KeyOf(nb::handle key) {
   return std::string_view(utf8, static_cast<size_t>(length));
 }
 
-// The fast path's loop over (keys[i], tensors[i]): `plan_one(key, t)`
-// returns the tensor taken whole under its key, or nullopt to leave it to
-// the general path. Returns the items and fills `rest` with the indexes
-// left and `taken` (unless null) with the keys taken.
-template <typename Item, typename PlanOne>
-Whole<Item> PlanEach(nb::list keys, nb::list tensors, PlanOne plan_one, nb::list* taken,
-                     nb::list* rest) {
-  if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
+// The fast path's loop over the tensors asked: `take(t)` says whether the
+// tensor asked plain is taken whole under its key. Returns the items and
+// fills `rest` with the indexes left and `taken` (unless null) with the
+// keys taken.
+template <typename Item, typename Take>
+Whole<Item> PlanEach(AskedTensors& asked, Take take, nb::list* taken, nb::list* rest) {
+  if (asked.planned) throw nb::value_error("these tensors were planned already");
+  asked.planned = true;
   Whole<Item> whole;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const std::optional<std::string_view> key = KeyOf(keys[i]);
-    std::optional<Plain> p = key ? plan_one(*key, tensors[i]) : std::nullopt;
-    if (!p) {
+  whole.items.reserve(asked.asked.size());
+  for (size_t i = 0; i < asked.asked.size(); ++i) {
+    std::optional<AskedTensor>& t = asked.asked[i];
+    if (!t || !take(*t)) {
       rest->append(i);
       continue;
     }
-    Box box = Box::Whole(p->shape);
+    Box box = Box::Whole(t->shape);
     whole.items.push_back(
-        Item{std::string(*key), p->dtype, std::move(p->shape), Slice{std::move(box), {}}, p->data});
-    if (taken != nullptr) taken->append(keys[i]);
+        Item{std::string(t->key), t->dtype, std::move(t->shape), Slice{std::move(box), {}}, t->data});
+    if (taken != nullptr) taken->append(asked.keys[i]);
   }
   return whole;
 }
@@ -168,35 +160,36 @@ nb::list SpecsOf(const Whole<Item>& whole) {
 
 }  // namespace
 
-nb::tuple PlanWhole(nb::list keys, nb::list tensors, const CheckpointSource& src,
-                    nb::tuple plain_types, nb::handle strided, nb::dict dtype_names) {
+AskedTensors AskTensors(nb::list keys, nb::list tensors, nb::tuple plain_types,
+                        nb::handle strided, nb::dict dtype_names) {
+  if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
   TensorQuestions ask(plain_types, strided, dtype_names);
+  AskedTensors out{keys, {}, false};
+  out.asked.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::optional<std::string_view> key = KeyOf(keys[i]);
+    out.asked.push_back(key ? AskPlain(ask, *key, tensors[i]) : std::nullopt);
+  }
+  return out;
+}
+
+nb::tuple PlanWhole(AskedTensors& asked, const CheckpointSource& src) {
   TensorFinder saved(src.index);
   nb::list taken, rest;
   WholeTargets whole = PlanEach<TensorTarget>(
-      keys, tensors,
-      [&](std::string_view key, nb::handle t) -> std::optional<Plain> {
-        const auto it = saved.Find(key);
-        if (it == saved.end()) return std::nullopt;
-        const IndexTensor& found = it->second;
-        return AskPlain(ask, t, [&](DType dtype, const Shape& shape) {
-          return dtype == found.dtype && shape == found.shape;
-        });
+      asked,
+      [&](const AskedTensor& t) {
+        const auto it = saved.Find(t.key);
+        return it != saved.end() && it->second.dtype == t.dtype && it->second.shape == t.shape;
       },
       &taken, &rest);
   return nb::make_tuple(std::move(whole), taken, rest);
 }
 
-nb::tuple PlanSaveWhole(nb::list keys, nb::list tensors, nb::tuple plain_types,
-                        nb::handle strided, nb::dict dtype_names) {
-  TensorQuestions ask(plain_types, strided, dtype_names);
+nb::tuple PlanSaveWhole(AskedTensors& asked) {
   nb::list rest;
-  WholeShards whole = PlanEach<TensorShard>(
-      keys, tensors,
-      [&](std::string_view, nb::handle t) {
-        return AskPlain(ask, t, [](DType, const Shape&) { return true; });
-      },
-      nullptr, &rest);
+  WholeShards whole =
+      PlanEach<TensorShard>(asked, [](const AskedTensor&) { return true; }, nullptr, &rest);
   return nb::make_tuple(std::move(whole), rest);
 }
 

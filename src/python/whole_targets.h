@@ -9,12 +9,15 @@
 // to convert here; this asks each tensor the same questions through the C
 // API and keeps the engine's items on this side (20,000 tensors: a load's
 // planning and conversion ~50 -> ~25 ms, a save's ~55 -> ~35 ms; torch's
-// getters, ~1.2-1.8 us a tensor, are most of what is left).
+// getters, ~1.2-1.8 us a tensor, are most of what is left, and a load asks
+// them while its checkpoint is opened).
 #ifndef SHARDSAFE_PYTHON_WHOLE_TARGETS_H_
 #define SHARDSAFE_PYTHON_WHOLE_TARGETS_H_
 
 #include <nanobind/nanobind.h>
 
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "engine/source.h"
@@ -34,24 +37,40 @@ struct Whole {
 using WholeTargets = Whole<TensorTarget>;  // a load's
 using WholeShards = Whole<TensorShard>;    // a save's
 
-// Both fast paths take a tensor whose type is one of `plain_types`
-// (torch.Tensor, torch.nn.Parameter), whose layout is `strided`, whose dtype
-// `dtype_names` maps to a safetensors name, and which lies contiguous in
-// CPU memory with neither the negative nor (C64) the conjugate bit. Both
-// raise what a tensor attribute raises.
+// What both fast paths need to know of a state's tensors, asked once: the
+// load asks while its checkpoint is opened on another thread (the first
+// touch of each tensor's objects, scattered among the tensors' data, is most
+// of the cost: ~1 us a tensor), then plans once the index is there.
+struct AskedTensor {
+  std::string_view key;  // UTF-8 of a str that `AskedTensors::keys` holds
+  DType dtype;
+  Shape shape;
+  void* data;
+};
+struct AskedTensors {
+  nanobind::list keys;                           // the state's keys, as given
+  std::vector<std::optional<AskedTensor>> asked; // nullopt: the general path's
+  bool planned = false;                          // a plan moves the shapes out
+};
 
-// A load's: keys[i] must name a tensor of `src` with tensors[i]'s dtype and
-// shape; it becomes a whole-tensor target reading into tensors[i]. Returns
+// Asks tensors[i] what both fast paths take: a tensor whose type is one of
+// `plain_types` (torch.Tensor, torch.nn.Parameter), whose layout is
+// `strided`, whose dtype `dtype_names` maps to a safetensors name, and which
+// lies contiguous in CPU memory with neither the negative nor (C64) the
+// conjugate bit, under a str key. Raises what a tensor attribute raises.
+AskedTensors AskTensors(nanobind::list keys, nanobind::list tensors,
+                        nanobind::tuple plain_types, nanobind::handle strided,
+                        nanobind::dict dtype_names);
+
+// A load's: a tensor asked plain whose key names a tensor of `src` with its
+// dtype and shape becomes a whole-tensor target reading into it. Returns
 // (the items, the keys taken, the indexes of the tensors left to the general
-// planner, in order).
-nanobind::tuple PlanWhole(nanobind::list keys, nanobind::list tensors, const CheckpointSource& src,
-                          nanobind::tuple plain_types, nanobind::handle strided,
-                          nanobind::dict dtype_names);
-// A save's: tensors[i] becomes the whole-tensor shard keys[i]. Returns (the
-// items, the indexes left, in order): a save has no use for the keys taken.
-nanobind::tuple PlanSaveWhole(nanobind::list keys, nanobind::list tensors,
-                              nanobind::tuple plain_types, nanobind::handle strided,
-                              nanobind::dict dtype_names);
+// planner, in order). ValueError when `asked` was planned already.
+nanobind::tuple PlanWhole(AskedTensors& asked, const CheckpointSource& src);
+// A save's: every tensor asked plain becomes the whole-tensor shard of its
+// key. Returns (the items, the indexes left, in order): a save has no use
+// for the keys taken. ValueError when `asked` was planned already.
+nanobind::tuple PlanSaveWhole(AskedTensors& asked);
 
 // (key, dtype name, shape, offset, size, data address) of each item, as the
 // Python planners write them (tests compare the two).

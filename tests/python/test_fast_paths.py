@@ -9,8 +9,9 @@ save: the extension's `plan_save_whole` (plain, dense, contiguous CPU
 tensors saved as they lie) against `_Boxes` + `_dtype_name` +
 materialisation. load: `_plan_whole` (the extension's `plan_whole`: a
 plain CPU tensor read in place from the checkpoint tensor of its name, dtype
-and shape) against `KeyMap.resolve` + pieces, reached by an identity rename
-(which turns the fast path off).
+and shape, its questions asked beforehand by `ask_tensors`) against
+`KeyMap.resolve` + pieces, reached by an identity rename (which turns the
+fast path off).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def plans(state: dict, path) -> tuple[_api._Plan, _api._Plan]:
     source = _C.open_source(str(path), None)
     desc = _C.describe_source(source)
     flat = flatten(state, for_load=True)
-    fast = _api._plan(flat, hf.KeyMap(desc["tensors"]), source, True, False)
-    general = _api._plan(flat, hf.KeyMap(desc["tensors"], rename=lambda k: k), source, True,
-                         False)
+    fast = _api._plan(flat, _api._ask(flat.tensors), hf.KeyMap(desc["tensors"]), source, True,
+                      False)
+    general = _api._plan(flat, None, hf.KeyMap(desc["tensors"], rename=lambda k: k), source,
+                         True, False)
     return fast, general
 
 
@@ -151,6 +153,12 @@ def test_a_fast_plan_goes_to_one_engine_call(tmp_path):
         _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s2"), None,
                 {}, args.whole)
     assert not (tmp_path / "s2").exists()
+    # The tensors' answers move into one plan too: a second plan would have no shapes.
+    asked = _api._ask(flatten(target, for_load=True).tensors)
+    assert len(asked) == 2 and len(_C.plan_whole(asked, source)[0]) == 2
+    for plan_again in (lambda: _C.plan_whole(asked, source), lambda: _C.plan_save_whole(asked)):
+        with pytest.raises(ValueError, match="planned already"):
+            plan_again()
 
 
 def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp_path):
