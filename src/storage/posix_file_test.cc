@@ -325,6 +325,32 @@ TEST_P(PosixFileRoundTripTest, FullyCachedTellsWhetherEveryPageIsInThePageCache)
   EXPECT_FALSE(file->FullyCached((1 << 20) + 4096, 10));
 }
 
+TEST_P(PosixFileRoundTripTest, ScatteredReadOfPartlyCachedDataTakesThePageCache) {
+  // Only the last MiB is cached, so the range's first page is not: the
+  // probe must still see the cached pages further on and read through the
+  // page cache (the bounced O_DIRECT read is for ranges with nothing cached).
+  if (GetParam().where == Where::kTmpfs) return;  // tmpfs pages cannot be dropped
+  const std::string path = dir_.File("partly");
+  const std::string data = RandomBytes(3 << 20, 13);
+  WriteInPieces(path, data, Options(), {data.size()});
+  DropFromPageCache(path);
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+  std::string buf(1 << 20, '\0');
+  ASSERT_EQ(pread(fd, buf.data(), buf.size(), 2 << 20), 1 << 20);
+  close(fd);
+  ASSERT_EQ(ResidentPages(path), (1u << 20) / sysconf(_SC_PAGESIZE));
+  auto file = OpenReader(path);
+  ASSERT_NE(file, nullptr);
+  std::string first(5 << 19, '\0'), second((1 << 19) - 1, '\0');
+  const RandomAccessFile::Piece pieces[] = {{first.data(), first.size()},
+                                            {second.data(), second.size()}};
+  ASSERT_TRUE(file->ReadScattered(1, pieces).ok());
+  EXPECT_TRUE(first + second == data.substr(1, first.size() + second.size()));
+  EXPECT_EQ(ResidentPages(path), data.size() / sysconf(_SC_PAGESIZE));
+}
+
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
   const std::string path = dir_.File("short");
   WriteInPieces(path, RandomBytes(10000, 1), Options(), {10000});
