@@ -94,9 +94,12 @@ void StreamCopy(char* d, const char* s, size_t n) {
 #endif
 
 uint32_t CopyWithCrc32c(void* dst, const void* src, size_t n, uint32_t crc) {
-  // 64 KiB blocks: the checksum reads a block of the source into the cache,
-  // and the copy takes it from there.
-  constexpr size_t kBlock = 64 * 1024;
+  // 8 KiB blocks: the checksum reads a block of the source into the L1
+  // cache, and the copy takes it from there. Small enough to stay there
+  // (2 threads copying 1 GiB each, pre-faulted: 4 and 8 KiB blocks 0.090-0.093 s,
+  // as fast as the streaming copy alone; 16 KiB 0.102, 64 KiB 0.114-0.116;
+  // memcpy 0.106), large enough that a call costs nothing (2 KiB: 0.100).
+  constexpr size_t kBlock = 8 * 1024;
   auto* d = static_cast<char*>(dst);
   auto* s = static_cast<const char*>(src);
   for (size_t done = 0; done < n; done += kBlock) {

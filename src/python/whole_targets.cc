@@ -137,8 +137,8 @@ Whole<Item> PlanEach(AskedTensors& asked, Take take, nb::list* taken, nb::list* 
       continue;
     }
     Box box = Box::Whole(t->shape);
-    whole.items.push_back(
-        Item{std::string(t->key), t->dtype, std::move(t->shape), Slice{std::move(box), {}}, t->data});
+    whole.items.push_back(Item{std::string(t->key), t->dtype, std::move(t->shape),
+                               Slice{std::move(box), {}}, t->data});
     if (taken != nullptr) taken->append(asked.keys[i]);
   }
   return whole;
