@@ -238,9 +238,8 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
     # The common case (a plain, contiguous CPU tensor saved whole as it lies)
     # is planned by the extension in a fraction of the general path's ~4 us a
     # tensor; the rest comes back.
-    tensors = [leaf.tensor for leaf in flat.tensors]
     args.whole, rest = _C.plan_save_whole(_ask(flat.tensors))
-    args.keep.append(tensors)
+    args.keep.append(flat.tensors)  # the leaves hold the tensors the items point into
     boxes, box = [], _Boxes()
     for leaf in (flat.tensors[i] for i in rest):
         b = box(leaf.key, leaf.tensor)

@@ -259,11 +259,12 @@ class KeyMap:
         self.saved = saved
         self.renamed = rename is not None
         self.name = renamer(rename)
-        if self.renamed:
-            self.materialize()  # every tensor takes the general path
         # State key -> checkpoint key; without a rename the identity, built
         # when first used (the fast path's load never uses it).
-        self._to_ckpt = self._state_keys() if self.renamed else None
+        self._to_ckpt = None
+        if self.renamed:
+            self.materialize()  # every tensor takes the general path
+            self._to_ckpt = self._state_keys()
         if isinstance(experts, ExpertGroup):
             experts = [experts]
         self.rules = []

@@ -7,7 +7,9 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -78,14 +80,8 @@ class SavedTensors {
 
  private:
   IndexTensors::const_iterator Find(nb::handle key) const {
-    Py_ssize_t n = 0;
-    const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &n)
-                                                   : nullptr;
-    if (utf8 == nullptr) {
-      PyErr_Clear();  // not a str, or not encodable: no such key
-      return tensors_.end();
-    }
-    return tensors_.find(std::string_view(utf8, static_cast<size_t>(n)));
+    const std::optional<std::string_view> utf8 = Utf8Of(key);  // not a str: no such key
+    return utf8 ? tensors_.find(*utf8) : tensors_.end();
   }
 
   nb::object opened_;  // keeps tensors_ alive

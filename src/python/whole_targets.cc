@@ -108,18 +108,6 @@ std::optional<AskedTensor> AskPlain(TensorQuestions& ask, std::string_view key, 
   return AskedTensor{key, *dtype, std::move(shape), ask.Data(t)};
 }
 
-// keys[i] as UTF-8, or nullopt (then the general path deals with it).
-std::optional<std::string_view> KeyOf(nb::handle key) {
-  Py_ssize_t length = 0;
-  const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &length)
-                                                 : nullptr;
-  if (utf8 == nullptr) {
-    PyErr_Clear();  // not a str, or not encodable
-    return std::nullopt;
-  }
-  return std::string_view(utf8, static_cast<size_t>(length));
-}
-
 // The fast path's loop over the tensors asked: `take(t)` says whether the
 // tensor asked plain is taken whole under its key. Returns the items and
 // fills `rest` with the indexes left and `taken` (unless null) with the
@@ -167,7 +155,8 @@ AskedTensors AskTensors(nb::list keys, nb::list tensors, nb::tuple plain_types,
   AskedTensors out{keys, {}, false};
   out.asked.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    const std::optional<std::string_view> key = KeyOf(keys[i]);
+    // A key that is not a str is the general path's to deal with.
+    const std::optional<std::string_view> key = Utf8Of(keys[i]);
     out.asked.push_back(key ? AskPlain(ask, *key, tensors[i]) : std::nullopt);
   }
   return out;
@@ -191,6 +180,17 @@ nb::tuple PlanSaveWhole(AskedTensors& asked) {
   WholeShards whole =
       PlanEach<TensorShard>(asked, [](const AskedTensor&) { return true; }, nullptr, &rest);
   return nb::make_tuple(std::move(whole), rest);
+}
+
+std::optional<std::string_view> Utf8Of(nb::handle key) {
+  Py_ssize_t length = 0;
+  const char* utf8 = PyUnicode_Check(key.ptr()) ? PyUnicode_AsUTF8AndSize(key.ptr(), &length)
+                                                 : nullptr;
+  if (utf8 == nullptr) {
+    PyErr_Clear();  // not a str, or not encodable
+    return std::nullopt;
+  }
+  return std::string_view(utf8, static_cast<size_t>(length));
 }
 
 nb::tuple ShapeTuple(const Shape& shape) {

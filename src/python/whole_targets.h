@@ -77,6 +77,10 @@ nanobind::tuple PlanSaveWhole(AskedTensors& asked);
 nanobind::list WholeSpecs(const WholeTargets& whole);
 nanobind::list WholeSpecs(const WholeShards& whole);
 
+// `key`'s UTF-8 (cached in the str object, valid while it lives), or
+// nullopt when it is not a str or cannot be encoded.
+std::optional<std::string_view> Utf8Of(nanobind::handle key);
+
 // `shape` as a tuple of ints.
 nanobind::tuple ShapeTuple(const Shape& shape);
 

@@ -191,6 +191,12 @@ def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp
     waited.wait()
     assert len(_C.describe_source(waited.result())["tensors"]) == 3
     _C.PendingSource(path)  # dropped unwaited: joins its thread (no crash, no hang)
+    # A load's open, walk and questions: the answers plan every tensor whole.
+    state = {"a": torch.zeros(4, dtype=torch.bfloat16), "b": torch.zeros(2, 3)}
+    source, flat, asked = _api._open_and_flatten(path, None, state, ask=True)
+    assert len(flat.tensors) == len(asked) == 2
+    assert sorted(_C.plan_whole(asked, source)[1]) == ["a", "b"]
+    assert _api._open_and_flatten(path, None, state, ask=False)[2] is None  # under a rename
     # What a load does with them: the identity key map, built from the view.
     keys = hf.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
     assert isinstance(keys.saved, _C.SavedTensors)  # a view until the general path needs more
