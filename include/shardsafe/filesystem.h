@@ -59,6 +59,12 @@ class WritableFile {
   // without copying (O_DIRECT straight from 4 KiB-aligned memory, several
   // requests in flight). The default copies like Append.
   virtual Status AppendStable(const void* data, size_t n) { return Append(data, n); }
+  // Like Append, and extends `*crc` with the CRC-32C of the bytes (the
+  // value of Crc32cExtend(*crc, data, n), src/base/crc32c.h). A file that
+  // copies what it is given checksums each block as it copies it, so the
+  // caller's memory is read once. `*crc` is updated only on success. The
+  // default checksums, then calls Append.
+  virtual Status AppendChecksummed(const void* data, size_t n, uint32_t* crc);
   // Waits until no write still reads memory passed to AppendStable, so the
   // caller may reuse it before Sync (double buffering). Reports a failed
   // write like Append. The default returns OK (its AppendStable copies).

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "format/index.h"
 #include "format/safetensors.h"
@@ -29,8 +28,7 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
   std::vector<uint32_t> crcs(image.payloads.size());
   for (uint32_t i : image.layout.order) {
     const Payload& p = image.payloads[i];
-    crcs[i] = Crc32c(p.data, p.bytes);
-    SS_RETURN_IF_ERROR(out->Append(p.data, p.bytes));
+    SS_RETURN_IF_ERROR(out->AppendChecksummed(p.data, p.bytes, &crcs[i]));
     progress->fetch_add(p.bytes, std::memory_order_relaxed);
   }
   SS_RETURN_IF_ERROR(out->Sync());

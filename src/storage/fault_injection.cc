@@ -21,6 +21,10 @@ class FaultInjectingFile final : public WritableFile {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
     return base_->AppendStable(data, n);
   }
+  Status AppendChecksummed(const void* data, size_t n, uint32_t* crc) override {
+    SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
+    return base_->AppendChecksummed(data, n, crc);
+  }
   Status WaitStable() override { return base_->WaitStable(); }
   Status Sync() override {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kSync));

@@ -1,11 +1,22 @@
 // Helpers over any FileSystem: atomic whole-file writes, whole-file reads,
 // and path arithmetic. They use only the FileSystem interface, so they work
-// (and are tested) on the fault-injecting wrapper too.
+// (and are tested) on the fault-injecting wrapper too. Also the default
+// WritableFile::AppendChecksummed: checksum, then Append.
 #include <random>
 
 #include "shardsafe/filesystem.h"
 
+#include "base/crc32c.h"
+
 namespace shardsafe {
+
+Status WritableFile::AppendChecksummed(const void* data, size_t n, uint32_t* crc) {
+  const uint32_t extended = Crc32cExtend(*crc, data, n);
+  SS_RETURN_IF_ERROR(Append(data, n));
+  *crc = extended;
+  return Status();
+}
+
 namespace {
 
 std::string BaseName(std::string_view path) {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <tuple>
 
+#include "base/crc32c.h"
 #include "gtest/gtest.h"
 #include "storage/storage_test_util.h"
 
@@ -223,6 +224,28 @@ TEST_P(PosixFileRoundTripTest, AppendStableWritesAlignedMemoryInPlaceAndTailsThr
   ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->AppendStable(aligned.get() + 4096, data.size() - 4096).ok());
   EXPECT_EQ((*file)->size(), data.size());
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  ExpectContent(path, data);
+}
+
+TEST_P(PosixFileRoundTripTest, AppendChecksummedWritesTheBytesAndExtendsTheirChecksum) {
+  const std::string data = RandomBytes((3 << 20) + 4321, 11);
+  const std::string path = dir_.File("checksummed");
+  auto file = DefaultFileSystem()->NewWritableFile(path, Options(64 << 10, 2));
+  ASSERT_TRUE(file.ok());
+  // Pieces that start and end anywhere in a buffer and span several; the
+  // checksum runs on across them, from a nonzero start.
+  const uint32_t start = 0x5eed;
+  uint32_t crc = start;
+  size_t done = 0;
+  for (size_t i = 0; done < data.size(); ++i) {
+    const size_t n = std::min<size_t>(size_t{1} + i * 37'123 % 300'001, data.size() - done);
+    ASSERT_TRUE((*file)->AppendChecksummed(data.data() + done, n, &crc).ok());
+    done += n;
+    ASSERT_EQ((*file)->size(), done);
+  }
+  EXPECT_EQ(crc, Crc32cExtend(start, data.data(), data.size()));
   ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->Close().ok());
   ExpectContent(path, data);
@@ -439,6 +462,10 @@ TEST(PosixFileTest, DiskFullOnAppendIsResourceExhausted) {
     Status s = (*file)->Append("hello", 5);
     EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
     EXPECT_NE(s.message().find("/dev/full"), std::string::npos);
+    uint32_t crc = 7;
+    EXPECT_EQ((*file)->AppendChecksummed("hello", 5, &crc).code(),
+              StatusCode::kResourceExhausted);
+    EXPECT_EQ(crc, 7u) << "a failed append leaves the checksum as it was";
     EXPECT_EQ((*file)->Sync().code(), StatusCode::kResourceExhausted) << "error must stick";
     EXPECT_EQ((*file)->Close().code(), StatusCode::kResourceExhausted);
   }
