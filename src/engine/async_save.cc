@@ -48,8 +48,10 @@ namespace {
 
 constexpr std::string_view kAbortedMarker = "aborted";
 
-// The staging copy runs in pieces of this size on up to 8 threads (memory
-// bandwidth, not core count, is the limit beyond that).
+// The staging copy runs in tasks of up to this many bytes on up to 8 threads
+// (memory bandwidth, not core count, is the limit beyond that): a payload
+// is cut into pieces of this size, and consecutive small payloads of a file
+// share a task (20,000 tensors of ~100 KiB are ~250 tasks, not 20,000).
 constexpr uint64_t kCopyPiece = uint64_t{8} << 20;
 // The writer follows the staging copy in steps of this many bytes of a file
 // (a multiple of the 4 KiB O_DIRECT alignment).
@@ -81,34 +83,35 @@ Result<uint64_t> DescribeStaged(const SavePlan& plan, int rank, const SaveState&
 
 // How far the staging copy (step c) has got, for the writer (step d) that
 // follows it: per file, the length of the image's prefix that is staged.
-// Pieces complete in any order; a file's prefix grows over the pieces done
-// in file order.
+// Units (the copy's tasks) complete in any order; a file's prefix grows over
+// the units done in file order. A waiter is woken only once its prefix is
+// staged (or the copy is over), not at every unit.
 class StagingProgress {
  public:
-  // `pieces[f]`: the [begin, end) byte ranges of file f's image that the
+  // `units[f]`: the [begin, end) byte ranges of file f's image that the
   // copy fills, in file order and without gaps up to `files[f].size`. Bytes
-  // before the first piece (the header) are staged before the copy starts.
+  // before the first unit (the header) are staged before the copy starts.
   void Reset(const std::vector<StagedFile>& files,
-             std::vector<std::vector<std::pair<uint64_t, uint64_t>>> pieces) {
+             std::vector<std::vector<std::pair<uint64_t, uint64_t>>> units) {
     std::lock_guard<std::mutex> lock(mu_);
     files_.clear();
     for (size_t f = 0; f < files.size(); ++f) {
       File& file = files_.emplace_back();
-      file.pieces = std::move(pieces[f]);
-      file.done.assign(file.pieces.size(), false);
+      file.units = std::move(units[f]);
+      file.done.assign(file.units.size(), false);
       file.size = files[f].size;
-      file.staged = file.pieces.empty() ? file.size : file.pieces.front().first;
+      file.staged = file.units.empty() ? file.size : file.units.front().first;
     }
   }
 
-  void PieceDone(size_t f, size_t piece) {
+  void UnitDone(size_t f, size_t unit) {
     std::lock_guard<std::mutex> lock(mu_);
     File& file = files_[f];
-    file.done[piece] = true;
-    while (file.next < file.pieces.size() && file.done[file.next]) {
-      file.staged = file.pieces[file.next++].second;
+    file.done[unit] = true;
+    while (file.next < file.units.size() && file.done[file.next]) {
+      file.staged = file.units[file.next++].second;
     }
-    cv_.notify_all();
+    if (file.wanted != 0 && file.staged >= file.wanted) cv_.notify_all();
   }
 
   // The copy is over: every piece done and the reports filled in (OK), or
@@ -127,8 +130,11 @@ class StagingProgress {
   // it failed first.
   Status WaitFor(size_t f, uint64_t bytes) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return files_[f].staged >= bytes || (finished_ && !status_.ok()); });
-    return files_[f].staged >= bytes ? Status() : status_;
+    File& file = files_[f];
+    file.wanted = bytes;
+    cv_.wait(lock, [&] { return file.staged >= bytes || (finished_ && !status_.ok()); });
+    file.wanted = 0;
+    return file.staged >= bytes ? Status() : status_;
   }
 
   Status WaitFinished() {
@@ -139,11 +145,12 @@ class StagingProgress {
 
  private:
   struct File {
-    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+    std::vector<std::pair<uint64_t, uint64_t>> units;
     std::vector<bool> done;
-    size_t next = 0;      // first piece not yet counted in `staged`
+    size_t next = 0;      // first unit not yet counted in `staged`
     uint64_t size = 0;    // of the image
     uint64_t staged = 0;  // bytes of the image's prefix staged
+    uint64_t wanted = 0;  // the prefix a waiter waits for; 0: nobody waits
   };
   std::mutex mu_;
   std::condition_variable cv_;
@@ -406,18 +413,19 @@ class AsyncSaver::Impl {
     char* dst;
     const char* src;
     size_t n;
-    size_t file;   // index in Job::files
-    size_t index;  // the piece's number within its file, in file order
+    size_t file;  // index in Job::files
+    size_t unit;  // the copy task it belongs to: its number within the file
     uint32_t crc = 0;
   };
   // Step c, first half: the images of this rank's files, each 4 KiB aligned
   // in the arena (grown if needed), headers copied, the payloads' pieces
-  // listed (`ranges[i][e]`: the pieces of file i's entry e) and announced
-  // to the job's progress.
+  // listed (`ranges[i][e]`: the pieces of file i's entry e), grouped into
+  // units of consecutive pieces (one copy task each) and announced to the
+  // job's progress.
   Status LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
                 std::vector<FileImage>* images, std::vector<Piece>* pieces,
                 std::vector<std::vector<std::pair<size_t, size_t>>>* ranges);
-  // Step c, second half: copies and checksums the pieces in parallel, each
+  // Step c, second half: copies and checksums the units in parallel, each
   // reported to the progress as it completes, then fills in the reports.
   Status Copy(const SavePlan& plan, const std::vector<FileImage>& images,
               std::vector<Piece>& pieces,
@@ -438,27 +446,33 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState&
   Grow(total);
   job->arena = arena_.data();
   // Pieces in file order, so the writer can follow the copy closely.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(images->size());
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> units(images->size());
   ranges->assign(images->size(), {});
   for (size_t i = 0; i < images->size(); ++i) {
     char* base = arena_.data() + job->files[i].offset;
     const FileImage& image = (*images)[i];
     std::memcpy(base, image.layout.header.data(), image.layout.header.size());
     (*ranges)[i].resize(image.payloads.size());
+    uint64_t unit_bytes = kCopyPiece;  // the first piece opens a unit
     for (uint32_t e : image.layout.order) {
       const Payload& p = image.payloads[e];
       const size_t first = pieces->size();
       for (uint64_t off = 0; off < p.bytes; off += kCopyPiece) {
         const uint64_t at = image.layout.offsets[e] + off;
         const size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyPiece, p.bytes - off));
+        if (unit_bytes + n > kCopyPiece) {
+          units[i].emplace_back(at, at);
+          unit_bytes = 0;
+        }
+        units[i].back().second = at + n;  // entries lie back to back
+        unit_bytes += n;
         pieces->push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
-                           spans[i].size()});
-        spans[i].emplace_back(at, at + n);
+                           units[i].size() - 1});
       }
       (*ranges)[i][e] = {first, pieces->size()};
     }
   }
-  job->progress->Reset(job->files, std::move(spans));
+  job->progress->Reset(job->files, std::move(units));
   return Status();
 }
 
@@ -469,12 +483,21 @@ Status AsyncSaver::Impl::Copy(const SavePlan& plan, const std::vector<FileImage>
   // A payload's checksum is its pieces' checksums combined in order.
   TaskGroup group(&copy_pool_);
   StagingProgress& progress = *job->progress;
-  for (Piece& p : pieces) {
-    group.Add([&p, &progress] {
-      p.crc = CopyWithCrc32c(p.dst, p.src, p.n, 0);
-      progress.PieceDone(p.file, p.index);
+  for (size_t first = 0; first < pieces.size();) {
+    size_t end = first + 1;
+    while (end < pieces.size() && pieces[end].file == pieces[first].file &&
+           pieces[end].unit == pieces[first].unit) {
+      ++end;
+    }
+    group.Add([&pieces, &progress, first, end] {
+      for (size_t k = first; k < end; ++k) {
+        Piece& p = pieces[k];
+        p.crc = CopyWithCrc32c(p.dst, p.src, p.n, 0);
+      }
+      progress.UnitDone(pieces[first].file, pieces[first].unit);
       return Status();
     });
+    first = end;
   }
   SS_RETURN_IF_ERROR(group.Wait());
   for (size_t i = 0; i < images.size(); ++i) {

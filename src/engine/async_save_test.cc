@@ -202,6 +202,36 @@ TEST_F(AsyncSaveTest, LargeFileIsWrittenAsTheCopyStagesIt) {
   });
 }
 
+TEST_F(AsyncSaveTest, ManySmallTensorsShareCopyTasksAndAllArriveIntact) {
+  // 600 tensors of ~65 KiB (39 MiB, more than one write step) then one of
+  // 20 MiB: the small ones are copied several to a task, the large one in
+  // pieces; every chunk's checksum and bytes must come out right.
+  std::vector<std::pair<std::string, Shape>> tensors;
+  for (int i = 0; i < 600; ++i) tensors.push_back({"s" + std::to_string(i), {128, 130}});
+  tensors.push_back({"big", {2560, 2048}});
+  RunRanks(1, [&](int, Comm& comm) {
+    std::vector<OwnedShard> shards;
+    SaveState state;
+    for (const auto& [key, shape] : tensors) {
+      shards.push_back(MakeShard(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+      state.tensors.push_back(shards.back().View());
+    }
+    AsyncSaver saver;
+    auto h = saver.Save(state, root_, "many", comm, {});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE((*h)->Wait().ok());
+    LoadRequest req;
+    std::vector<OwnedTarget> targets;
+    for (const auto& [key, shape] : tensors) {
+      targets.push_back(MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+    }
+    for (auto& t : targets) req.tensors.push_back(t.target);
+    auto res = Load(req, root_ + "/many", comm, {});  // checks every chunk's checksum
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    for (const auto& t : targets) ASSERT_TRUE(MatchesOracle(t)) << t.target.key;
+  });
+}
+
 TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
   FaultInjectingFileSystem faulty(DefaultFileSystem());
   // Renames 0-3 publish the ranks' completion markers; #4 is the commit.
