@@ -32,7 +32,7 @@ Status CheckLocalState(const SaveState& state) {
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
                                const SaveOptions& options, const Status& pending) {
   Status local = pending.ok() ? CheckLocalState(state) : pending;
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, HoldingsOf(state))));
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, state)));
   std::vector<RankHoldings> holdings(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
     std::string their_tag;

@@ -27,20 +27,20 @@ Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
 
 }  // namespace
 
-std::string EncodeHoldings(const std::string& tag, const RankHoldings& holdings) {
+std::string EncodeHoldings(const std::string& tag, const SaveState& state) {
   wire::Writer w;
   w.Str(tag);
-  w.U64(holdings.shards.size());
-  for (const ShardInfo& s : holdings.shards) {
-    w.Str(s.key);
-    w.U8(static_cast<uint8_t>(s.dtype));
-    w.Shape(s.shape);
-    w.Slice(s.slice);
+  w.U64(state.tensors.size());
+  for (const TensorShard& t : state.tensors) {
+    w.Str(t.key);
+    w.U8(static_cast<uint8_t>(t.dtype));
+    w.Shape(t.shape);
+    w.Slice(t.slice);
   }
-  w.U64(holdings.blobs.size());
-  for (const BlobInfo& b : holdings.blobs) {
+  w.U64(state.blobs.size());
+  for (const BlobRef& b : state.blobs) {
     w.Str(b.name);
-    w.U64(b.bytes);
+    w.U64(b.size);
     w.U8(b.per_rank);
   }
   return w.Take();

@@ -10,7 +10,10 @@
 
 namespace shardsafe {
 
-std::string EncodeHoldings(const std::string& tag, const RankHoldings& holdings);
+// What `state` holds, as its rank announces it: decoded, shard i is
+// state.tensors[i] and blob j is state.blobs[j] (their keys, dtypes, shapes,
+// slices and sizes; no data).
+std::string EncodeHoldings(const std::string& tag, const SaveState& state);
 Result<RankHoldings> DecodeHoldings(std::string_view msg, std::string* tag);
 
 std::string EncodeWritten(const std::vector<WrittenFile>& files);

@@ -86,15 +86,6 @@ std::string DataFileName(int rank, uint32_t number) {
   return buf;
 }
 
-RankHoldings HoldingsOf(const SaveState& state) {
-  RankHoldings h;
-  for (const TensorShard& t : state.tensors) {
-    h.shards.push_back({t.key, t.dtype, t.shape, t.slice});
-  }
-  for (const BlobRef& b : state.blobs) h.blobs.push_back({b.name, b.size, b.per_rank});
-  return h;
-}
-
 Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
                                                 const SaveState& state, const std::string& dir,
                                                 FileSystem& fs, const SaveOptions& options,

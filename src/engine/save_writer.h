@@ -51,10 +51,6 @@ WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size);
 WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,
                      const std::vector<uint32_t>& crcs);
 
-// The holdings a rank announces for `state` (shard i = state.tensors[i],
-// blob j = state.blobs[j]).
-RankHoldings HoldingsOf(const SaveState& state);
-
 // Writes every file of `plan` assigned to `rank` into `dir`, up to
 // options.io_threads files at once, each fdatasync'ed before returning.
 // `progress` is advanced by payload bytes as they are written. Errors carry
