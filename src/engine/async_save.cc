@@ -114,7 +114,7 @@ class StagingProgress {
     if (file.wanted != 0 && file.staged >= file.wanted) cv_.notify_all();
   }
 
-  // The copy is over: every piece done and the reports filled in (OK), or
+  // The copy is over: every unit done and the reports filled in (OK), or
   // it failed.
   void Finish(Status staged) {
     std::lock_guard<std::mutex> lock(mu_);
