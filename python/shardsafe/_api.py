@@ -304,17 +304,44 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
                        options, args.whole)
 
 
-_SAVER_LOCK = threading.Lock()
-_SAVER: _C.AsyncSaver | None = None
+class _PerProcess:
+    """An engine object made on first use in each process. The engine's
+    objects own threads (the staging copy's, a save's background writer); a
+    child forked from the process that made one has its memory but not its
+    threads, so a save would wait on them forever. The child gets a new one,
+    and the inherited one is kept, never used nor destroyed there. At exit
+    the object made in this process finishes its save in flight."""
+
+    def __init__(self, make: Callable[[], Any], wait: Callable[[Any], None]):
+        self._make, self._wait = make, wait
+        self._lock = threading.Lock()
+        self._obj: Any = None
+        self._pid = 0
+        self._inherited: list[Any] = []
+        atexit.register(self._wait_at_exit)
+        os.register_at_fork(after_in_child=self._forked)
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._obj is None or self._pid != os.getpid():
+                if self._obj is not None:
+                    self._inherited.append(self._obj)
+                self._obj, self._pid = self._make(), os.getpid()
+            return self._obj
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()  # another thread of the parent may have held it
+
+    def _wait_at_exit(self) -> None:
+        if self._obj is not None and self._pid == os.getpid():
+            self._wait(self._obj)
+
+
+_SAVER = _PerProcess(_C.AsyncSaver, _C.AsyncSaver.wait_pending)
 
 
 def _saver() -> _C.AsyncSaver:
-    global _SAVER
-    with _SAVER_LOCK:
-        if _SAVER is None:
-            _SAVER = _C.AsyncSaver()
-            atexit.register(_SAVER.wait_pending)
-        return _SAVER
+    return _SAVER.get()
 
 
 def _future(handle: _C.AsyncHandle, result: Any) -> Future:
@@ -687,10 +714,14 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
                  process_group: dist.ProcessGroup | None = None):
         self.root = os.path.abspath(os.fspath(root))
-        self._m = _C.CheckpointManager(self.root, keep_last)
+        self._engine = _PerProcess(lambda: _C.CheckpointManager(self.root, keep_last),
+                                   _C.CheckpointManager.wait_async)
+        self._engine.get()  # a bad root fails here
         self._group = process_group
-        # An async save still in flight at exit is finished, not abandoned.
-        atexit.register(_C.CheckpointManager.wait_async, self._m)
+
+    @property
+    def _m(self) -> _C.CheckpointManager:
+        return self._engine.get()
 
     def path(self, step: int) -> str:
         return os.path.join(self.root, _C.step_tag(step))

@@ -8,6 +8,8 @@
 // is copied here. Collectives go through the Comm object the caller passes (a
 // python/shardsafe/_comm.py adapter over torch.distributed, or None for one
 // process). A failed Status raises the matching shardsafe.errors class.
+#include <unistd.h>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -150,9 +152,17 @@ SaveCall MakeSaveCall(std::vector<Spec>&& tensors, WholeShards* whole, nb::list 
 // Frees an async save's tensor list on a thread of its own once the call is
 // done with it: after the staging copy has streamed the state through the
 // cache, freeing 20,000 shards' keys and shapes took 12-17 ms that the
-// caller need not wait for.
+// caller need not wait for. Called with the GIL held (so one at a time). A
+// child forked from this process has the pool but not its thread: it makes
+// one of its own (the inherited one is left alone, like every pool here, it
+// is never destroyed: it may outlive main).
 void FreeLater(std::vector<TensorShard>&& tensors) {
-  static ThreadPool* const freer = new ThreadPool(1);  // never destroyed: may outlive main
+  static ThreadPool* freer = nullptr;
+  static pid_t owner = 0;
+  if (freer == nullptr || owner != getpid()) {
+    freer = new ThreadPool(1);
+    owner = getpid();
+  }
   auto doomed = std::make_shared<std::vector<TensorShard>>(std::move(tensors));
   freer->Schedule([doomed = std::move(doomed)]() mutable { doomed.reset(); });
 }

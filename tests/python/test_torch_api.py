@@ -11,7 +11,9 @@ import gc
 import json
 import math
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -300,7 +302,8 @@ def test_async_save_snapshots_at_the_call(tmp_path):
 
 def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch):
     from shardsafe import _api
-    monkeypatch.setattr(_api, "_SAVER", None)  # a fresh saver: no staging from other tests
+    fresh = _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending)
+    monkeypatch.setattr(_api, "_SAVER", fresh)  # no staging from other tests
     monkeypatch.chdir(tmp_path)  # where a stray relative write would land
     state = {"w": torch.randn(1 << 20), "b": torch.randn(3, 5), "step": 1}
     nbytes = (state["w"].numel() + state["b"].numel()) * 4
@@ -423,3 +426,45 @@ def test_loading_into_a_fresh_optimizer_creates_its_state_without_touching_param
     assert len(optim.state) == 2 and optim.param_groups[0]["lr"] == 0.1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert torch.equal(model.weight.grad, torch.ones_like(model.weight)) and model.bias.grad is None
+
+
+def _in_forked_child(work, timeout: float = 120.0) -> int:
+    """Runs `work()` in a child forked from this process; its exit status
+    (0: returned, 1: raised), or a failure if it has not exited in time."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child hung for {timeout:.0f} s")
+
+
+def test_a_forked_child_saves_with_engine_objects_of_its_own(tmp_path):
+    # The parent's saver and manager own threads the child does not have:
+    # the child must get its own instead of waiting on them forever.
+    state = {"w": torch.arange(4096, dtype=torch.float32), "step": 1}
+    shardsafe.async_save(state, tmp_path / "parent").result(timeout=120)
+    mgr = shardsafe.CheckpointManager(tmp_path / "root")
+    mgr.async_save(1, state).result(timeout=120)
+
+    def child():
+        shardsafe.async_save(state, tmp_path / "child").result(timeout=60)
+        mgr.async_save(2, state).result(timeout=60)
+        mgr.wait()
+
+    assert _in_forked_child(child) == 0
+    got = {"w": torch.zeros(4096), "step": 0}
+    shardsafe.load(got, tmp_path / "child")
+    assert torch.equal(got["w"], state["w"])
+    assert mgr.latest_step() == 2
