@@ -713,8 +713,9 @@ class CheckpointManager:
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
                  process_group: dist.ProcessGroup | None = None):
-        self.root = os.path.abspath(os.fspath(root))
-        self._engine = _PerProcess(lambda: _C.CheckpointManager(self.root, keep_last),
+        self.root = root = os.path.abspath(os.fspath(root))
+        # (the factory holds the root, not self: the exit hook keeps it for good)
+        self._engine = _PerProcess(lambda: _C.CheckpointManager(root, keep_last),
                                    _C.CheckpointManager.wait_async)
         self._engine.get()  # a bad root fails here
         self._group = process_group

@@ -61,7 +61,7 @@ uint32_t ShiftBytes(uint64_t n) {
 // The checksum is linear: the pre- and post-inversions of A's and B's
 // computations cancel, leaving crc(A) shifted past B's bytes, plus crc(B).
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b) {
-  if (crc_a == 0) return crc_b;  // 0 times anything: skip the ~1 us shift
+  if (crc_a == 0) return crc_b;  // 0 times anything: skip the shift (0.5-1 us)
   return MulModP(crc_a, ShiftBytes(len_b)) ^ crc_b;
 }
 

@@ -159,44 +159,56 @@ TEST_F(AsyncSaveTest, BackgroundWriteFailureCommitsNothingAndIsReportedNextCallO
   }
 }
 
+using WholeTensors = std::vector<std::pair<std::string, Shape>>;  // F32, saved whole
+
+// Async-saves `tensors` (oracle bytes) as root/tag through `fs`, scribbles
+// over the caller's copies once the call returns, and waits.
+Status AsyncSaveWhole(const WholeTensors& tensors, Comm& comm, const std::string& root,
+                      const std::string& tag, FileSystem* fs = nullptr) {
+  std::vector<OwnedShard> shards;
+  SaveState state;
+  for (const auto& [key, shape] : tensors) {
+    shards.push_back(MakeShard(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+    state.tensors.push_back(shards.back().View());
+  }
+  AsyncSaver saver;
+  SaveOptions opts;
+  opts.fs = fs;
+  auto h = saver.Save(state, root, tag, comm, opts);
+  if (!h.ok()) return h.status();
+  for (auto& sh : shards) std::fill(sh.bytes.begin(), sh.bytes.end(), std::byte{0x55});
+  return (*h)->Wait().status();
+}
+
+// Loads every one of `tensors` whole from `path` (checking each chunk's
+// checksum) and expects the oracle bytes.
+void ExpectLoadsWhole(const WholeTensors& tensors, Comm& comm, const std::string& path) {
+  LoadRequest req;
+  std::vector<OwnedTarget> targets;
+  for (const auto& [key, shape] : tensors) {
+    targets.push_back(MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
+  }
+  for (auto& t : targets) req.tensors.push_back(t.target);
+  auto res = Load(req, path, comm, {});
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+}
+
 // Tensors of several write steps and copy pieces in one file: the writer
 // follows the staging copy through the file (pieces finish out of order)
 // and the checkpoint still loads bit-exact after the caller scribbled over
 // its state.
 TEST_F(AsyncSaveTest, LargeFileIsWrittenAsTheCopyStagesIt) {
-  const std::vector<std::pair<std::string, Shape>> tensors = {
+  const WholeTensors tensors = {
       {"a", {9000, 2048}}, {"b", {3, 5}}, {"c", {4100, 2048}}};  // F32: 70 MiB, 60 B, 32 MiB
-  auto save_all = [&](Comm& comm, FileSystem* fs, const std::string& tag) -> Status {
-    std::vector<OwnedShard> shards;
-    SaveState state;
-    for (const auto& [key, shape] : tensors) {
-      shards.push_back(MakeShard(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
-      state.tensors.push_back(shards.back().View());
-    }
-    AsyncSaver saver;
-    SaveOptions opts;
-    opts.fs = fs;
-    auto h = saver.Save(state, root_, tag, comm, opts);
-    if (!h.ok()) return h.status();
-    for (auto& sh : shards) std::fill(sh.bytes.begin(), sh.bytes.end(), std::byte{0x55});
-    return (*h)->Wait().status();
-  };
   RunRanks(1, [&](int, Comm& comm) {
-    ASSERT_TRUE(save_all(comm, DefaultFileSystem(), "ok").ok());
-    LoadRequest req;
-    std::vector<OwnedTarget> targets;
-    for (const auto& [key, shape] : tensors) {
-      targets.push_back(MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
-    }
-    for (auto& t : targets) req.tensors.push_back(t.target);
-    auto res = Load(req, root_ + "/ok", comm, {});
-    ASSERT_TRUE(res.ok()) << res.status().ToString();
-    for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+    ASSERT_TRUE(AsyncSaveWhole(tensors, comm, root_, "ok").ok());
+    ExpectLoadsWhole(tensors, comm, root_ + "/ok");
     // The first write fails while most of the copy is still to come: the
     // handle reports it, nothing is committed, and the copy finishes safely.
     FaultInjectingFileSystem faulty(DefaultFileSystem());
     faulty.FailNth(OpKind::kAppend, 0, ResourceExhaustedError("no space left (injected)"));
-    Status failed = save_all(comm, &faulty, "full");
+    Status failed = AsyncSaveWhole(tensors, comm, root_, "full", &faulty);
     EXPECT_THAT(failed.message(), HasSubstr("no space left (injected)"));
     EXPECT_FALSE(std::filesystem::exists(root_ + "/full"));
   });
@@ -206,29 +218,13 @@ TEST_F(AsyncSaveTest, ManySmallTensorsShareCopyTasksAndAllArriveIntact) {
   // 600 tensors of ~65 KiB (39 MiB, more than one write step) then one of
   // 20 MiB: the small ones are copied several to a task, the large one in
   // pieces; every chunk's checksum and bytes must come out right.
-  std::vector<std::pair<std::string, Shape>> tensors;
+  WholeTensors tensors;
   for (int i = 0; i < 600; ++i) tensors.push_back({"s" + std::to_string(i), {128, 130}});
   tensors.push_back({"big", {2560, 2048}});
   RunRanks(1, [&](int, Comm& comm) {
-    std::vector<OwnedShard> shards;
-    SaveState state;
-    for (const auto& [key, shape] : tensors) {
-      shards.push_back(MakeShard(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
-      state.tensors.push_back(shards.back().View());
-    }
-    AsyncSaver saver;
-    auto h = saver.Save(state, root_, "many", comm, {});
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
-    ASSERT_TRUE((*h)->Wait().ok());
-    LoadRequest req;
-    std::vector<OwnedTarget> targets;
-    for (const auto& [key, shape] : tensors) {
-      targets.push_back(MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt}));
-    }
-    for (auto& t : targets) req.tensors.push_back(t.target);
-    auto res = Load(req, root_ + "/many", comm, {});  // checks every chunk's checksum
-    ASSERT_TRUE(res.ok()) << res.status().ToString();
-    for (const auto& t : targets) ASSERT_TRUE(MatchesOracle(t)) << t.target.key;
+    Status saved = AsyncSaveWhole(tensors, comm, root_, "many");
+    ASSERT_TRUE(saved.ok()) << saved.ToString();
+    ExpectLoadsWhole(tensors, comm, root_ + "/many");
   });
 }
 

@@ -292,6 +292,15 @@ class Handle {
   std::shared_ptr<AsyncSaveHandle> h_;
 };
 
+// Starts an async save of `c` (`start` runs with the GIL released) and
+// returns its handle; the call's tensor list is freed later (FreeLater).
+template <typename Start>
+Handle StartAsync(SaveCall& c, Start start) {
+  Handle h(Released(start));
+  FreeLater(std::move(c.state.tensors));
+  return h;
+}
+
 void RegisterErrors() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -388,9 +397,8 @@ NB_MODULE(_C, m) {
               const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole) {
              SaveCall c =
                  MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
-             Handle h(Released([&] { return saver.Save(c.state, root, tag, *c.comm, c.options); }));
-             FreeLater(std::move(c.state.tensors));
-             return h;
+             return StartAsync(
+                 c, [&] { return saver.Save(c.state, root, tag, *c.comm, c.options); });
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
            "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none())
@@ -432,9 +440,7 @@ NB_MODULE(_C, m) {
               nb::handle comm, nb::dict options, WholeShards* whole) {
              SaveCall c =
                  MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
-             Handle h(Released([&] { return m.AsyncSave(step, c.state, *c.comm, c.options); }));
-             FreeLater(std::move(c.state.tensors));
-             return h;
+             return StartAsync(c, [&] { return m.AsyncSave(step, c.state, *c.comm, c.options); });
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
            "options"_a, "whole"_a.none() = nb::none())
