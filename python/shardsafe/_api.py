@@ -10,6 +10,7 @@ import json
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -308,33 +309,41 @@ class _PerProcess:
     """An engine object made on first use in each process. The engine's
     objects own threads (the staging copy's, a save's background writer); a
     child forked from the process that made one has its memory but not its
-    threads, so a save would wait on them forever. The child gets a new one,
-    and the inherited one is kept, never used nor destroyed there. At exit
-    the object made in this process finishes its save in flight."""
+    threads, so a save would wait on them forever, and so would destroying
+    it. The child makes a new one; the inherited one is parked in
+    _INHERITED, never used nor destroyed there. The object is destroyed with
+    its holder (a dropped CheckpointManager frees its threads and staging
+    memory, once any save in flight is durable); at exit, each live one made
+    in this process finishes its save in flight."""
 
     def __init__(self, make: Callable[[], Any], wait: Callable[[Any], None]):
         self._make, self._wait = make, wait
         self._lock = threading.Lock()
         self._obj: Any = None
-        self._pid = 0
-        self._inherited: list[Any] = []
-        atexit.register(self._wait_at_exit)
-        os.register_at_fork(after_in_child=self._forked)
+        _LIVE.add(self)
 
     def get(self) -> Any:
         with self._lock:
-            if self._obj is None or self._pid != os.getpid():
-                if self._obj is not None:
-                    self._inherited.append(self._obj)
-                self._obj, self._pid = self._make(), os.getpid()
+            if self._obj is None:
+                self._obj = self._make()
             return self._obj
 
     def _forked(self) -> None:
         self._lock = threading.Lock()  # another thread of the parent may have held it
+        if self._obj is not None:
+            _INHERITED.append(self._obj)
+            self._obj = None
 
     def _wait_at_exit(self) -> None:
-        if self._obj is not None and self._pid == os.getpid():
+        if self._obj is not None:
             self._wait(self._obj)
+
+
+# Hooks for every _PerProcess alive (a hook per object would keep each alive).
+_LIVE: weakref.WeakSet[_PerProcess] = weakref.WeakSet()
+_INHERITED: list[Any] = []  # engine objects of the parent, in a forked child
+os.register_at_fork(after_in_child=lambda: [p._forked() for p in list(_LIVE)])
+atexit.register(lambda: [p._wait_at_exit() for p in list(_LIVE)])
 
 
 _SAVER = _PerProcess(_C.AsyncSaver, _C.AsyncSaver.wait_pending)
@@ -344,20 +353,21 @@ def _saver() -> _C.AsyncSaver:
     return _SAVER.get()
 
 
-def _future(handle: _C.AsyncHandle, result: Any) -> Future:
-    """A Future completed (from a helper thread) when `handle` is durable."""
+def _future(handle: _C.AsyncHandle, result: Any, owner: Any = None) -> Future:
+    """A Future completed (from a helper thread) when `handle` is durable;
+    `owner` (the engine object's holder) is kept alive until then."""
     fut: Future = Future()
     fut.set_running_or_notify_cancel()
     fut.blocked_seconds = handle.blocked_seconds  # type: ignore[attr-defined]
 
-    def wait() -> None:
+    def wait(owner: Any) -> None:  # holds `owner` until the save is over
         try:
             handle.wait()
             fut.set_result(result)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             fut.set_exception(e)
 
-    threading.Thread(target=wait, name="shardsafe-async-wait", daemon=True).start()
+    threading.Thread(target=wait, args=(owner,), name="shardsafe-async-wait", daemon=True).start()
     return fut
 
 
@@ -709,6 +719,9 @@ class CheckpointManager:
         ...
         step = mgr.latest_step()  # None for an empty root
         mgr.load({"model": model, "optim": optim, "step": 0})
+
+    A manager owns its async saves' staging memory and threads; dropping it
+    frees them once its save in flight is durable.
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
@@ -745,7 +758,7 @@ class CheckpointManager:
         with args.hold:
             handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
                                         comm, options, args.whole)
-        return _future(handle, self.path(step))
+        return _future(handle, self.path(step), self._engine)
 
     def reserve_async_save(self, state: Any, *, metadata: Any = None,
                            unsafe_pickle: bool = False,
