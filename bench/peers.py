@@ -330,16 +330,22 @@ def fsync_path(p: str) -> None:
 FIO_STREAMS = 4  # the engine's default io_threads per rank
 
 
-def fio(rw: str, direct: bool, directory: str, prefix: str, files: int, per: int) -> tuple[int, float]:
+def fio_cmd(rw: str, direct: bool, directory: str, prefix: str, files: int, per: int) -> list:
     """fio: `files` jobs, each a sequential stream over its own file <prefix>.<n> of `per`
-    bytes, 16 MiB requests (libaio, 4 in flight, for O_DIRECT; psync for buffered).
-    Returns (bytes, seconds of I/O as fio reports it; for writes it includes end_fsync)."""
+    bytes, 16 MiB requests (libaio, 4 in flight, for O_DIRECT; psync for buffered); writes
+    end with an fsync."""
     cmd = ["fio", "--name=raw", f"--directory={directory}", f"--filename_format={prefix}.$jobnum",
            f"--rw={rw}", "--bs=16M", f"--size={per}", f"--numjobs={files}",
            "--group_reporting", "--output-format=json", f"--direct={int(direct)}"]
     cmd += ["--ioengine=libaio", "--iodepth=4"] if direct else ["--ioengine=psync"]
     if rw == "write":
         cmd.append("--end_fsync=1")
+    return cmd
+
+
+def fio(rw: str, direct: bool, directory: str, prefix: str, files: int, per: int) -> tuple[int, float]:
+    """Runs fio_cmd(...); (bytes, seconds of I/O as fio reports it)."""
+    cmd = fio_cmd(rw, direct, directory, prefix, files, per)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"fio failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}{r.stdout}")
@@ -415,15 +421,50 @@ class Compute:
                 torch.mm(self.a, self.b, out=self.c)
             return (time.perf_counter() - t0) / self.n
 
-    def until(self, fut) -> tuple[float, int]:
-        """Seconds per iteration while `fut` is not done, and the iteration count."""
+    def until(self, fut) -> tuple[float, int, dict]:
+        """Seconds per iteration while `fut` is not done, the iteration count, and
+        what else ran meanwhile: CPU seconds of this process's other threads (the
+        save's), and CPU seconds the host stole from this machine (all vCPUs)."""
         with self.one_thread():
+            cpu0, own0, steal0 = time.process_time(), time.thread_time(), steal_seconds()
             t0 = time.perf_counter()
             n = 0
             while not fut.done() or n == 0:
                 torch.mm(self.a, self.b, out=self.c)
                 n += 1
-            return (time.perf_counter() - t0) / n, n
+            per = (time.perf_counter() - t0) / n
+            others = (time.process_time() - cpu0) - (time.thread_time() - own0)
+            return per, n, {"other threads' CPU": others, "host steal": steal_seconds() - steal0}
+
+
+class Exited:
+    """A child process seen as a future: done once it has exited."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def done(self) -> bool:
+        return self.proc.poll() is not None
+
+
+def compute_during_raw_write(compute: Compute, directory: str, files: int, per: int):
+    """compute.until(...) while fio writes `files` x `per` bytes with O_DIRECT and fsyncs:
+    what the disk write alone does to the loop (fio's start-up included)."""
+    cmd = fio_cmd("write", True, directory, "cw", files, per)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    got = compute.until(Exited(proc))
+    _, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"fio failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
+    return got
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to others while this machine wanted it
+    (/proc/stat, all CPUs)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------- operations --
@@ -564,6 +605,11 @@ def mix_rep(ctx: Ctx, mix: str, specs: list, src: dict, dst: dict, nbytes: int, 
     ctx.fresh_dir(p, create=False)
     _, _, _, got = ss_async(ctx, src, p, during=bg)
     ctx.remove(p)
+    p = ctx.path(mix, f"rawc-{tag}")  # the same bytes written by fio, from rank 0
+    ctx.fresh_dir(p, create=True)
+    got_raw = (compute_during_raw_write(compute, p, ctx.world, nbytes // ctx.world)
+               if ctx.rank == 0 else None)
+    ctx.remove(p)
     p = ctx.path(mix, f"dcpc-{tag}")
     ctx.fresh_dir(p, create=False)
     _, _, got_dcp = dcp_async(ctx, src, p, during=bg)
@@ -571,9 +617,13 @@ def mix_rep(ctx: Ctx, mix: str, specs: list, src: dict, dst: dict, nbytes: int, 
     if ctx.rank == 0:
         ctx.record(mix, "compute alone", 0, per_alone,
                    f"{compute.n} x mm 512x512 F32, 1 thread", {"slowdown": 0.0})
-        for op, (per, n) in (("compute + shardsafe async", got), ("compute + dcp async", got_dcp)):
-            ctx.record(mix, op, 0, per, "loop runs from the call's return until durable",
-                       {"slowdown": per / per_alone - 1, "iterations": n})
+        for op, (per, n, meanwhile), how in (
+                ("compute + shardsafe async", got, "loop runs from the call's return until durable"),
+                ("compute + raw write (fio)", got_raw,
+                 "loop runs while fio writes the same bytes (O_DIRECT, fsync)"),
+                ("compute + dcp async", got_dcp, "loop runs from the call's return until durable")):
+            ctx.record(mix, op, 0, per, how,
+                       {"slowdown": per / per_alone - 1, "iterations": n, **meanwhile})
 
     # --- DCP
     p = ctx.path(mix, f"dcp-{tag}")
@@ -831,6 +881,8 @@ def ratios(rows: dict, mixes: list[str], world: int) -> list[dict]:
           "tp", "(info)", None)
         R("compute slowdown, shardsafe async", m, k("compute + shardsafe async"),
           k("compute alone"), "slow", "<= 10%", le(0.10))
+        R("compute slowdown, raw write (fio)", m, k("compute + raw write (fio)"),
+          k("compute alone"), "slow", "(info)", None)
         R("compute slowdown, dcp async", m, k("compute + dcp async"), k("compute alone"), "slow",
           "(info)", None)
     if "small" in mixes and "large" in mixes:
