@@ -8,14 +8,16 @@ Tensors and DTensors (Shard / Replicate on 1-D and 2-D meshes) are saved by
 pointer and loaded in place into any other layout; see README.md, "Python".
 """
 
-from ._api import CheckpointManager, LoadResult, async_save, load, reserve_async_save, save
+from ._api import (CheckpointManager, LoadResult, async_save, load, release_async_save,
+                   reserve_async_save, save)
 from ._C import describe as _describe
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DTypeMismatchError, InvalidStateError, KeyMismatchError, ShapeMismatchError,
                      ShardsafeError, StorageError)
 
 __all__ = [
-    "save", "async_save", "reserve_async_save", "load", "CheckpointManager", "LoadResult",
+    "save", "async_save", "reserve_async_save", "release_async_save", "load", "CheckpointManager",
+    "LoadResult",
     "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",
     "ShapeMismatchError", "DTypeMismatchError", "InvalidStateError", "KeyMismatchError",

@@ -328,6 +328,14 @@ class _PerProcess:
                 self._obj = self._make()
             return self._obj
 
+    def release(self) -> None:
+        """Drops this process's object once its save in flight is over
+        (raising that save's failure); the next get() makes a new one."""
+        with self._lock:
+            obj, self._obj = self._obj, None
+        if obj is not None:
+            self._wait(obj)
+
     def _forked(self) -> None:
         self._lock = threading.Lock()  # another thread of the parent may have held it
         if self._obj is not None:
@@ -386,10 +394,11 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
+    saver = _saver()
     with args.hold:  # the engine has its own staged copy once the call returns
-        handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag,
-                               comm, options, args.whole)
-    return _future(handle, path)
+        handle = saver.save(args.specs, args.blobs, args.values, args.metadata, root, tag,
+                            comm, options, args.whole)
+    return _future(handle, path, saver)
 
 
 @_without_gc
@@ -407,6 +416,14 @@ def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | No
     with args.hold:
         return _saver().reserve(args.specs, args.blobs, args.values, args.metadata, comm, options,
                                 args.whole)
+
+
+def release_async_save() -> None:
+    """Frees async_save's staging memory and threads (reserve_async_save's,
+    or the first async_save's) once the save in flight is durable, and
+    raises that save's failure; the next async_save allocates again. Not
+    collective. A CheckpointManager's own staging goes with the manager."""
+    _SAVER.release()
 
 
 # ------------------------------------------------------------------- load --

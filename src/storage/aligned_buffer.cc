@@ -17,9 +17,13 @@ namespace {
 #define MADV_POPULATE_WRITE 23
 #endif
 
-// The cache keeps at most this many bytes of idle buffers. Enough for a few
-// files' worth of 8 MiB buffers at default queue depth.
+// The cache keeps at most this many bytes of idle buffers: a few files'
+// worth of 16 MiB buffers at default queue depth.
 constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+// Larger buffers are freed, not cached: an async saver's staging arena is
+// given back when its owner is done with it (release_async_save, a dropped
+// manager), and kept it would only fill the cache the file buffers need.
+constexpr size_t kMaxCachedBuffer = size_t{64} << 20;
 
 struct Cache {
   std::mutex mu;
@@ -58,7 +62,7 @@ char* TakeFromCache(size_t capacity) {
 bool GiveToCache(char* p, size_t capacity) {
   Cache& cache = GetCache();
   std::lock_guard<std::mutex> lock(cache.mu);
-  if (cache.bytes + capacity > kMaxCachedBytes) return false;
+  if (capacity > kMaxCachedBuffer || cache.bytes + capacity > kMaxCachedBytes) return false;
   cache.idle.emplace_back(p, capacity);
   cache.bytes += capacity;
   return true;

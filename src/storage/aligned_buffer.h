@@ -6,7 +6,8 @@
 // and memory freed for a few seconds goes back to the host. So staging
 // buffers are pre-faulted once when allocated (MADV_POPULATE_WRITE, with
 // transparent huge pages requested) and, when a file is done with them, kept
-// in a bounded cache for the next file instead of being freed.
+// in a bounded cache for the next file instead of being freed. Buffers over
+// 64 MiB (an async save's staging arena) are freed, never cached.
 //
 // Thread-safe: AcquireAlignedBuffer / the destructor may run on any thread.
 #pragma once

@@ -321,6 +321,36 @@ def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatc
     assert torch.equal(got["w"], state["w"]) and got["step"] == 2
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_release_async_save_frees_the_staging_after_the_save_in_flight(tmp_path, monkeypatch):
+    from shardsafe import _api
+    fresh = _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending)
+    monkeypatch.setattr(_api, "_SAVER", fresh)
+    state = {"w": torch.randn(32 << 20)}  # 128 MiB
+    shardsafe.release_async_save()  # nothing to release: a no-op
+    before = _rss()
+    assert shardsafe.reserve_async_save(state) >= 128 << 20
+    assert _rss() - before >= 120 << 20  # pre-faulted
+    fut = shardsafe.async_save(state, tmp_path / "a")
+    shardsafe.release_async_save()  # waits for the save in flight
+    assert fut.done() or fut.result(timeout=120)
+    deadline = time.monotonic() + 60  # the future's helper thread lets go of the saver
+    while _rss() - before >= 64 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _rss() - before < 64 << 20, f"{(_rss() - before) >> 20} MiB still held"
+    state["w"].mul_(2)
+    shardsafe.async_save(state, tmp_path / "b").result(timeout=120)  # staging again
+    got = {"w": torch.zeros(32 << 20)}
+    shardsafe.load(got, tmp_path / "b")
+    assert torch.equal(got["w"], state["w"])
+    shardsafe.load(got, tmp_path / "a")
+    assert torch.equal(got["w"], state["w"] / 2)
+
+
 def test_async_save_error_at_the_call(tmp_path):
     shardsafe.save({"w": torch.ones(2)}, tmp_path / "s")
     with pytest.raises(shardsafe.ShardsafeError):
