@@ -422,7 +422,8 @@ def release_async_save() -> None:
     """Frees async_save's staging memory and threads (reserve_async_save's,
     or the first async_save's) once the save in flight is durable, and
     raises that save's failure; the next async_save allocates again. Not
-    collective. A CheckpointManager's own staging goes with the manager."""
+    collective. A CheckpointManager's own: mgr.release_async_save(), or
+    dropping the manager."""
     _SAVER.release()
 
 
@@ -738,7 +739,7 @@ class CheckpointManager:
         mgr.load({"model": model, "optim": optim, "step": 0})
 
     A manager owns its async saves' staging memory and threads; dropping it
-    frees them once its save in flight is durable.
+    (or release_async_save) frees them once its save in flight is durable.
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
@@ -787,6 +788,12 @@ class CheckpointManager:
         with args.hold:
             return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata,
                                          comm, options, args.whole)
+
+    def release_async_save(self) -> None:
+        """Frees this manager's staging memory and threads once its save in
+        flight is durable, raising that save's failure (as
+        shardsafe.release_async_save); the next async_save allocates again."""
+        self._engine.release()
 
     def wait(self) -> None:
         """Waits for the async save in flight; raises its failure."""

@@ -533,3 +533,23 @@ def test_a_dropped_manager_frees_its_engine_object(tmp_path):
     got = {"w": torch.zeros(1 << 20)}
     shardsafe.CheckpointManager(tmp_path / "r5").load(got)
     assert torch.equal(got["w"], state["w"])
+
+
+def test_a_manager_releases_its_engine_object_and_saves_again(tmp_path):
+    state = {"w": torch.arange(1 << 20, dtype=torch.float32)}
+    mgr = shardsafe.CheckpointManager(tmp_path / "root", keep_last=0)
+    mgr.async_save(0, state).result(timeout=120)
+    gc.collect()
+    before = _threads()  # the manager's copy threads among them
+    fut = mgr.async_save(1, state)
+    mgr.release_async_save()  # waits for step 1
+    assert mgr.latest_step() == 1 and fut.result(timeout=120) == mgr.path(1)
+    deadline = time.monotonic() + 60
+    while _threads() >= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads() < before, "the released engine object's threads are still there"
+    state["w"].neg_()
+    mgr.async_save(2, state).result(timeout=120)
+    got = {"w": torch.zeros(1 << 20)}
+    mgr.load(got)
+    assert torch.equal(got["w"], state["w"]) and mgr.latest_step() == 2
