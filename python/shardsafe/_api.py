@@ -361,9 +361,10 @@ def _saver() -> _C.AsyncSaver:
     return _SAVER.get()
 
 
-def _future(handle: _C.AsyncHandle, result: Any, owner: Any = None) -> Future:
-    """A Future completed (from a helper thread) when `handle` is durable;
-    `owner` (the engine object's holder) is kept alive until then."""
+def _future(handle: _C.AsyncHandle, result: Any, owner: _PerProcess | None = None) -> Future:
+    """A Future completed (from a helper thread) when `handle` is durable.
+    `owner` (a CheckpointManager's engine holder) is kept alive until then,
+    so a manager dropped mid-save neither blocks nor is skipped at exit."""
     fut: Future = Future()
     fut.set_running_or_notify_cancel()
     fut.blocked_seconds = handle.blocked_seconds  # type: ignore[attr-defined]
@@ -394,11 +395,10 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
-    saver = _saver()
     with args.hold:  # the engine has its own staged copy once the call returns
-        handle = saver.save(args.specs, args.blobs, args.values, args.metadata, root, tag,
-                            comm, options, args.whole)
-    return _future(handle, path, saver)
+        handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag,
+                               comm, options, args.whole)
+    return _future(handle, path)
 
 
 @_without_gc
@@ -745,7 +745,8 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
                  process_group: dist.ProcessGroup | None = None):
         self.root = root = os.path.abspath(os.fspath(root))
-        # (the factory holds the root, not self: the exit hook keeps it for good)
+        # (the factory holds the root, not self: a pending Future holds the
+        # engine holder, and must not hold the manager too)
         self._engine = _PerProcess(lambda: _C.CheckpointManager(root, keep_last),
                                    _C.CheckpointManager.wait_async)
         self._engine.get()  # a bad root fails here

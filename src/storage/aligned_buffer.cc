@@ -20,9 +20,9 @@ namespace {
 // The cache keeps at most this many bytes of idle buffers: a few files'
 // worth of 16 MiB buffers at default queue depth.
 constexpr size_t kMaxCachedBytes = size_t{256} << 20;
-// Larger buffers are freed, not cached: an async saver's staging arena is
-// given back when its owner is done with it (release_async_save, a dropped
-// manager), and kept it would only fill the cache the file buffers need.
+// Larger buffers (an async saver's staging arena) are freed, not cached:
+// their owner is giving the memory back, and kept they would only fill the
+// room the file buffers need.
 constexpr size_t kMaxCachedBuffer = size_t{64} << 20;
 
 struct Cache {

@@ -300,10 +300,24 @@ def test_async_save_snapshots_at_the_call(tmp_path):
     assert torch.equal(got["w"], want) and got["step"] == 3
 
 
-def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch):
+@pytest.fixture
+def fresh_saver(monkeypatch):
+    """A process-wide saver of this test's own: no staging from other tests."""
     from shardsafe import _api
-    fresh = _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending)
-    monkeypatch.setattr(_api, "_SAVER", fresh)  # no staging from other tests
+    monkeypatch.setattr(_api, "_SAVER",
+                        _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending))
+
+
+def _eventually(condition, seconds: float = 60.0) -> bool:
+    """Polls `condition` until it holds or `seconds` pass; its last value."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch, fresh_saver):
+    from shardsafe import _api
     monkeypatch.chdir(tmp_path)  # where a stray relative write would land
     state = {"w": torch.randn(1 << 20), "b": torch.randn(3, 5), "step": 1}
     nbytes = (state["w"].numel() + state["b"].numel()) * 4
@@ -326,10 +340,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_release_async_save_frees_the_staging_after_the_save_in_flight(tmp_path, monkeypatch):
-    from shardsafe import _api
-    fresh = _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending)
-    monkeypatch.setattr(_api, "_SAVER", fresh)
+def test_release_async_save_frees_the_staging_after_the_save_in_flight(tmp_path, fresh_saver):
     state = {"w": torch.randn(32 << 20)}  # 128 MiB
     shardsafe.release_async_save()  # nothing to release: a no-op
     before = _rss()
@@ -338,10 +349,8 @@ def test_release_async_save_frees_the_staging_after_the_save_in_flight(tmp_path,
     fut = shardsafe.async_save(state, tmp_path / "a")
     shardsafe.release_async_save()  # waits for the save in flight
     assert fut.result(timeout=120) == str(tmp_path / "a")
-    deadline = time.monotonic() + 60  # the future's helper thread lets go of the saver
-    while _rss() - before >= 64 << 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _rss() - before < 64 << 20, f"{(_rss() - before) >> 20} MiB still held"
+    assert _eventually(lambda: _rss() - before < 64 << 20), \
+        f"{(_rss() - before) >> 20} MiB still held"
     state["w"].mul_(2)
     shardsafe.async_save(state, tmp_path / "b").result(timeout=120)  # staging again
     got = {"w": torch.zeros(32 << 20)}
@@ -505,6 +514,11 @@ def test_a_forked_child_saves_with_engine_objects_of_its_own(tmp_path):
 
 
 def _threads() -> int:
+    """This process's threads once the async-save futures' helper threads
+    (one per save, gone soon after it) have ended: what remains is the
+    engine's."""
+    assert _eventually(lambda: not any(t.name == "shardsafe-async-wait"
+                                       for t in threading.enumerate()))
     return len(os.listdir("/proc/self/task"))
 
 
@@ -525,10 +539,6 @@ def test_a_dropped_manager_frees_its_engine_object(tmp_path):
         gc.collect()
     for i, fut in enumerate(futures):
         assert fut.result(timeout=120) == str(tmp_path / f"r{i}" / f"step-{i:08d}")
-    deadline = time.monotonic() + 60
-    while _threads() > before and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.05)
     assert _threads() <= before, f"{_threads() - before} thread(s) left by dropped managers"
     got = {"w": torch.zeros(1 << 20)}
     shardsafe.CheckpointManager(tmp_path / "r5").load(got)
@@ -544,9 +554,6 @@ def test_a_manager_releases_its_engine_object_and_saves_again(tmp_path):
     fut = mgr.async_save(1, state)
     mgr.release_async_save()  # waits for step 1
     assert mgr.latest_step() == 1 and fut.result(timeout=120) == mgr.path(1)
-    deadline = time.monotonic() + 60
-    while _threads() >= before and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert _threads() < before, "the released engine object's threads are still there"
     state["w"].neg_()
     mgr.async_save(2, state).result(timeout=120)
