@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardsafe/comm.h"
+#include "shardsafe/device_memory.h"
 #include "shardsafe/filesystem.h"
 #include "shardsafe/status.h"
 #include "shardsafe/types.h"
@@ -42,13 +43,16 @@ using Json = nlohmann::json;
 // One shard this rank holds. `data` points at slice.NumElements() elements
 // of `dtype`, row-major and dense; it must stay valid and unchanged until
 // Save returns. Nothing is copied before the write (the synchronous path
-// streams from `data`).
+// streams from `data`). With `on_device`, `data` is a device address that
+// the engine never reads itself: its bytes come through
+// SaveOptions::device (shardsafe/device_memory.h).
 struct TensorShard {
   std::string key;
   DType dtype = DType::kF32;
   Shape shape;  // the global shape
   Slice slice;  // the part this rank holds
   const void* data = nullptr;
+  bool on_device = false;
 };
 
 // Opaque bytes: RNG state, data-loader position. A per-rank blob is saved
@@ -88,6 +92,10 @@ struct SaveOptions {
   bool overwrite = false; // replace an existing checkpoint at the path
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
+  // Copies the shards marked on_device to host memory; required when there
+  // are any (InvalidArgument otherwise). An AsyncSaver keeps the one it
+  // registered its staging memory with until it unregisters it.
+  std::shared_ptr<DeviceMemory> device;
 };
 
 struct SaveStats {

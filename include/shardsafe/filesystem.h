@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,17 @@ class WritableFile {
   // caller's memory is read once. `*crc` is updated only on success. The
   // default checksums, then calls Append.
   virtual Status AppendChecksummed(const void* data, size_t n, uint32_t* crc);
+  // Writes the next `bytes` bytes of the file into memory it provides:
+  // fill(dst, offset, n) must put bytes [offset, offset + n) of the `bytes`
+  // into dst (host memory), and is called for consecutive ranges until all
+  // are filled; its error is returned as is. Extends `*crc` like
+  // AppendChecksummed (only on success). For data that must be copied from
+  // elsewhere anyway (a device): the direct file fills its own buffers, so
+  // no other memory is needed. The default fills a bounce buffer of at most
+  // kFillBounceBytes and appends it.
+  using Filler = std::function<Status(char* dst, uint64_t offset, size_t n)>;
+  static constexpr size_t kFillBounceBytes = size_t{4} << 20;
+  virtual Status AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* crc);
   // Waits until no write still reads memory passed to AppendStable, so the
   // caller may reuse it before Sync (double buffering). Reports a failed
   // write like Append. The default returns OK (its AppendStable copies).

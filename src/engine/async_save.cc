@@ -6,11 +6,15 @@
 //      the planning all-gather, so every rank fails this call alike;
 //   b. plan and create the temporary directory (PlanAndPrepare);
 //   c. copy this rank's file images (header + chunks + blobs) into the
-//      staging arena, computing each entry's CRC-32C during the copy.
+//      staging arena, computing each entry's CRC-32C during the copy;
+//      shards on a device are copied by SaveOptions::device meanwhile (its
+//      DMA into the arena, which it may have page-locked).
 // Background (no collectives; started before c, so the first writes overlap
 // the rest of the copy):
 //   d. write the images from staging (O_DIRECT, in place, several requests
-//      in flight) as far as c has staged them, fdatasync each file;
+//      in flight) as far as c has staged them, fdatasync each file; at the
+//      same time, once c is over, checksum what the device copied (so the
+//      caller does not wait for that);
 //   e. leave a marker in the temporary directory: `done-RRRRR` holding this
 //      rank's report (offsets and checksums), or `failed-RRRRR` with the
 //      error; markers appear atomically (temporary file + rename);
@@ -69,11 +73,12 @@ struct StagedFile {
 // in the arena (4 KiB aligned, in plan order). Returns the arena bytes
 // they need.
 Result<uint64_t> DescribeStaged(const SavePlan& plan, int rank, const SaveState& state,
-                                std::vector<StagedFile>* files, std::vector<FileImage>* images) {
+                                DeviceMemory* device, std::vector<StagedFile>* files,
+                                std::vector<FileImage>* images) {
   uint64_t total = 0;
   for (uint32_t f = 0; f < plan.files.size(); ++f) {
     if (plan.files[f].rank != rank) continue;
-    SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state));
+    SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, f, state, device));
     files->push_back({f, total, image.layout.file_size, {}});
     total += AlignUp(image.layout.file_size);
     images->push_back(std::move(image));
@@ -210,6 +215,17 @@ class Handle final : public AsyncSaveHandle {
   SaveStats stats_;
 };
 
+// A piece of one payload's copy into the arena.
+struct Piece {
+  char* dst;
+  const char* src;  // host memory, or a device address (`device`)
+  size_t n;
+  size_t file;  // index in Job::files
+  size_t unit;  // the copy task it belongs to: its number within the file
+  bool device = false;
+  uint32_t crc = 0;
+};
+
 // Everything the background thread needs; owned by it.
 struct Job {
   SavePlan plan;
@@ -218,6 +234,12 @@ struct Job {
   int rank = 0, world = 1;
   SaveState meta;  // values, metadata and layout only (for rank 0's index)
   std::vector<StagedFile> files;
+  std::vector<FileImage> images;  // parallel to files
+  // The payloads' pieces in file order; `ranges[i][e]`: the pieces of file
+  // i's entry e. The foreground checksums host pieces as it copies them,
+  // the background the device ones once they are staged.
+  std::vector<Piece> pieces;
+  std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
   const char* arena = nullptr;
   std::shared_ptr<StagingProgress> progress;  // shared with the foreground copy
   SaveOptions options;
@@ -246,18 +268,57 @@ Status WriteStaged(const Job& job, size_t index) {
   return out->Close();
 }
 
-// Step d for every file, then the copy's outcome (its reports are complete
-// once it is OK).
-Status WriteAllStaged(const Job& job) {
+// Step d's checksums of the pieces a device copied, once the copy is over,
+// on up to CopyThreads() threads of this one's (low) priority.
+Status ChecksumDevicePieces(Job& job) {
+  SS_RETURN_IF_ERROR(job.progress->WaitFinished());
+  std::vector<Piece*> device;
+  for (Piece& p : job.pieces) {
+    if (p.device) device.push_back(&p);
+  }
+  if (device.empty()) return Status();
+  ThreadPool pool(std::min(CopyThreads(), device.size()));
+  TaskGroup group(&pool);
+  for (Piece* p : device) {
+    group.Add([p] {
+      p->crc = Crc32cExtend(0, p->dst, p->n);
+      return Status();
+    });
+  }
+  return group.Wait();
+}
+
+// Each file's report (offsets, checksums) from its pieces' checksums.
+void FillReports(Job& job) {
+  for (size_t i = 0; i < job.files.size(); ++i) {
+    std::vector<uint32_t> crcs;
+    for (auto [first, end] : job.ranges[i]) {
+      uint32_t crc = 0;
+      for (size_t k = first; k < end; ++k) {
+        crc = Crc32cCombine(crc, job.pieces[k].crc, job.pieces[k].n);
+      }
+      crcs.push_back(crc);
+    }
+    job.files[i].report = ReportOf(job.plan, job.files[i].plan_file, job.images[i], crcs);
+  }
+}
+
+// Step d for every file and the device pieces' checksums, then the copy's
+// outcome; once OK, the files' reports are filled in.
+Status WriteAllStaged(Job& job) {
   if (!job.files.empty()) {
     ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), job.files.size()));
     TaskGroup group(&pool);
     for (size_t i = 0; i < job.files.size(); ++i) {
       group.Add([&job, i] { return WriteStaged(job, i); });
     }
+    Status checksummed = ChecksumDevicePieces(job);
     SS_RETURN_IF_ERROR(group.Wait());
+    SS_RETURN_IF_ERROR(checksummed);
   }
-  return job.progress->WaitFinished();
+  SS_RETURN_IF_ERROR(job.progress->WaitFinished());
+  FillReports(job);
+  return Status();
 }
 
 // Polls until `ready` returns a value (an optional Status or Result), with
@@ -344,7 +405,7 @@ Status AwaitCommit(const Job& job) {
 // The whole background part for one rank, started while the foreground
 // copy runs. A failure of that copy still goes through the markers, so that
 // rank 0 aborts and nobody waits for this rank.
-Status RunBackground(const Job& job, std::vector<std::string>* warnings) {
+Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = FsOf(job.options);
   Status written = WriteAllStaged(job);
   if (written.ok()) {
@@ -369,12 +430,34 @@ Status RunBackground(const Job& job, std::vector<std::string>* warnings) {
   return written;
 }
 
+bool HasDeviceShards(const SaveState& state) {
+  return std::any_of(state.tensors.begin(), state.tensors.end(),
+                     [](const TensorShard& t) { return t.on_device; });
+}
+
+// Adds piece `p` to the device's copy list, merged into the last copy when
+// both its source and destination continue that copy's.
+void AddDeviceCopy(const Piece& p, std::vector<DeviceMemory::Copy>* copies) {
+  if (!copies->empty()) {
+    DeviceMemory::Copy& last = copies->back();
+    if (static_cast<char*>(last.dst) + last.bytes == p.dst &&
+        static_cast<const char*>(last.src) + last.bytes == p.src) {
+      last.bytes += p.n;
+      return;
+    }
+  }
+  copies->push_back({p.dst, p.src, p.n});
+}
+
 }  // namespace
 
 class AsyncSaver::Impl {
  public:
   explicit Impl(AsyncSaveOptions options) : options_(options) {}
-  ~Impl() { WaitForPending().IgnoreError(); }
+  ~Impl() {
+    WaitForPending().IgnoreError();
+    Unregister();
+  }
 
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
                                                 const std::string& tag, Comm& comm,
@@ -400,116 +483,125 @@ class AsyncSaver::Impl {
     if (previous.ok()) return previous;
     return previous.WithContext("previous async save of " + pending_tag_);
   }
-  // Makes the arena hold at least `bytes` (the old one is released first:
-  // the peak is one arena, not two). Throws std::bad_alloc.
-  void Grow(uint64_t bytes) {
-    if (arena_.capacity() >= bytes) return;
-    arena_ = AlignedBuffer();
-    arena_ = AcquireAlignedBuffer(bytes);
+  // Makes the arena hold at least `bytes` for `state` (the old one is
+  // unregistered and released first: the peak is one arena, not two), and
+  // offers it to the state's device for page-locking, once. Throws
+  // std::bad_alloc.
+  void Grow(uint64_t bytes, const SaveState& state, const SaveOptions& options) {
+    if (arena_.capacity() < bytes) {
+      Unregister();
+      arena_ = AlignedBuffer();
+      arena_ = AcquireAlignedBuffer(bytes);
+    }
+    if (!registered_ && options.device && !arena_.empty() && HasDeviceShards(state)) {
+      options.device->Register(arena_.data(), arena_.capacity());
+      registered_ = options.device;
+    }
+  }
+  void Unregister() {
+    if (!registered_) return;
+    registered_->Unregister(arena_.data(), arena_.capacity());
+    registered_.reset();
   }
 
-  // A piece of one payload's copy into the arena.
-  struct Piece {
-    char* dst;
-    const char* src;
-    size_t n;
-    size_t file;  // index in Job::files
-    size_t unit;  // the copy task it belongs to: its number within the file
-    uint32_t crc = 0;
-  };
   // Step c, first half: the images of this rank's files, each 4 KiB aligned
   // in the arena (grown if needed), headers copied, the payloads' pieces
-  // listed (`ranges[i][e]`: the pieces of file i's entry e), grouped into
-  // units of consecutive pieces (one copy task each) and announced to the
-  // job's progress.
-  Status LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
-                std::vector<FileImage>* images, std::vector<Piece>* pieces,
-                std::vector<std::vector<std::pair<size_t, size_t>>>* ranges);
-  // Step c, second half: copies and checksums the units in parallel, each
-  // reported to the progress as it completes, then fills in the reports.
-  Status Copy(const SavePlan& plan, const std::vector<FileImage>& images,
-              std::vector<Piece>& pieces,
-              const std::vector<std::vector<std::pair<size_t, size_t>>>& ranges, Job* job);
+  // listed in the job, grouped into units of consecutive pieces, all host
+  // or all device (one copy task each), and announced to the job's progress.
+  Status LayOut(const SavePlan& plan, const SaveState& state, const SaveOptions& options,
+                Job* job);
+  // Step c, second half: copies and checksums the host units in parallel,
+  // while `device` copies the device units, each reported to the progress
+  // as it completes.
+  Status Copy(Job* job, DeviceMemory* device);
 
   AsyncSaveOptions options_;
   AlignedBuffer arena_;
+  std::shared_ptr<DeviceMemory> registered_;  // the arena is registered with it
   ThreadPool copy_pool_{CopyThreads()};  // the staging copy
   std::thread worker_;
   std::shared_ptr<Handle> pending_;
   std::string pending_tag_;
 };
 
-Status AsyncSaver::Impl::LayOut(const SavePlan& plan, int rank, const SaveState& state, Job* job,
-                                std::vector<FileImage>* images, std::vector<Piece>* pieces,
-                                std::vector<std::vector<std::pair<size_t, size_t>>>* ranges) {
-  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, rank, state, &job->files, images));
-  Grow(total);
+Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
+                                const SaveOptions& options, Job* job) {
+  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, job->rank, state, options.device.get(),
+                                                     &job->files, &job->images));
+  Grow(total, state, options);
   job->arena = arena_.data();
   // Pieces in file order, so the writer can follow the copy closely.
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> units(images->size());
-  ranges->assign(images->size(), {});
-  for (size_t i = 0; i < images->size(); ++i) {
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> units(job->images.size());
+  job->ranges.assign(job->images.size(), {});
+  for (size_t i = 0; i < job->images.size(); ++i) {
     char* base = arena_.data() + job->files[i].offset;
-    const FileImage& image = (*images)[i];
+    const FileImage& image = job->images[i];
     std::memcpy(base, image.layout.header.data(), image.layout.header.size());
-    (*ranges)[i].resize(image.payloads.size());
+    job->ranges[i].resize(image.payloads.size());
     uint64_t unit_bytes = kCopyPiece;  // the first piece opens a unit
+    bool unit_device = false;
     for (uint32_t e : image.layout.order) {
       const Payload& p = image.payloads[e];
-      const size_t first = pieces->size();
+      const bool device = p.device != nullptr;
+      const size_t first = job->pieces.size();
       for (uint64_t off = 0; off < p.bytes; off += kCopyPiece) {
         const uint64_t at = image.layout.offsets[e] + off;
         const size_t n = static_cast<size_t>(std::min<uint64_t>(kCopyPiece, p.bytes - off));
-        if (unit_bytes + n > kCopyPiece) {
+        if (unit_bytes + n > kCopyPiece || device != unit_device) {
           units[i].emplace_back(at, at);
           unit_bytes = 0;
+          unit_device = device;
         }
         units[i].back().second = at + n;  // entries lie back to back
         unit_bytes += n;
-        pieces->push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
-                           units[i].size() - 1});
+        job->pieces.push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
+                               units[i].size() - 1, device});
       }
-      (*ranges)[i][e] = {first, pieces->size()};
+      job->ranges[i][e] = {first, job->pieces.size()};
     }
   }
   job->progress->Reset(job->files, std::move(units));
   return Status();
 }
 
-Status AsyncSaver::Impl::Copy(const SavePlan& plan, const std::vector<FileImage>& images,
-                              std::vector<Piece>& pieces,
-                              const std::vector<std::vector<std::pair<size_t, size_t>>>& ranges,
-                              Job* job) {
-  // A payload's checksum is its pieces' checksums combined in order.
-  TaskGroup group(&copy_pool_);
+Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
+  std::vector<Piece>& pieces = job->pieces;
   StagingProgress& progress = *job->progress;
+  TaskGroup group(&copy_pool_);
+  std::vector<DeviceMemory::Copy> copies;
+  std::vector<std::pair<size_t, size_t>> device_units;  // (file, unit)
   for (size_t first = 0; first < pieces.size();) {
     size_t end = first + 1;
     while (end < pieces.size() && pieces[end].file == pieces[first].file &&
            pieces[end].unit == pieces[first].unit) {
       ++end;
     }
-    group.Add([&pieces, &progress, first, end] {
-      for (size_t k = first; k < end; ++k) {
-        Piece& p = pieces[k];
-        p.crc = CopyWithCrc32c(p.dst, p.src, p.n, 0);
-      }
-      progress.UnitDone(pieces[first].file, pieces[first].unit);
-      return Status();
-    });
+    if (pieces[first].device) {
+      for (size_t k = first; k < end; ++k) AddDeviceCopy(pieces[k], &copies);
+      device_units.emplace_back(pieces[first].file, pieces[first].unit);
+    } else {
+      // A payload's checksum is its pieces' checksums combined in order.
+      group.Add([&pieces, &progress, first, end] {
+        for (size_t k = first; k < end; ++k) {
+          Piece& p = pieces[k];
+          p.crc = CopyWithCrc32c(p.dst, p.src, p.n, 0);
+        }
+        progress.UnitDone(pieces[first].file, pieces[first].unit);
+        return Status();
+      });
+    }
     first = end;
   }
-  SS_RETURN_IF_ERROR(group.Wait());
-  for (size_t i = 0; i < images.size(); ++i) {
-    std::vector<uint32_t> crcs;
-    for (auto [first, end] : ranges[i]) {
-      uint32_t crc = 0;
-      for (size_t k = first; k < end; ++k) crc = Crc32cCombine(crc, pieces[k].crc, pieces[k].n);
-      crcs.push_back(crc);
+  // The device's copies run on this thread while the pool copies the rest.
+  Status copied;
+  if (!copies.empty()) {
+    copied = device->CopyToHost(copies).WithContext("copying tensors from the device");
+    if (copied.ok()) {
+      for (auto [file, unit] : device_units) progress.UnitDone(file, unit);
     }
-    job->files[i].report = ReportOf(plan, job->files[i].plan_file, images[i], crcs);
   }
-  return Status();
+  Status host = group.Wait();
+  return copied.ok() ? host : copied;
 }
 
 Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
@@ -520,7 +612,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   // a. The previous save's failure fails this call on every rank. b.
   SS_ASSIGN_OR_RETURN(PreparedSave prepared,
                       PlanAndPrepare(state, root, tag, comm, options, Previous()));
-  // The job is shared: the foreground fills in the reports (c) while the
+  // The job is shared: the foreground stages and checksums (c) while the
   // background writes (d), whichever ends first.
   auto job = std::make_shared<Job>();
   job->rank = comm.rank();
@@ -529,13 +621,10 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->meta.metadata = state.metadata;
   job->meta.layout = state.layout;
   job->progress = std::make_shared<StagingProgress>();
-  std::vector<FileImage> images;
-  std::vector<Piece> pieces;
-  std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
   // c, first half; a failure is reported through the background (markers).
   Status laid_out;
   try {
-    laid_out = LayOut(prepared.plan, job->rank, state, job.get(), &images, &pieces, &ranges);
+    laid_out = LayOut(prepared.plan, state, options, job.get());
   } catch (const std::bad_alloc&) {
     laid_out = ResourceExhaustedError("no memory for the staging copy of this rank's data");
   }
@@ -549,6 +638,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->tmp_dir = std::move(prepared.tmp_dir);
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
+  job->options.device.reset();  // the background copies nothing from the device
   job->async_options = options_;
   job->update_latest = update_latest;
   job->keep_last = keep_last;
@@ -561,7 +651,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     std::vector<std::string> warnings;
     Status s = RunBackground(*job, &warnings);
     // The foreground may still be copying after a write failed: the job
-    // (its reports) and the arena stay in use until the copy is over.
+    // (its pieces) and the arena stay in use until the copy is over.
     job->progress->WaitFinished().IgnoreError();
     SaveStats stats = StatsOf(job->plan, job->rank);
     stats.warnings = std::move(warnings);
@@ -573,9 +663,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   if (laid_out.ok()) {
     Status copied;
     try {
-      copied = Copy(job->plan, images, pieces, ranges, job.get());
+      copied = Copy(job.get(), options.device.get());
     } catch (const std::bad_alloc&) {
-      copied = ResourceExhaustedError("no memory for the checksums of this rank's data");
+      copied = ResourceExhaustedError("no memory for the staging copy's task list");
     }
     job->progress->Finish(std::move(copied));
   }
@@ -591,9 +681,10 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
                       GatherAndPlan(state, "(staging reservation)", comm, options, Previous()));
   std::vector<StagedFile> files;
   std::vector<FileImage> images;
-  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state, &files, &images));
+  SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state,
+                                                     options.device.get(), &files, &images));
   try {
-    Grow(total);
+    Grow(total, state, options);
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError("no memory for " + std::to_string(total) +
                                   " bytes of async save staging");

@@ -13,10 +13,14 @@
 namespace shardsafe {
 namespace {
 
-Status CheckLocalState(const SaveState& state) {
+Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
   for (const TensorShard& t : state.tensors) {
     if (t.data == nullptr && t.slice.NumElements() > 0) {
       return InvalidArgumentError("tensor \"" + t.key + "\": null data pointer");
+    }
+    if (t.on_device && options.device == nullptr) {
+      return InvalidArgumentError("tensor \"" + t.key +
+                                  "\" is on a device, but no SaveOptions::device copies it");
     }
   }
   for (const BlobRef& b : state.blobs) {
@@ -31,7 +35,7 @@ Status CheckLocalState(const SaveState& state) {
 
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
                                const SaveOptions& options, const Status& pending) {
-  Status local = pending.ok() ? CheckLocalState(state) : pending;
+  Status local = pending.ok() ? CheckLocalState(state, options) : pending;
   SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, state)));
   std::vector<RankHoldings> holdings(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {

@@ -20,7 +20,7 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
                               const std::string& dir, FileSystem& fs, const SaveOptions& options,
                               std::atomic<uint64_t>* progress) {
   const PlannedFile& planned = plan.files[file_index];
-  SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, file_index, state));
+  SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, file_index, state, options.device.get()));
   const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
   SS_ASSIGN_OR_RETURN(auto out,
                       fs.NewWritableFile(path, DataFileOptions(options, image.layout.file_size)));
@@ -28,7 +28,15 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
   std::vector<uint32_t> crcs(image.payloads.size());
   for (uint32_t i : image.layout.order) {
     const Payload& p = image.payloads[i];
-    SS_RETURN_IF_ERROR(out->AppendChecksummed(p.data, p.bytes, &crcs[i]));
+    if (p.device != nullptr) {
+      // Straight into the file's buffers: nothing of the tensor is staged.
+      SS_RETURN_IF_ERROR(out->AppendFilled(
+          p.bytes,
+          [&p](char* dst, uint64_t offset, size_t n) { return CopyFromDevice(p, dst, offset, n); },
+          &crcs[i]));
+    } else {
+      SS_RETURN_IF_ERROR(out->AppendChecksummed(p.data, p.bytes, &crcs[i]));
+    }
     progress->fetch_add(p.bytes, std::memory_order_relaxed);
   }
   SS_RETURN_IF_ERROR(out->Sync());
@@ -38,7 +46,8 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
 
 }  // namespace
 
-Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state) {
+Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state,
+                               DeviceMemory* device) {
   const PlannedFile& planned = plan.files[file];
   std::vector<EntrySpec> specs;
   FileImage image;
@@ -47,7 +56,9 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
     const PlannedTensor& tensor = plan.tensors[chunk.tensor];
     specs.push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
                      EntryShape(chunk.slice), chunk.bytes});
-    image.payloads.push_back({state.tensors[chunk.writer_shard].data, chunk.bytes});
+    const TensorShard& shard = state.tensors[chunk.writer_shard];
+    image.payloads.push_back({shard.data, chunk.bytes,
+                              shard.on_device ? device : nullptr, &shard.key});
   }
   for (uint32_t b : planned.blobs) {
     const PlannedBlob& blob = plan.blobs[b];
@@ -58,6 +69,12 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
   SS_ASSIGN_OR_RETURN(image.layout,
                       BuildSafetensorsHeader(specs, kHfMetadata, kDataFileAlignment));
   return image;
+}
+
+Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes) {
+  const DeviceMemory::Copy copy{dst, static_cast<const char*>(p.data) + offset, bytes};
+  return p.device->CopyToHost({&copy, 1}).WithContext("copying tensor \"" + *p.key +
+                                                     "\" from the device");
 }
 
 WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size) {

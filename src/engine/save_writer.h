@@ -29,11 +29,18 @@ struct WrittenFile {
 // "data-00003-001.safetensors"
 std::string DataFileName(int rank, uint32_t number);
 
-// The bytes of one entry of a data file, in the caller's memory.
+// The bytes of one entry of a data file, in the caller's memory (or, when
+// `device` is set, at a device address the engine reads through it).
 struct Payload {
   const void* data = nullptr;
   uint64_t bytes = 0;
+  DeviceMemory* device = nullptr;
+  const std::string* key = nullptr;  // the tensor's, for messages (device payloads)
 };
+
+// Copies `bytes` of a device payload, from `offset`, into host memory at
+// `dst`; a failure names the tensor.
+Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes);
 
 // What one planned file holds: its header and, per entry (input order of
 // layout.offsets), where the bytes are.
@@ -42,7 +49,9 @@ struct FileImage {
   std::vector<Payload> payloads;  // chunks first, then blobs (PlannedFile order)
 };
 
-Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state);
+// The image of planned file `file`; shards on_device read through `device`.
+Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state,
+                               DeviceMemory* device);
 
 // How a data file of `size` bytes is opened for writing under `options`.
 WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size);

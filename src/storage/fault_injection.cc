@@ -25,6 +25,10 @@ class FaultInjectingFile final : public WritableFile {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
     return base_->AppendChecksummed(data, n, crc);
   }
+  Status AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* crc) override {
+    SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kAppend));
+    return base_->AppendFilled(bytes, fill, crc);
+  }
   Status WaitStable() override { return base_->WaitStable(); }
   Status Sync() override {
     SS_RETURN_IF_ERROR(fs_->BeforeOp(OpKind::kSync));

@@ -1,7 +1,10 @@
 // Helpers over any FileSystem: atomic whole-file writes, whole-file reads,
 // and path arithmetic. They use only the FileSystem interface, so they work
 // (and are tested) on the fault-injecting wrapper too. Also the default
-// WritableFile::AppendChecksummed: checksum, then Append.
+// WritableFile::AppendChecksummed (checksum, then Append) and AppendFilled
+// (through a bounce buffer).
+#include <algorithm>
+#include <memory>
 #include <random>
 
 #include "shardsafe/filesystem.h"
@@ -13,6 +16,20 @@ namespace shardsafe {
 Status WritableFile::AppendChecksummed(const void* data, size_t n, uint32_t* crc) {
   const uint32_t extended = Crc32cExtend(*crc, data, n);
   SS_RETURN_IF_ERROR(Append(data, n));
+  *crc = extended;
+  return Status();
+}
+
+Status WritableFile::AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* crc) {
+  const size_t size = static_cast<size_t>(std::min<uint64_t>(bytes, kFillBounceBytes));
+  auto bounce = std::make_unique_for_overwrite<char[]>(size);
+  uint32_t extended = *crc;
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(size, bytes - done));
+    SS_RETURN_IF_ERROR(fill(bounce.get(), done, n));
+    SS_RETURN_IF_ERROR(AppendChecksummed(bounce.get(), n, &extended));
+    done += n;
+  }
   *crc = extended;
   return Status();
 }

@@ -251,6 +251,44 @@ TEST_P(PosixFileRoundTripTest, AppendChecksummedWritesTheBytesAndExtendsTheirChe
   ExpectContent(path, data);
 }
 
+TEST_P(PosixFileRoundTripTest, AppendFilledWritesWhatTheFillerPutsAndExtendsTheChecksum) {
+  const std::string data = RandomBytes((9 << 20) + 4321, 12);
+  const std::string path = dir_.File("filled");
+  auto file = DefaultFileSystem()->NewWritableFile(path, Options(64 << 10, 2));
+  ASSERT_TRUE(file.ok());
+  // Appends of any size after an unaligned start; the filler is asked for
+  // consecutive ranges that cover each append exactly, none larger than
+  // the default's bounce buffer.
+  ASSERT_TRUE((*file)->Append(data.data(), 777).ok());
+  const uint32_t start = 0x5eed;
+  uint32_t crc = start;
+  size_t done = 777;
+  for (size_t i = 0; done < data.size(); ++i) {
+    const size_t n = std::min<size_t>(size_t{1} + i * 1'237'123 % 5'000'001, data.size() - done);
+    uint64_t next = 0;
+    auto fill = [&](char* dst, uint64_t offset, size_t len) {
+      EXPECT_EQ(offset, next);
+      EXPECT_LE(len, WritableFile::kFillBounceBytes);
+      std::memcpy(dst, data.data() + done + offset, len);
+      next = offset + len;
+      return Status();
+    };
+    ASSERT_TRUE((*file)->AppendFilled(n, fill, &crc).ok());
+    EXPECT_EQ(next, n);
+    done += n;
+    ASSERT_EQ((*file)->size(), done);
+  }
+  EXPECT_EQ(crc, Crc32cExtend(start, data.data() + 777, data.size() - 777));
+  // A filler's failure comes back as it is and leaves the checksum alone.
+  const uint32_t before = crc;
+  Status failed = (*file)->AppendFilled(
+      3 << 20, [](char*, uint64_t, size_t) { return UnavailableError("device lost (injected)"); },
+      &crc);
+  EXPECT_EQ(failed.message(), "device lost (injected)");
+  EXPECT_EQ(crc, before);
+  ASSERT_TRUE((*file)->Close().ok());
+}
+
 TEST_P(PosixFileRoundTripTest, LargeUnalignedReadsGoThroughTheBounceBuffer) {
   // Over 8 MiB, so the bounced path needs several pieces, and an odd size.
   const std::string path = dir_.File("bounce");

@@ -136,6 +136,8 @@ class DirectWritableFile final : public PosixWritableFile {
   // `data`; the buffer is written with streaming stores, as only the disk
   // reads it).
   Status AppendChecksummed(const void* data, size_t n, uint32_t* crc) override;
+  // Fills its buffers straight from `fill`, then checksums them.
+  Status AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* crc) override;
   Status AppendStable(const void* data, size_t n) override;
   Status WaitStable() override {
     SS_RETURN_IF_ERROR(CheckUsable());
@@ -155,6 +157,10 @@ class DirectWritableFile final : public PosixWritableFile {
   }
   // Append's copy into the buffers; with `crc`, the checksumming copy.
   Status CopyIn(const void* data, size_t n, uint32_t* crc);
+  // Hands the next `n` bytes of the file, buffer space by buffer space, to
+  // put(to, done, take) (`done` bytes put before), submitting full buffers.
+  template <typename Put>
+  Status PutIntoBuffers(uint64_t n, Put put);
   Status NextBuffer();
   void SubmitCurrent();
   Status Drain();
@@ -187,23 +193,40 @@ Status DirectWritableFile::AppendChecksummed(const void* data, size_t n, uint32_
   return Status();
 }
 
+Status DirectWritableFile::AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* crc) {
+  uint32_t extended = *crc;
+  SS_RETURN_IF_ERROR(PutIntoBuffers(bytes, [&](char* to, uint64_t done, size_t take) {
+    SS_RETURN_IF_ERROR(fill(to, done, take));
+    extended = Crc32cExtend(extended, to, take);
+    return Status();
+  }));
+  *crc = extended;
+  return Status();
+}
+
 Status DirectWritableFile::CopyIn(const void* data, size_t n, uint32_t* crc) {
+  const char* p = static_cast<const char*>(data);
+  return PutIntoBuffers(n, [&](char* to, uint64_t done, size_t take) {
+    if (crc != nullptr) {
+      *crc = CopyWithCrc32c(to, p + done, take, *crc);
+    } else {
+      std::memcpy(to, p + done, take);
+    }
+    return Status();
+  });
+}
+
+template <typename Put>
+Status DirectWritableFile::PutIntoBuffers(uint64_t n, Put put) {
   SS_RETURN_IF_ERROR(CheckUsable());
   if (io_failed_.load(std::memory_order_acquire)) return Drain();
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
+  for (uint64_t done = 0; done < n;) {
     if (current_ < 0) SS_RETURN_IF_ERROR(NextBuffer());
-    size_t take = std::min(n, capacity_ - fill_);
-    char* to = buffers_[current_].data() + fill_;
-    if (crc != nullptr) {
-      *crc = CopyWithCrc32c(to, p, take, *crc);
-    } else {
-      std::memcpy(to, p, take);
-    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n - done, capacity_ - fill_));
+    SS_RETURN_IF_ERROR(put(buffers_[current_].data() + fill_, done, take));
     fill_ += take;
     size_ += take;
-    p += take;
-    n -= take;
+    done += take;
     if (fill_ == capacity_) SubmitCurrent();
   }
   return Status();

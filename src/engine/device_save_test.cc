@@ -1,0 +1,282 @@
+// Saves of shards that live on a device (TensorShard::on_device), sync and
+// async, through a DeviceMemory test double whose "device addresses" no CPU
+// read can use: the engine must get every byte through CopyToHost.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "engine/test_util.h"
+#include "shardsafe/async_save.h"
+#include "shardsafe/device_memory.h"
+
+namespace shardsafe {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeShard;
+using testing::MakeTarget;
+using testing::MatchesOracle;
+using testing::OwnedShard;
+using testing::OwnedTarget;
+using testing::RunRanks;
+
+// Host memory posing as device memory: its device address is the host
+// address with bit 47 flipped, which no x86-64 or AArch64 user-space load
+// accepts (reading one faults), so an engine that read a device shard
+// directly would crash the test. Records what it was asked to do; fails
+// every copy once `fail_from` copies were made.
+class ShiftedDevice final : public DeviceMemory {
+ public:
+  static const void* ToDevice(const void* host) { return Flip(host); }
+
+  Status CopyToHost(std::span<const Copy> copies) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Copy& c : copies) {
+      if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
+      std::memcpy(c.dst, Flip(c.src), c.bytes);
+      ++copies_made_;
+      bytes_copied_ += c.bytes;
+      largest_copy_ = std::max(largest_copy_, c.bytes);
+    }
+    return Status();
+  }
+  void Register(void* host, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_TRUE(registered_.emplace(host, bytes).second) << "registered twice";
+    ++registrations_;
+  }
+  void Unregister(void* host, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = registered_.find(host);
+    ASSERT_NE(it, registered_.end()) << "unregistered what was not registered";
+    EXPECT_EQ(it->second, bytes);
+    registered_.erase(it);
+  }
+
+  void FailFrom(uint64_t copies) { fail_from_ = copies; }
+  uint64_t copies_made() const { return copies_made_; }
+  uint64_t bytes_copied() const { return bytes_copied_; }
+  size_t largest_copy() const { return largest_copy_; }
+  int registrations() const { return registrations_; }
+  std::map<void*, size_t> registered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registered_;
+  }
+
+ private:
+  static const void* Flip(const void* p) {
+    return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) ^ (uintptr_t{1} << 47));
+  }
+  mutable std::mutex mu_;
+  uint64_t fail_from_ = UINT64_MAX;
+  uint64_t copies_made_ = 0, bytes_copied_ = 0;
+  size_t largest_copy_ = 0;
+  int registrations_ = 0;
+  std::map<void*, size_t> registered_;
+};
+
+const Shape kBig{4100, 2048};  // F32: 32 MiB, several copy pieces and write buffers
+const Shape kSmall{64, 48};
+
+// Rank r of 2 holds rows [r*half, (r+1)*half) of "big" on the device, a flat
+// half of "small" on the host, and "tiny" (replicated: one rank writes it)
+// on the device.
+struct DeviceState {
+  std::vector<OwnedShard> shards;
+  SaveState state;
+  uint64_t device_bytes = 0;
+};
+
+DeviceState MakeDeviceState(int r) {
+  DeviceState s;
+  const uint64_t half = kBig[0] / 2, n = kSmall[0] * kSmall[1];
+  s.shards.push_back(MakeShard("big", DType::kF32, kBig, {Box{{half * r, 0}, {half, 2048}}, {}}));
+  s.shards.push_back(
+      MakeShard("small", DType::kBF16, kSmall, {Box::Whole(kSmall), FlatRange{n * r / 2, n * (r + 1) / 2}}));
+  s.shards.push_back(MakeShard("tiny", DType::kI64, {5}, {Box::Whole({5}), {}}));
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    TensorShard t = s.shards[i].View();
+    if (i != 1) {
+      t.data = ShiftedDevice::ToDevice(t.data);
+      t.on_device = true;
+    }
+    s.state.tensors.push_back(t);
+  }
+  s.device_bytes = s.shards[0].bytes.size();
+  s.state.values["step"] = 1;
+  return s;
+}
+
+class DeviceSaveTest : public ::testing::Test {
+ protected:
+  void SetUp() override { root_ = testing::MakeTempDir("device"); }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // Two ranks load every tensor of `path` in another layout (column halves
+  // of "big", whole "small" and "tiny"), checksums verified.
+  void ExpectLoads(const std::string& path) {
+    RunRanks(2, [&](int r, Comm& comm) {
+      std::vector<OwnedTarget> targets;
+      targets.push_back(MakeTarget("big", DType::kF32, kBig, {Box{{0, 1024u * r}, {4100, 1024}}, {}}));
+      targets.push_back(MakeTarget("small", DType::kBF16, kSmall, {Box::Whole(kSmall), {}}));
+      targets.push_back(MakeTarget("tiny", DType::kI64, {5}, {Box::Whole({5}), {}}));
+      LoadRequest req;
+      for (auto& t : targets) req.tensors.push_back(t.target);
+      auto res = Load(req, path, comm, {});
+      ASSERT_TRUE(res.ok()) << res.status().ToString();
+      for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+    });
+  }
+
+  std::string root_;
+};
+
+TEST_F(DeviceSaveTest, SyncSaveStreamsDeviceShardsThroughBoundedBuffers) {
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
+    const std::string path = root_ + (direct ? "/direct" : "/buffered");
+    std::vector<std::shared_ptr<ShiftedDevice>> devices(2);
+    RunRanks(2, [&](int r, Comm& comm) {
+      DeviceState s = MakeDeviceState(r);
+      devices[r] = std::make_shared<ShiftedDevice>();
+      SaveOptions opts;
+      opts.direct_io = direct;
+      opts.io_buffer_bytes = 4 << 20;
+      opts.device = devices[r];
+      auto saved = Save(s.state, path, comm, opts);
+      ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    });
+    ExpectLoads(path);
+    uint64_t copied = 0;
+    for (const auto& d : devices) {
+      copied += d->bytes_copied();
+      // Each copy fills one write buffer (or the default's bounce buffer):
+      // nothing of the state is staged whole.
+      EXPECT_LE(d->largest_copy(), size_t{4} << 20);
+      EXPECT_EQ(d->registrations(), 0);
+    }
+    EXPECT_EQ(copied, 2 * MakeDeviceState(0).device_bytes + 5 * 8) << "each device byte copied once";
+  }
+}
+
+TEST_F(DeviceSaveTest, AsyncSaveCopiesDeviceShardsIntoTheRegisteredStaging) {
+  std::vector<std::shared_ptr<ShiftedDevice>> devices(2);
+  RunRanks(2, [&](int r, Comm& comm) {
+    devices[r] = std::make_shared<ShiftedDevice>();
+    {
+      AsyncSaver saver;
+      SaveOptions opts;
+      opts.device = devices[r];
+      for (int step : {1, 2}) {
+        DeviceState s = MakeDeviceState(r);
+        auto h = saver.Save(s.state, root_, "step-" + std::to_string(step), comm, opts);
+        ASSERT_TRUE(h.ok()) << h.status().ToString();
+        // The device's memory (and the host's) may change once the call returns.
+        for (auto& sh : s.shards) std::fill(sh.bytes.begin(), sh.bytes.end(), std::byte{0x55});
+        auto stats = (*h)->Wait();
+        ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+        // The staging arena is registered once, whole, and kept across saves.
+        auto registered = devices[r]->registered();
+        ASSERT_EQ(registered.size(), 1u);
+        EXPECT_EQ(registered.begin()->second, saver.staging_bytes());
+      }
+      EXPECT_EQ(devices[r]->registrations(), 1);
+      // Consecutive pieces of a tensor go as one copy.
+      EXPECT_LE(devices[r]->copies_made(), 2u * 2);
+    }
+    EXPECT_TRUE(devices[r]->registered().empty()) << "the saver unregisters before freeing";
+  });
+  ExpectLoads(root_ + "/step-1");
+  ExpectLoads(root_ + "/step-2");
+}
+
+TEST_F(DeviceSaveTest, ReserveRegistersTheStagingAndGrowingReplacesIt) {
+  RunRanks(1, [&](int, Comm& comm) {
+    auto device = std::make_shared<ShiftedDevice>();
+    AsyncSaver saver;
+    SaveOptions opts;
+    opts.device = device;
+    // One whole tensor on the device: 64 B, then 32 MiB.
+    auto on_device = [](const OwnedShard& shard) {
+      SaveState state;
+      state.tensors.push_back(shard.View());
+      state.tensors.back().data = ShiftedDevice::ToDevice(shard.bytes.data());
+      state.tensors.back().on_device = true;
+      return state;
+    };
+    OwnedShard small = MakeShard("t", DType::kF32, {16}, {Box::Whole({16}), {}});
+    ASSERT_TRUE(saver.Reserve(on_device(small), comm, opts).ok());
+    auto first = device->registered();
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(first.begin()->second, saver.staging_bytes());
+    EXPECT_EQ(device->copies_made(), 0u) << "a reservation copies nothing";
+    // A larger state needs a larger arena: the old one is unregistered first.
+    OwnedShard big = MakeShard("t", DType::kF32, kBig, {Box::Whole(kBig), {}});
+    auto h = saver.Save(on_device(big), root_, "grown", comm, opts);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_TRUE((*h)->Wait().ok());
+    auto second = device->registered();
+    ASSERT_EQ(second.size(), 1u);
+    EXPECT_EQ(second.begin()->second, saver.staging_bytes());
+    EXPECT_GT(saver.staging_bytes(), first.begin()->second);
+    EXPECT_EQ(device->registrations(), 2);
+  });
+}
+
+// A failed device copy, sync or async, commits nothing and names the cause
+// (the sync save also the tensor); the previous checkpoint still loads.
+TEST_F(DeviceSaveTest, FailedDeviceCopyCommitsNothing) {
+  RunRanks(2, [&](int r, Comm& comm) {
+    DeviceState s = MakeDeviceState(r);
+    SaveOptions opts;
+    opts.io_buffer_bytes = 4 << 20;  // "big" takes several copies
+    opts.device = std::make_shared<ShiftedDevice>();
+    ASSERT_TRUE(Save(s.state, root_ + "/good", comm, opts).ok());
+    auto failing = std::make_shared<ShiftedDevice>();
+    failing->FailFrom(r == 1 ? 1 : UINT64_MAX);  // rank 1's second copy fails
+    opts.device = failing;
+    Status sync = Save(s.state, root_ + "/sync", comm, opts).status();
+    EXPECT_FALSE(sync.ok());
+    if (r == 1) {
+      EXPECT_THAT(sync.message(), HasSubstr("device copy failed (injected)"));
+      EXPECT_THAT(sync.message(), HasSubstr("copying tensor \"big\" from the device"));
+    }
+    failing->FailFrom(0);
+    AsyncSaver saver;
+    auto h = saver.Save(s.state, root_, "async", comm, opts);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    Status async = (*h)->Wait().status();
+    EXPECT_THAT(async.message(), HasSubstr("device copy failed (injected)"));
+  });
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/sync"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/async"));
+  ExpectLoads(root_ + "/good");
+}
+
+TEST_F(DeviceSaveTest, DeviceShardWithoutDeviceMemoryIsRefusedOnEveryRank) {
+  RunRanks(2, [&](int r, Comm& comm) {
+    DeviceState s = MakeDeviceState(r);
+    if (r == 0) {
+      for (TensorShard& t : s.state.tensors) {
+        t.on_device = false;
+        t.data = s.shards[&t - s.state.tensors.data()].bytes.data();
+      }
+    }
+    Status sync = Save(s.state, root_ + "/x", comm, {}).status();
+    EXPECT_FALSE(sync.ok());
+    if (r == 1) {
+      EXPECT_EQ(sync.code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(sync.message(), HasSubstr("tensor \"big\" is on a device"));
+    }
+    AsyncSaver saver;
+    EXPECT_FALSE(saver.Save(s.state, root_, "y", comm, {}).ok());
+  });
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/x"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/y"));
+}
+
+}  // namespace
+}  // namespace shardsafe
