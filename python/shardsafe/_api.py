@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C, hf
+from . import _C, _device, hf
 from ._comm import TorchComm, resolve
 from ._state import (DTYPE_NAMES, FILE_PREFIX, PICKLE_PREFIX, TORCH_DTYPES, Flat, TensorLeaf,
                      decode_value, encode_values, flatten, rebuild, to_json)
@@ -100,9 +100,9 @@ def _dtype_name(key: str, t: torch.Tensor) -> str:
 
 
 class _HostStaging:
-    """Pinned host memory for device tensors, allocated once and grown when
-    a call needs more, reused across calls (CUDA copies run from it at full
-    speed, and it is never re-faulted)."""
+    """Pinned host memory that a load of device tensors reads into, allocated
+    once and grown when a call needs more, reused across calls (CUDA copies
+    run from it at full speed, and it is never re-faulted)."""
 
     ALIGN = 64
 
@@ -193,10 +193,10 @@ class _SaveArgs:
     metadata: str = ""
     # Whole tensors planned by the extension (_C.plan_save_whole), saved with `specs`.
     whole: _C.WholeShards | None = None
+    # Device (GPU) shards: (their copier, their specs), which the engine
+    # copies from the device as it writes or stages them; None if none.
+    device: tuple[_device.DeviceCopier, list[tuple]] | None = None
     keep: list = field(default_factory=list)  # alive until the engine returns
-    # Holds the pinned staging buffer (device tensors) until the engine call
-    # that reads it returns: `with args.hold: engine call`.
-    hold: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
 
 def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
@@ -220,16 +220,6 @@ def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
 def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
                   files: Mapping[str, Any] | None = None) -> _SaveArgs:
     args = _SaveArgs()
-    try:
-        _fill_save_args(args, state, metadata, unsafe_pickle, files)
-    except BaseException:
-        args.hold.close()
-        raise
-    return args
-
-
-def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: bool,
-                    files: Mapping[str, Any] | None) -> None:
     flat = flatten(state)
     values, args.blobs = encode_values(flat.values, unsafe_pickle)
     args.blobs += _file_blobs(files)
@@ -248,24 +238,25 @@ def _fill_save_args(args: _SaveArgs, state: Any, metadata: Any, unsafe_pickle: b
         if b.local.numel() == 0 and math.prod(b.shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
         boxes.append((leaf.key, name, b))
-    on_device = [i for i, (_, _, b) in enumerate(boxes) if not b.local.is_cpu]
-    if on_device:
-        hosts = args.hold.enter_context(_STAGING.borrow([boxes[i][2].local for i in on_device]))
-        for i, h in zip(on_device, hosts):
-            # Lazy conj/neg views must be materialised on the device: the
-            # device-to-host copy does not apply them reliably.
-            h.copy_(boxes[i][2].local.detach().resolve_conj().resolve_neg(), non_blocking=True)
-            boxes[i][2].local = h
-        torch.cuda.synchronize()
+    device_specs, device_tensors = [], []
     for key, name, b in boxes:
         local = b.local
         # The engine reads the memory as it lies: lazy conj/neg views and
-        # strided tensors are materialised first (checked first: the calls
-        # cost ~1 us per tensor even when they return the tensor itself).
+        # strided tensors are materialised first, where they are (checked
+        # first: the calls cost ~1 us per tensor even when they return the
+        # tensor itself).
         if not local.is_contiguous() or local.is_conj() or local.is_neg():
             local = local.detach().resolve_conj().resolve_neg().contiguous()
         args.keep.append(local)
-        args.specs.append((key, name, b.shape, b.offset, b.size, local.data_ptr()))
+        spec = (key, name, b.shape, b.offset, b.size, local.data_ptr())
+        if local.is_cpu:
+            args.specs.append(spec)
+        else:
+            device_specs.append(spec)
+            device_tensors.append(local)
+    if device_specs:
+        args.device = (_device.DeviceCopier(device_tensors), device_specs)
+    return args
 
 
 def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
@@ -275,12 +266,7 @@ def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: 
         args = _prepare_save(state, metadata, unsafe_pickle, files)
     except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:
         error = e
-    try:
-        _agree(comm, error)
-    except BaseException:
-        if args is not None:
-            args.hold.close()
-        raise
+    _agree(comm, error)
     return args
 
 
@@ -300,9 +286,8 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     """
     comm = resolve(process_group)
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
-    with args.hold:
-        return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
-                       options, args.whole)
+    return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
+                   options, args.whole, args.device)
 
 
 class _PerProcess:
@@ -395,9 +380,9 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
-    with args.hold:  # the engine has its own staged copy once the call returns
-        handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag,
-                               comm, options, args.whole)
+    # The engine has its own staged copy once the call returns.
+    handle = _saver().save(args.specs, args.blobs, args.values, args.metadata, root, tag, comm,
+                           options, args.whole, args.device)
     return _future(handle, path)
 
 
@@ -413,9 +398,8 @@ def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | No
     save in flight and raises its failure. Returns the staging bytes held."""
     comm = resolve(process_group)
     args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
-    with args.hold:
-        return _saver().reserve(args.specs, args.blobs, args.values, args.metadata, comm, options,
-                                args.whole)
+    return _saver().reserve(args.specs, args.blobs, args.values, args.metadata, comm, options,
+                            args.whole, args.device)
 
 
 def release_async_save() -> None:
@@ -764,9 +748,8 @@ class CheckpointManager:
         """Saves as step `step`, moves `latest`, applies retention."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
-        with args.hold:
-            return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm,
-                                options, args.whole)
+        return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm,
+                            options, args.whole, args.device)
 
     def async_save(self, step: int, state: Any, *, metadata: Any = None,
                    unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
@@ -774,9 +757,8 @@ class CheckpointManager:
         """save in the background; the Future's result is the checkpoint path."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
-        with args.hold:
-            handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
-                                        comm, options, args.whole)
+        handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
+                                    comm, options, args.whole, args.device)
         return _future(handle, self.path(step), self._engine)
 
     def reserve_async_save(self, state: Any, *, metadata: Any = None,
@@ -786,9 +768,8 @@ class CheckpointManager:
         `state` now (see shardsafe.reserve_async_save); the bytes held."""
         comm = resolve(self._group)
         args = _prepared(state, comm, metadata, unsafe_pickle, files)
-        with args.hold:
-            return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata,
-                                         comm, options, args.whole)
+        return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata,
+                                     comm, options, args.whole, args.device)
 
     def release_async_save(self) -> None:
         """Frees this manager's staging memory and threads once its save in

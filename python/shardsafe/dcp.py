@@ -64,7 +64,7 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _C
+from . import _C, _device
 from ._api import _agree, _dtype_name
 from ._comm import TorchComm, resolve
 from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, from_json, to_json
@@ -171,10 +171,18 @@ class _Staged:
     values: dict[str, Any] = field(default_factory=dict)  # FQN -> JSON data
     results: list[WriteResult] = field(default_factory=list)
     keep: list[torch.Tensor] = field(default_factory=list)  # alive until the engine returns
+    device_specs: list[tuple] = field(default_factory=list)  # chunks on a device (GPU)
+
+    def device(self) -> tuple[_device.DeviceCopier, list[tuple]] | None:
+        """The engine's device argument: the copier of the device chunks."""
+        if not self.device_specs:
+            return None
+        return _device.DeviceCopier([t for t in self.keep if not t.is_cpu]), self.device_specs
 
 
 def _local(item: WriteItem, data: Any) -> torch.Tensor:
-    """The dense CPU tensor holding a tensor item's chunk."""
+    """The dense tensor holding a tensor item's chunk (on its device: the
+    engine copies device chunks as it writes them)."""
     key = item.index.fqn
     if not isinstance(data, torch.Tensor):
         raise InvalidStateError(f"tensor {key!r}: the planner resolved it to "
@@ -186,7 +194,7 @@ def _local(item: WriteItem, data: Any) -> torch.Tensor:
         raise InvalidStateError(f"tensor {key!r}: the planner resolved a {tuple(data.shape)} "
                                 f"tensor for a chunk of size {sizes}")
     _dtype_name(key, data)
-    return data.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    return data.detach().resolve_conj().resolve_neg().contiguous()
 
 
 _NOT_JSON = object()
@@ -220,8 +228,9 @@ def _stage(items: list[WriteItem], planner: SavePlanner) -> _Staged:
         if local.numel() == 0 and math.prod(shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
         staged.keep.append(local)
-        staged.specs.append((key, DTYPE_NAMES[local.dtype], shape, tuple(chunk.offsets),
-                             tuple(chunk.sizes), local.data_ptr()))
+        (staged.specs if local.is_cpu else staged.device_specs).append(
+            (key, DTYPE_NAMES[local.dtype], shape, tuple(chunk.offsets), tuple(chunk.sizes),
+             local.data_ptr()))
     return staged
 
 
@@ -305,7 +314,7 @@ class Writer(StorageWriter):
         homes = next((r["homes"] for r in reports if r["homes"] is not None), {})
         values = _nest({k: v for r in reports for k, v in r["values"].items()}, homes)
         _C.save(staged.specs, staged.blobs, json.dumps(values, allow_nan=False), metadata or "",
-                self.path, comm, self.options)
+                self.path, comm, self.options, device=staged.device())
         return _done(staged.results)
 
     def _comm(self, plan: SavePlan) -> TorchComm | None:

@@ -5,13 +5,15 @@
 // text for plain values (the common case of a save or a load is planned
 // here instead: whole_targets.h); this file turns those into engine calls
 // and runs them with the GIL released. Data is passed by pointer: nothing
-// is copied here. Collectives go through the Comm object the caller passes (a
+// is copied here. Shards on a device (a GPU) come as a separate spec list
+// with a copier object that the engine calls back (PyDeviceMemory). Collectives go through the Comm object the caller passes (a
 // python/shardsafe/_comm.py adapter over torch.distributed, or None for one
 // process). A failed Status raises the matching shardsafe.errors class.
 #include <unistd.h>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -135,18 +137,98 @@ SaveOptions ParseSaveOptions(nb::dict d) {
       .Done();
 }
 
+// False once the interpreter is shutting down (no Python may run then).
+bool PythonUsable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// The engine's DeviceMemory for one save call: copies go to the call's
+// copier object (shardsafe._device.DeviceCopier: copy_to_host([(dst, src,
+// bytes), ...]), which knows the call's device tensors); registration goes
+// to module functions (shardsafe._device.pin_host / unpin_host), since an
+// async saver keeps its staging registered, and this object, beyond the
+// call. Detach() drops the copier, with the GIL held, when the call ends,
+// so that later this object holds nothing of Python's.
+class PyDeviceMemory final : public DeviceMemory {
+ public:
+  explicit PyDeviceMemory(nb::object copier) : copier_(std::move(copier)) {}
+
+  Status CopyToHost(std::span<const Copy> copies) override {
+    nb::gil_scoped_acquire gil;
+    if (!copier_.is_valid()) return FailedPreconditionError("device copy after its save call");
+    try {
+      nb::list list;
+      for (const Copy& c : copies) {
+        list.append(nb::make_tuple(reinterpret_cast<uintptr_t>(c.dst),
+                                   reinterpret_cast<uintptr_t>(c.src), c.bytes));
+      }
+      copier_.attr("copy_to_host")(list);
+      return Status();
+    } catch (const std::exception& e) {
+      return UnavailableError(std::string("device copy failed: ") + e.what());
+    }
+  }
+  void Register(void* host, size_t bytes) override { CallModule("pin_host", host, bytes); }
+  void Unregister(void* host, size_t bytes) override { CallModule("unpin_host", host, bytes); }
+
+  void Detach() { copier_.reset(); }
+
+ private:
+  // Best effort, like registration itself.
+  static void CallModule(const char* name, void* host, size_t bytes) {
+    if (!PythonUsable()) return;
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::module_::import_("shardsafe._device").attr(name)(reinterpret_cast<uintptr_t>(host), bytes);
+    } catch (const std::exception&) {
+    }
+  }
+
+  nb::object copier_;
+};
+
+// (copier, the specs of the shards on the device), or None.
+using DeviceArg = std::optional<std::pair<nb::object, std::vector<Spec>>>;
+
+// Detaches the call's PyDeviceMemory when the call's arguments go (the
+// binding's scope: GIL held).
+struct DeviceCall {
+  std::shared_ptr<PyDeviceMemory> memory;
+  DeviceCall() = default;
+  DeviceCall(DeviceCall&&) = default;  // the moved-from one holds nothing
+  DeviceCall& operator=(DeviceCall&&) = delete;
+  ~DeviceCall() {
+    if (memory) memory->Detach();
+  }
+};
+
 // One save call's arguments as the engine takes them.
 struct SaveCall {
   SaveState state;
   SaveOptions options;
   std::unique_ptr<Comm> comm;
+  DeviceCall device;
 };
 
 SaveCall MakeSaveCall(std::vector<Spec>&& tensors, WholeShards* whole, nb::list blobs,
                       const std::string& values, const std::string& metadata, nb::handle comm,
-                      nb::dict options) {
-  return {MakeState(std::move(tensors), whole, blobs, values, metadata),
-          ParseSaveOptions(options), MakeComm(comm)};
+                      nb::dict options, DeviceArg&& device) {
+  SaveCall c{MakeState(std::move(tensors), whole, blobs, values, metadata),
+             ParseSaveOptions(options), MakeComm(comm), {}};
+  if (device) {
+    for (auto& [key, dtype, shape, offset, size, ptr] : device->second) {
+      c.state.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+                                 BoxSlice(std::move(offset), std::move(size)),
+                                 reinterpret_cast<void*>(ptr), /*on_device=*/true});
+    }
+    c.device.memory = std::make_shared<PyDeviceMemory>(std::move(device->first));
+    c.options.device = c.device.memory;
+  }
+  return c;
 }
 
 // Frees an async save's tensor list on a thread of its own once the call is
@@ -333,13 +415,13 @@ NB_MODULE(_C, m) {
   m.def("save",
         [](std::vector<Spec> tensors, nb::list blobs, const std::string& values,
            const std::string& metadata, const std::string& path, nb::handle comm,
-           nb::dict options, WholeShards* whole) {
-          SaveCall c =
-              MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+           nb::dict options, WholeShards* whole, DeviceArg device) {
+          SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                    options, std::move(device));
           return ToDict(Released([&] { return Save(c.state, path, *c.comm, c.options); }));
         },
         "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "path"_a, "comm"_a.none(),
-        "options"_a, "whole"_a.none() = nb::none());
+        "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none());
 
   m.def("load",
         [](std::vector<Spec> targets, const std::string& path, nb::handle comm,
@@ -394,25 +476,25 @@ NB_MODULE(_C, m) {
       .def("save",
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, const std::string& root,
-              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveCall c =
-                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
+             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                       options, std::move(device));
              return StartAsync(
                  c, [&] { return saver.Save(c.state, root, tag, *c.comm, c.options); });
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
-           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none())
+           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
       .def("reserve",
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, nb::handle comm,
-              nb::dict options, WholeShards* whole) {
-             SaveCall c =
-                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+              nb::dict options, WholeShards* whole, DeviceArg device) {
+             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                       options, std::move(device));
              CheckReleased([&] { return saver.Reserve(c.state, *c.comm, c.options); });
              return saver.staging_bytes();
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
-           "whole"_a.none() = nb::none())
+           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
       .def("wait_pending",
            [](AsyncSaver& saver) { CheckReleased([&] { return saver.WaitForPending(); }); })
       .def_prop_ro("staging_bytes", &AsyncSaver::staging_bytes);
@@ -427,34 +509,34 @@ NB_MODULE(_C, m) {
       .def("save",
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveCall c =
-                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+              nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
+             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                       options, std::move(device));
              return ToDict(Released([&] { return m.Save(step, c.state, *c.comm, c.options); }));
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a, "whole"_a.none() = nb::none())
+           "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
       .def("async_save",
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
               nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options, WholeShards* whole) {
-             SaveCall c =
-                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+              nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
+             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                       options, std::move(device));
              return StartAsync(c, [&] { return m.AsyncSave(step, c.state, *c.comm, c.options); });
            },
            "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a, "whole"_a.none() = nb::none())
+           "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
       .def("reserve_async",
            [](CheckpointManager& m, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, nb::handle comm,
-              nb::dict options, WholeShards* whole) {
-             SaveCall c =
-                 MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm, options);
+              nb::dict options, WholeShards* whole, DeviceArg device) {
+             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
+                                       options, std::move(device));
              CheckReleased([&] { return m.ReserveAsyncSave(c.state, *c.comm, c.options); });
              return m.async_staging_bytes();
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
-           "whole"_a.none() = nb::none())
+           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
       .def("wait_async",
            [](CheckpointManager& m) { CheckReleased([&] { return m.WaitForAsyncSave(); }); })
       .def("latest_step",

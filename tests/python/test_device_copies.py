@@ -1,0 +1,140 @@
+"""The extension's device path, on the CPU: shards the engine may not read
+itself, whose bytes it asks a Python copier for (src/python/module.cc
+PyDeviceMemory, shardsafe._device). Here the "device" is host memory at
+addresses with bit 47 flipped, which no CPU load accepts: a save that read a
+device shard directly would crash the test. The real copier, on CUDA
+tensors, is tested in tests/gpu.
+
+Covered: sync saves (the engine's writer threads call back into Python, a
+few MiB at a time) and async saves (the staging arena registered through
+shardsafe._device.pin_host once and unregistered when the saver goes), the
+copier released when the call returns, and a failing copier's exception
+reaching the caller with nothing committed.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+import torch
+
+import shardsafe
+from shardsafe import _C, _device
+from shardsafe.errors import ShardsafeError
+
+FLIP = 1 << 47
+
+
+class FlippedDevice:
+    """A copier for tensors whose addresses the engine got with bit 47
+    flipped; records the copies it made."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], fail_after: int | None = None):
+        self.tensors = tensors
+        self.copies: list[tuple[int, int, int]] = []
+        self.fail_after = fail_after
+
+    def specs(self) -> list[tuple]:
+        return [(k, "F32" if t.dtype == torch.float32 else "BF16", tuple(t.shape),
+                 (0,) * t.dim(), tuple(t.shape), t.data_ptr() ^ FLIP)
+                for k, t in self.tensors.items()]
+
+    def copy_to_host(self, copies: list[tuple[int, int, int]]) -> None:
+        for dst, src, n in copies:
+            if self.fail_after is not None and len(self.copies) >= self.fail_after:
+                raise RuntimeError("device fell off the bus (injected)")
+            host = _device._host_view(dst, n)
+            host.copy_(_device._host_view(src ^ FLIP, n))
+            self.copies.append((dst, src, n))
+
+
+def state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {"big": torch.randn(3000, 1024),  # 12 MiB: several write buffers
+            "half": torch.randn(100, 7).to(torch.bfloat16),
+            "last": torch.randn(33)}
+
+
+def loaded(path: str, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {k: torch.zeros_like(v) for k, v in like.items()}
+    shardsafe.load(out, path)
+    return out
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_sync_save_reads_device_shards_through_the_copier(tmp_path, direct_io):
+    tensors = state()
+    device = FlippedDevice(tensors)
+    path = str(tmp_path / "ckpt")
+    _C.save([], [], "{}", "", path, None,
+            {"direct_io": direct_io, "io_buffer_bytes": 4 << 20, "max_file_bytes": 4 << 20},
+            None, (device, device.specs()))
+    got = loaded(path, tensors)
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
+    # Every byte once, a write buffer (or the default's bounce buffer) at a time.
+    assert sum(n for _, _, n in device.copies) == sum(v.numel() * v.element_size()
+                                                      for v in tensors.values())
+    assert max(n for _, _, n in device.copies) <= 4 << 20
+    assert len(device.copies) >= 3
+
+
+def test_async_save_registers_its_staging_once_and_drops_the_copier(tmp_path):
+    tensors = state()
+    saver = _C.AsyncSaver()
+    regions = None
+    for step in (1, 2):
+        device = FlippedDevice(tensors)
+        copier = weakref.ref(device)
+        handle = saver.save([], [], "{}", "", str(tmp_path), f"s{step}", None, {}, None,
+                            (device, device.specs()))
+        before = {k: v.clone() for k, v in tensors.items()}
+        for v in tensors.values():
+            v.fill_(7)  # the caller's memory may change once the call returns
+        handle.wait()
+        assert device.copies, "the engine copied nothing through the copier"
+        if regions is None:  # the first save registered the arena (and keeps its DeviceMemory)
+            regions = dict(_device._PINNED.regions)
+            assert [size for size, _, _ in regions.values()] == [saver.staging_bytes]
+        del device
+        gc.collect()
+        assert copier() is None, "the saver kept the call's copier"
+        got = loaded(str(tmp_path / f"s{step}"), before)
+        for k, v in before.items():
+            assert torch.equal(got[k], v), (step, k)
+        for k, v in before.items():
+            tensors[k].copy_(v + step)
+        assert dict(_device._PINNED.regions).keys() == regions.keys(), "registered again"
+    del saver
+    gc.collect()
+    assert not _device._PINNED.regions, "the saver did not unregister its staging"
+
+
+def test_a_failing_copier_fails_the_save_and_commits_nothing(tmp_path):
+    tensors = state()
+    device = FlippedDevice(tensors, fail_after=1)
+    with pytest.raises(ShardsafeError, match="device fell off the bus"):
+        _C.save([], [], "{}", "", str(tmp_path / "sync"), None, {"io_buffer_bytes": 4 << 20},
+                None, (device, device.specs()))
+    saver = _C.AsyncSaver()
+    device = FlippedDevice(tensors, fail_after=0)
+    handle = saver.save([], [], "{}", "", str(tmp_path), "async", None, {}, None,
+                        (device, device.specs()))
+    with pytest.raises(ShardsafeError, match="device fell off the bus"):
+        handle.wait()
+    assert os.listdir(tmp_path) == [] or all(n.startswith(".") for n in os.listdir(tmp_path))
+
+
+def test_device_copier_maps_addresses_to_the_calls_tensors():
+    a, b = torch.arange(10, dtype=torch.float32), torch.arange(6, dtype=torch.int64) * 3
+    copier = _device.DeviceCopier([a, b, torch.zeros(0)])
+    out = torch.zeros(16, dtype=torch.uint8)
+    copier.copy_to_host([(out.data_ptr(), a.data_ptr() + 4, 8),
+                         (out.data_ptr() + 8, b.data_ptr() + 8, 8)])
+    assert torch.equal(out[:8].view(torch.float32), a[1:3])
+    assert torch.equal(out[8:].view(torch.int64), b[1:2])
+    with pytest.raises(ValueError, match="no device tensor"):
+        copier.copy_to_host([(out.data_ptr(), a.data_ptr() + 36, 8)])  # past a's end
