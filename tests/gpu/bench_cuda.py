@@ -6,10 +6,13 @@ Baselines: device->host `tensor.to("cpu")` (pageable, allocating), a copy
 into reused (already faulted) pageable tensors and into preallocated pinned
 memory; host->device `copy_` from pageable and from pinned memory; per
 directory, the raw storage (the same bytes written from pinned memory to one
-file + fsync, read back) and torch.save (+fsync) / torch.load to CUDA. shardsafe: the staging step alone (D2H into the pinned
-buffer), save (durable: written and fsynced), async_save (time blocked and
-total), load into CUDA tensors from the page cache and, where the caches
-can be dropped, from the disk. GB = 1e9 bytes. Prints one JSON object last.
+file + fsync, read back) and torch.save (+fsync) / torch.load to CUDA.
+shardsafe: reserve_async_save (allocates and page-locks the staging arena
+once), save (durable: written and fsynced), async_save (time blocked and
+total), load into CUDA tensors from the page cache and, where the caches can
+be dropped, from the disk; the peak host memory a save adds (VmHWM, reset
+through /proc/self/clear_refs); and ratios against the baselines of the same
+run. GB = 1e9 bytes. Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 import torch
 
 import shardsafe
-from shardsafe import _api
+from shardsafe import _device
 
 
 def sync() -> None:
@@ -41,6 +44,26 @@ def timed(fn, repeat: int) -> list[float]:
         sync()
         out.append(time.perf_counter() - t)
     return out
+
+
+def vm(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_growth(fn) -> int:
+    """Bytes the resident set peaked above where it stood before fn()."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+    except OSError:
+        return -1
+    before = vm("VmRSS")
+    fn()
+    return vm("VmHWM") - before
 
 
 def drop_caches() -> bool:
@@ -91,7 +114,8 @@ def main() -> None:
             pinned[k].copy_(v, non_blocking=True)
 
     to_pinned()
-    res["baseline_d2h_into_pinned"] = rate(timed(to_pinned, a.repeat))
+    d2h_pinned = timed(to_pinned, a.repeat)
+    res["baseline_d2h_into_pinned"] = rate(d2h_pinned)
     pageable = to_cpu()
     targets = {k: torch.empty_like(v) for k, v in state.items()}
 
@@ -114,14 +138,13 @@ def main() -> None:
     res["baseline_h2d_from_pinned"] = rate(timed(h2d(pinned, True), a.repeat))
     del pageable, pinned
 
-    # ---- shardsafe staging alone (first call allocates + pins the buffer)
+    # ---- shardsafe: the async staging arena, allocated and page-locked once
     sync()
     t = time.perf_counter()
-    _api._prepare_save(state, None, False)
-    res["shardsafe_stage_first_call_s"] = round(time.perf_counter() - t, 4)
-    res["shardsafe_stage_d2h_into_staging"] = rate(
-        timed(lambda: _api._prepare_save(state, None, False), a.repeat))
-    res["staging_pinned"] = bool(_api._STAGING._buf.is_pinned())
+    held = shardsafe.reserve_async_save(state)
+    res["shardsafe_reserve_async_save_s"] = round(time.perf_counter() - t, 4)
+    res["staging_bytes"] = held
+    res["staging_page_locked"] = any(locked for _, _, locked in _device._PINNED.regions.values())
 
     for d in a.dirs.split(","):
         if not os.path.isdir(os.path.dirname(d.rstrip("/")) or "/"):
@@ -132,6 +155,15 @@ def main() -> None:
         r: dict = {"fs": " ".join(fs.split())}
         saves, blocked, async_total, first, loads, cold = [], [], [], [], [], []
         target = {k: torch.zeros_like(v) for k, v in state.items()}
+        # Peak host memory a save adds, once warm: sync (bounded buffers) and
+        # async (its arena is already held: what the call adds beyond it).
+        shardsafe.save(state, f"{d}/warm")
+        r["save_peak_rss_growth_MiB"] = peak_rss_growth(
+            lambda: shardsafe.save(state, f"{d}/rss-sync")) >> 20
+        r["async_save_peak_rss_growth_MiB"] = peak_rss_growth(
+            lambda: shardsafe.async_save(state, f"{d}/rss-async").result()) >> 20
+        for p in ("warm", "rss-sync", "rss-async"):
+            shutil.rmtree(f"{d}/{p}")
         for i in range(a.repeat):
             p = f"{d}/sync-{i}"
             sync()
@@ -219,6 +251,18 @@ def main() -> None:
         r["load_right_after_save"] = rate(first)
         r["load_page_cache"] = rate(loads)
         r["load_cold" if cold else "load_cold_unavailable"] = rate(cold) if cold else True
+        med = statistics.median
+        r["ratios"] = {
+            "save_vs_raw_write (GB/s)": round(med(raw_w) / med(saves), 2),
+            "async_blocked_vs_d2h_into_pinned (time)": round(med(blocked) / med(d2h_pinned), 2),
+            "async_total_vs_save (time)": round(med(async_total) / med(saves), 2),
+            "load_page_cache_vs_raw_read_page_cache (GB/s)": round(med(raw_r) / med(loads), 2),
+        }
+        if cold and raw_cold:
+            r["ratios"]["load_cold_vs_raw_read_cold (GB/s)"] = round(med(raw_cold) / med(cold), 2)
+        if tsave:
+            r["ratios"]["save_vs_torch_save (GB/s)"] = round(med(tsave) / med(saves), 2)
+            r["ratios"]["load_vs_torch_load (GB/s)"] = round(med(tload) / med(loads), 2)
         res[d] = r
         shutil.rmtree(d, ignore_errors=True)
     print(json.dumps(res, indent=1))

@@ -8,13 +8,18 @@ Covers save / async_save / load / CheckpointManager with CUDA tensors of
 many dtypes, non-contiguous CUDA views (as sources and as load targets), a
 CUDA model + AdamW round trip (bit-exact, and the next training step too),
 CPU-saved -> CUDA and CUDA-saved -> CPU loads, FP8 block dequantisation
-into CUDA targets, a 1-rank DTensor on a CUDA mesh, and the pinned host
-staging buffer (`shardsafe._api._STAGING`): pinned, and reused across calls.
+into CUDA targets, a 1-rank DTensor on a CUDA mesh, the DCP Writer; how
+device tensors reach the disk (shardsafe._device): a sync save through
+bounded buffers (peak resident memory measured), an async save's staging
+arena page-locked once and the only host copy, copies ordered after the work
+queued on the caller's current stream; and the pinned host buffer loads
+read through (`shardsafe._api._STAGING`): pinned, reused across calls.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import threading
 
@@ -22,7 +27,7 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe import _api
+from shardsafe import _api, _device
 from shardsafe._state import DTYPE_NAMES
 
 CUDA = torch.device("cuda")
@@ -194,7 +199,7 @@ def test_async_save_sources_may_change_right_away(tmp_path):
 
 
 def test_load_while_async_save_in_flight(tmp_path):
-    """A load (which also stages through the pinned buffer) right after an
+    """A load (which stages through the pinned load buffer) right after an
     async_save returned must not change what that save writes."""
     a = {"x": torch.randn(4096, 1024, device=CUDA), "y": torch.arange(10**6, device=CUDA)}
     shardsafe.save(a, tmp_path / "a")
@@ -498,33 +503,145 @@ def test_dtensor_on_one_rank_cuda_mesh(tmp_path):
             dist.destroy_process_group()
 
 
-# ------------------------------------------------- pinned staging buffer --
+# ------------------------------------- device copies and host memory --
 
-def test_staging_buffer_is_pinned_and_reused(tmp_path):
+def _vm(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def peak_rss_growth(fn) -> int:
+    """Bytes the process's resident set peaked above where it stood before
+    `fn` ran (VmHWM reset through /proc/self/clear_refs, as root)."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5\n")
+    before = _vm("VmRSS")
+    fn()
+    return _vm("VmHWM") - before
+
+
+def test_sync_save_streams_cuda_tensors_through_bounded_buffers(tmp_path, monkeypatch):
+    """A synchronous save copies device tensors into the data files' write
+    buffers a buffer at a time: nothing of the state is staged whole, so the
+    save's extra host memory stays within the engine's 256 MiB bound."""
+    n = 256 << 20  # 1 GiB of float32 in 4 tensors
+    state = {f"w{i}": torch.randn(n // 4, device=CUDA) for i in range(4)}
+    before = snapshot(state)
+    largest = []
+    copy = _device.DeviceCopier.copy_to_host
+
+    def recording(self, copies):
+        largest.append(max(c[2] for c in copies))
+        return copy(self, copies)
+
+    monkeypatch.setattr(_device.DeviceCopier, "copy_to_host", recording)
+    shardsafe.save(state, tmp_path / "warm")  # file buffers and CUDA paths warmed up
+    grew = peak_rss_growth(lambda: shardsafe.save(state, tmp_path / "s"))
+    assert max(largest) <= 16 << 20, f"a copy of {max(largest)} bytes"
+    assert grew <= (256 + 64) << 20, f"a 1 GiB save grew the resident set by {grew >> 20} MiB"
+    got = zeros_like(state)
+    shardsafe.load(got, tmp_path / "s")
+    for k in state:
+        assert_same_bytes(got[k], before[k], k)
+
+
+def test_async_staging_is_page_locked_once_and_is_the_only_copy(tmp_path):
+    """The async saver's staging arena is registered with CUDA (page-locked)
+    once, takes the device copies directly (no second host copy: the peak
+    extra memory of the first save is one arena), is kept across saves and
+    is unregistered when released."""
+    shardsafe.release_async_save()
+    gc.collect()  # managers of earlier tests free their engines (and arenas)
+    others = set(_device._PINNED.regions)
+    n = 128 << 20  # 512 MiB of float32
+    state = {"a": torch.randn(n // 2, device=CUDA), "b": torch.randn(n // 2, device=CUDA)}
+    nbytes = n * 4
+    grew = peak_rss_growth(
+        lambda: shardsafe.async_save(state, tmp_path / "s1").result(timeout=120))
+    assert grew <= nbytes * 1.1 + (64 << 20), \
+        f"the first async save of {nbytes >> 20} MiB grew the resident set by {grew >> 20} MiB"
+    regions = {a: r for a, r in _device._PINNED.regions.items() if a not in others}
+    assert len(regions) == 1, f"{len(regions)} regions registered by the first async save"
+    (address, (size, view, locked)), = regions.items()
+    assert locked and _device.is_pinned(address), "cudaHostRegister failed on the staging arena"
+    assert view.is_pinned(), "torch does not see the staging arena as pinned"
+    assert nbytes <= size <= nbytes * 1.1
+    for step in (2, 3):
+        for v in state.values():
+            v.add_(1)
+        want = snapshot(state)
+        shardsafe.async_save(state, tmp_path / f"s{step}").result(timeout=120)
+        assert set(_device._PINNED.regions) - others == set(regions), "staging re-registered"
+        got = zeros_like(state)
+        shardsafe.load(got, tmp_path / f"s{step}")
+        for k in state:
+            assert_same_bytes(got[k], want[k], k)
+    shardsafe.release_async_save()
+    assert address not in _device._PINNED.regions, "the released arena is still registered"
+
+
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_copies_follow_the_work_queued_on_the_current_stream(tmp_path, how):
+    """Tensors still being written by kernels queued on a side stream are
+    saved as those kernels leave them: the copies run on the stream current
+    when the save was called."""
+    x = torch.zeros(64 << 20, device=CUDA)  # 256 MiB
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the fill
+        x.fill_(5.0)
+        if how == "save":
+            shardsafe.save({"x": x}, tmp_path / "c")
+        else:
+            shardsafe.async_save({"x": x}, tmp_path / "c").result(timeout=120)
+    torch.cuda.synchronize()
+    got = {"x": torch.zeros_like(x)}
+    shardsafe.load(got, tmp_path / "c")
+    assert bool((got["x"] == 5.0).all()), "the save copied the tensor before the fill"
+
+
+def test_dcp_writer_saves_cuda_chunks_through_the_copier(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    import shardsafe.dcp
+
+    state = {"w": torch.randn(1000, 300, device=CUDA), "b": torch.arange(7, device=CUDA)}
+    want = snapshot(state)
+    dcp.save(state, storage_writer=shardsafe.dcp.Writer(tmp_path / "d"))
+    got = zeros_like(state)
+    shardsafe.load(got, tmp_path / "d")
+    for k in state:
+        assert_same_bytes(got[k], want[k], k)
+
+
+# ---------------------------------------------- pinned load staging --
+
+def test_load_staging_buffer_is_pinned_and_reused(tmp_path):
+    """Loads into CUDA tensors read through one pinned host buffer, reused
+    across calls and grown when a call needs more (saves never use it)."""
     staging = _api._STAGING
     n = 8 << 20  # 32 MiB of float32 per tensor
     state = {"a": torch.randn(n, device=CUDA), "b": torch.randn(n // 2, device=CUDA)}
     shardsafe.save(state, tmp_path / "s1")
+    got = zeros_like(state)
+    shardsafe.load(got, tmp_path / "s1")
     buf = staging._buf
     assert buf is not None and buf.is_pinned(), "the host staging buffer is not pinned"
     assert buf.numel() >= 3 * n // 2 * 4
     ptr, size = buf.data_ptr(), buf.numel()
-    # What went to disk went through this buffer: it holds the last save's bytes.
-    assert torch.equal(buf[: n * 4].view(torch.float32), state["a"].cpu())
-
-    # Equal size, smaller size, async save, manager save and load: same buffer.
-    shardsafe.save(state, tmp_path / "s2")
-    assert staging._buf.data_ptr() == ptr
-    shardsafe.save({"a": state["a"][: n // 3]}, tmp_path / "s3")
-    assert staging._buf.data_ptr() == ptr
-    shardsafe.async_save(state, tmp_path / "s4").result(timeout=120)
-    assert staging._buf.data_ptr() == ptr
-    shardsafe.CheckpointManager(tmp_path / "mgr").save(1, state)
-    assert staging._buf.data_ptr() == ptr
-    got = zeros_like(state)
-    shardsafe.load(got, tmp_path / "s1")
-    assert staging._buf.data_ptr() == ptr and staging._buf.numel() == size
     assert_same_bytes(got["a"], state["a"])
+    # Saves, an equal load and a smaller one: the same buffer.
+    shardsafe.save(state, tmp_path / "s2")
+    shardsafe.async_save(state, tmp_path / "s3").result(timeout=120)
+    assert staging._buf.data_ptr() == ptr
+    shardsafe.load(got, tmp_path / "s2")
+    shardsafe.load({"a": got["a"]}, tmp_path / "s3", strict=False)
+    assert staging._buf.data_ptr() == ptr and staging._buf.numel() == size
     # Host views handed out are pinned, contiguous and inside the buffer.
     with staging.borrow([state["a"], state["b"]]) as views:
         for v, t in zip(views, state.values()):
@@ -534,9 +651,10 @@ def test_staging_buffer_is_pinned_and_reused(tmp_path):
     # A bigger call grows it, still pinned, and the grown buffer is reused.
     big = {"c": torch.randn(size // 4 + (1 << 20), device=CUDA)}
     shardsafe.save(big, tmp_path / "s5")
+    shardsafe.load(zeros_like(big), tmp_path / "s5")
     assert staging._buf.is_pinned() and staging._buf.numel() > size
     ptr2 = staging._buf.data_ptr()
-    shardsafe.save(state, tmp_path / "s6")
+    shardsafe.load(got, tmp_path / "s1")
     assert staging._buf.data_ptr() == ptr2
 
 
@@ -544,7 +662,7 @@ def test_concurrent_saves_from_two_threads(tmp_path):
     """Two threads saving different CUDA states of the same size at once (to
     different roots: saves into one root remove each other's temporary
     directories, see the report): each checkpoint must hold its own thread's
-    data, though both stage through the one pinned buffer."""
+    data, though both copy through the same extension at once."""
     n = 64 << 20  # 256 MiB of float32 per state
     states = [{"x": torch.full((n,), float(i + 1), device=CUDA)} for i in range(2)]
     errors: list[BaseException] = []
