@@ -222,6 +222,7 @@ struct Piece {
   size_t n;
   size_t file;  // index in Job::files
   size_t unit;  // the copy task it belongs to: its number within the file
+  uint32_t entry;  // the payload it is part of: its entry in the file
   bool device = false;
   uint32_t crc = 0;
 };
@@ -435,16 +436,14 @@ bool HasDeviceShards(const SaveState& state) {
                      [](const TensorShard& t) { return t.on_device; });
 }
 
-// Adds piece `p` to the device's copy list, merged into the last copy when
-// both its source and destination continue that copy's.
-void AddDeviceCopy(const Piece& p, std::vector<DeviceMemory::Copy>* copies) {
-  if (!copies->empty()) {
-    DeviceMemory::Copy& last = copies->back();
-    if (static_cast<char*>(last.dst) + last.bytes == p.dst &&
-        static_cast<const char*>(last.src) + last.bytes == p.src) {
-      last.bytes += p.n;
-      return;
-    }
+// Adds piece `p` to the device's copy list: one copy per payload, its
+// pieces merged (a copy never spans two shards, which may lie back to back
+// in device memory: DeviceMemory's contract).
+void AddDeviceCopy(const Piece& p, const Piece* previous,
+                   std::vector<DeviceMemory::Copy>* copies) {
+  if (previous != nullptr && previous->file == p.file && previous->entry == p.entry) {
+    copies->back().bytes += p.n;  // the payload's pieces lie back to back on both sides
+    return;
   }
   copies->push_back({p.dst, p.src, p.n});
 }
@@ -555,7 +554,7 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
         units[i].back().second = at + n;  // entries lie back to back
         unit_bytes += n;
         job->pieces.push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
-                               units[i].size() - 1, device});
+                               units[i].size() - 1, e, device});
       }
       job->ranges[i][e] = {first, job->pieces.size()};
     }
@@ -569,6 +568,7 @@ Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
   StagingProgress& progress = *job->progress;
   TaskGroup group(&copy_pool_);
   std::vector<DeviceMemory::Copy> copies;
+  const Piece* last_copied = nullptr;  // the device piece copies.back() ends with
   std::vector<std::pair<size_t, size_t>> device_units;  // (file, unit)
   for (size_t first = 0; first < pieces.size();) {
     size_t end = first + 1;
@@ -577,7 +577,10 @@ Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
       ++end;
     }
     if (pieces[first].device) {
-      for (size_t k = first; k < end; ++k) AddDeviceCopy(pieces[k], &copies);
+      for (size_t k = first; k < end; ++k) {
+        AddDeviceCopy(pieces[k], last_copied, &copies);
+        last_copied = &pieces[k];
+      }
       device_units.emplace_back(pieces[first].file, pieces[first].unit);
     } else {
       // A payload's checksum is its pieces' checksums combined in order.

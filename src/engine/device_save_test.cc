@@ -27,15 +27,30 @@ using testing::RunRanks;
 // address with bit 47 flipped, which no x86-64 or AArch64 user-space load
 // accepts (reading one faults), so an engine that read a device shard
 // directly would crash the test. Records what it was asked to do; fails
-// every copy once `fail_from` copies were made.
+// every copy once `fail_from` copies were made. Checks the contract that a
+// copy reads within one shard (given by Watch): two shards may lie back to
+// back in device memory, and a device may not take a copy across them.
 class ShiftedDevice final : public DeviceMemory {
  public:
   static const void* ToDevice(const void* host) { return Flip(host); }
+
+  // The device shards of `state`: every copy must lie within one of them.
+  void Watch(const SaveState& state) {
+    for (const TensorShard& t : state.tensors) {
+      if (!t.on_device) continue;
+      const auto start = reinterpret_cast<uintptr_t>(t.data);
+      shards_[start] = start + *NumBytes(t.dtype, t.slice.NumElements());
+    }
+  }
 
   Status CopyToHost(std::span<const Copy> copies) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Copy& c : copies) {
       if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
+      if (!WithinAShard(c)) {
+        ADD_FAILURE() << "a copy of " << c.bytes << " bytes reads beyond its shard";
+        return InternalError("copy across shards");
+      }
       std::memcpy(c.dst, Flip(c.src), c.bytes);
       ++copies_made_;
       bytes_copied_ += c.bytes;
@@ -70,7 +85,14 @@ class ShiftedDevice final : public DeviceMemory {
   static const void* Flip(const void* p) {
     return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) ^ (uintptr_t{1} << 47));
   }
+  bool WithinAShard(const Copy& c) const {
+    if (shards_.empty()) return true;  // nothing watched
+    const auto src = reinterpret_cast<uintptr_t>(c.src);
+    auto it = shards_.upper_bound(src);
+    return it != shards_.begin() && src + c.bytes <= std::prev(it)->second;
+  }
   mutable std::mutex mu_;
+  std::map<uintptr_t, uintptr_t> shards_;  // start -> end of the watched shards
   uint64_t fail_from_ = UINT64_MAX;
   uint64_t copies_made_ = 0, bytes_copied_ = 0;
   size_t largest_copy_ = 0;
@@ -142,6 +164,7 @@ TEST_F(DeviceSaveTest, SyncSaveStreamsDeviceShardsThroughBoundedBuffers) {
     RunRanks(2, [&](int r, Comm& comm) {
       DeviceState s = MakeDeviceState(r);
       devices[r] = std::make_shared<ShiftedDevice>();
+      devices[r]->Watch(s.state);
       SaveOptions opts;
       opts.direct_io = direct;
       opts.io_buffer_bytes = 4 << 20;
@@ -172,6 +195,7 @@ TEST_F(DeviceSaveTest, AsyncSaveCopiesDeviceShardsIntoTheRegisteredStaging) {
       opts.device = devices[r];
       for (int step : {1, 2}) {
         DeviceState s = MakeDeviceState(r);
+        devices[r]->Watch(s.state);
         auto h = saver.Save(s.state, root_, "step-" + std::to_string(step), comm, opts);
         ASSERT_TRUE(h.ok()) << h.status().ToString();
         // The device's memory (and the host's) may change once the call returns.
@@ -191,6 +215,43 @@ TEST_F(DeviceSaveTest, AsyncSaveCopiesDeviceShardsIntoTheRegisteredStaging) {
   });
   ExpectLoads(root_ + "/step-1");
   ExpectLoads(root_ + "/step-2");
+}
+
+// Two tensors back to back in one device allocation (as a caching allocator
+// places them), written one after the other into one file: each is copied
+// on its own, sync and async, never as one copy spanning both.
+TEST_F(DeviceSaveTest, ShardsBackToBackOnTheDeviceAreCopiedApart) {
+  RunRanks(1, [&](int, Comm& comm) {
+    OwnedShard p = MakeShard("p", DType::kF32, {1000, 1000}, {Box::Whole({1000, 1000}), {}});
+    OwnedShard q = MakeShard("q", DType::kF32, {3000}, {Box::Whole({3000}), {}});
+    std::vector<std::byte> block(p.bytes);
+    block.insert(block.end(), q.bytes.begin(), q.bytes.end());
+    SaveState state;
+    state.tensors = {p.View(), q.View()};
+    state.tensors[0].data = ShiftedDevice::ToDevice(block.data());
+    state.tensors[1].data = ShiftedDevice::ToDevice(block.data() + p.bytes.size());
+    for (TensorShard& t : state.tensors) t.on_device = true;
+    auto device = std::make_shared<ShiftedDevice>();
+    device->Watch(state);
+    SaveOptions opts;
+    opts.device = device;
+    ASSERT_TRUE(Save(state, root_ + "/sync", comm, opts).ok());
+    AsyncSaver saver;
+    auto h = saver.Save(state, root_, "async", comm, opts);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    Status async = (*h)->Wait().status();
+    ASSERT_TRUE(async.ok()) << async.ToString();
+    for (const char* tag : {"/sync", "/async"}) {
+      std::vector<OwnedTarget> targets;
+      targets.push_back(MakeTarget("p", DType::kF32, {1000, 1000}, {Box::Whole({1000, 1000}), {}}));
+      targets.push_back(MakeTarget("q", DType::kF32, {3000}, {Box::Whole({3000}), {}}));
+      LoadRequest req;
+      for (auto& t : targets) req.tensors.push_back(t.target);
+      auto res = Load(req, root_ + tag, comm, {});
+      ASSERT_TRUE(res.ok()) << res.status().ToString();
+      for (const auto& t : targets) EXPECT_TRUE(MatchesOracle(t)) << tag << " " << t.target.key;
+    }
+  });
 }
 
 TEST_F(DeviceSaveTest, ReserveRegistersTheStagingAndGrowingReplacesIt) {
