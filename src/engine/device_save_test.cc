@@ -117,7 +117,8 @@ DeviceState MakeDeviceState(int r) {
   const uint64_t half = kBig[0] / 2, n = kSmall[0] * kSmall[1];
   s.shards.push_back(MakeShard("big", DType::kF32, kBig, {Box{{half * r, 0}, {half, 2048}}, {}}));
   s.shards.push_back(
-      MakeShard("small", DType::kBF16, kSmall, {Box::Whole(kSmall), FlatRange{n * r / 2, n * (r + 1) / 2}}));
+      MakeShard("small", DType::kBF16, kSmall,
+                {Box::Whole(kSmall), FlatRange{n * r / 2, n * (r + 1) / 2}}));
   s.shards.push_back(MakeShard("tiny", DType::kI64, {5}, {Box::Whole({5}), {}}));
   for (size_t i = 0; i < s.shards.size(); ++i) {
     TensorShard t = s.shards[i].View();
@@ -142,7 +143,8 @@ class DeviceSaveTest : public ::testing::Test {
   void ExpectLoads(const std::string& path) {
     RunRanks(2, [&](int r, Comm& comm) {
       std::vector<OwnedTarget> targets;
-      targets.push_back(MakeTarget("big", DType::kF32, kBig, {Box{{0, 1024u * r}, {4100, 1024}}, {}}));
+      targets.push_back(
+          MakeTarget("big", DType::kF32, kBig, {Box{{0, 1024u * r}, {4100, 1024}}, {}}));
       targets.push_back(MakeTarget("small", DType::kBF16, kSmall, {Box::Whole(kSmall), {}}));
       targets.push_back(MakeTarget("tiny", DType::kI64, {5}, {Box::Whole({5}), {}}));
       LoadRequest req;
@@ -181,7 +183,8 @@ TEST_F(DeviceSaveTest, SyncSaveStreamsDeviceShardsThroughBoundedBuffers) {
       EXPECT_LE(d->largest_copy(), size_t{4} << 20);
       EXPECT_EQ(d->registrations(), 0);
     }
-    EXPECT_EQ(copied, 2 * MakeDeviceState(0).device_bytes + 5 * 8) << "each device byte copied once";
+    EXPECT_EQ(copied, 2 * MakeDeviceState(0).device_bytes + 5 * 8)
+        << "each device byte copied once";
   }
 }
 

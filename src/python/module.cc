@@ -6,7 +6,8 @@
 // here instead: whole_targets.h); this file turns those into engine calls
 // and runs them with the GIL released. Data is passed by pointer: nothing
 // is copied here. Shards on a device (a GPU) come as a separate spec list
-// with a copier object that the engine calls back (PyDeviceMemory). Collectives go through the Comm object the caller passes (a
+// with a copier object that the engine calls back (PyDeviceMemory).
+// Collectives go through the Comm object the caller passes (a
 // python/shardsafe/_comm.py adapter over torch.distributed, or None for one
 // process). A failed Status raises the matching shardsafe.errors class.
 #include <unistd.h>
@@ -168,6 +169,10 @@ class PyDeviceMemory final : public DeviceMemory {
       }
       copier_.attr("copy_to_host")(list);
       return Status();
+    } catch (const nb::python_error& e) {  // one line: the exception, not its traceback
+      return UnavailableError("device copy failed: " +
+                              nb::cast<std::string>(e.type().attr("__name__")) + ": " +
+                              nb::cast<std::string>(nb::str(e.value())));
     } catch (const std::exception& e) {
       return UnavailableError(std::string("device copy failed: ") + e.what());
     }
@@ -183,7 +188,8 @@ class PyDeviceMemory final : public DeviceMemory {
     if (!PythonUsable()) return;
     nb::gil_scoped_acquire gil;
     try {
-      nb::module_::import_("shardsafe._device").attr(name)(reinterpret_cast<uintptr_t>(host), bytes);
+      nb::module_::import_("shardsafe._device")
+          .attr(name)(reinterpret_cast<uintptr_t>(host), bytes);
     } catch (const std::exception&) {
     }
   }
@@ -476,14 +482,16 @@ NB_MODULE(_C, m) {
       .def("save",
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, const std::string& root,
-              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
+              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole,
+              DeviceArg device) {
              SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
                                        options, std::move(device));
              return StartAsync(
                  c, [&] { return saver.Save(c.state, root, tag, *c.comm, c.options); });
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
-           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(),
+           "device"_a.none() = nb::none())
       .def("reserve",
            [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
               const std::string& values, const std::string& metadata, nb::handle comm,

@@ -286,7 +286,10 @@ TEST_P(PosixFileRoundTripTest, AppendFilledWritesWhatTheFillerPutsAndExtendsTheC
       &crc);
   EXPECT_EQ(failed.message(), "device lost (injected)");
   EXPECT_EQ(crc, before);
+  ASSERT_EQ((*file)->size(), data.size()) << "a failed fill appended something";
+  ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->Close().ok());
+  ExpectContent(path, data);
 }
 
 TEST_P(PosixFileRoundTripTest, LargeUnalignedReadsGoThroughTheBounceBuffer) {

@@ -116,9 +116,13 @@ def test_async_save_registers_its_staging_once_and_drops_the_copier(tmp_path):
 def test_a_failing_copier_fails_the_save_and_commits_nothing(tmp_path):
     tensors = state()
     device = FlippedDevice(tensors, fail_after=1)
-    with pytest.raises(ShardsafeError, match="device fell off the bus"):
+    with pytest.raises(ShardsafeError, match="device fell off the bus") as failed:
         _C.save([], [], "{}", "", str(tmp_path / "sync"), None, {"io_buffer_bytes": 4 << 20},
                 None, (device, device.specs()))
+    # One line naming the tensor and the exception, not a traceback.
+    assert "\n" not in str(failed.value)
+    assert ('copying tensor "big" from the device: device copy failed: RuntimeError: '
+            'device fell off the bus (injected)') in str(failed.value)
     saver = _C.AsyncSaver()
     device = FlippedDevice(tensors, fail_after=0)
     handle = saver.save([], [], "{}", "", str(tmp_path), "async", None, {}, None,
