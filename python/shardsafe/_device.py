@@ -16,6 +16,7 @@ import bisect
 import contextlib
 import ctypes
 import threading
+from collections.abc import Iterable
 
 import torch
 
@@ -25,29 +26,44 @@ def _host_view(address: int, nbytes: int) -> torch.Tensor:
     return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
 
 
-class _Pinned:
-    """Host regions the engine registered: their views and whether CUDA
-    page-locked them."""
+class _Spans:
+    """uint8 views of memory (host or device) by start address: finds the
+    view of a range that lies within one of them."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.regions: dict[int, tuple[int, torch.Tensor, bool]] = {}  # address -> (size, view, locked)
-        self.starts: list[int] = []  # sorted addresses
+    def __init__(self, views: Iterable[torch.Tensor] = ()) -> None:
+        self._starts: list[int] = []
+        self._views: list[torch.Tensor] = []
+        for v in views:
+            self.add(v)
+
+    def add(self, view: torch.Tensor) -> None:
+        i = bisect.bisect_right(self._starts, view.data_ptr())
+        self._starts.insert(i, view.data_ptr())
+        self._views.insert(i, view)
+
+    def remove(self, address: int) -> torch.Tensor | None:
+        """Removes the view that starts at `address`, if any, and returns it."""
+        i = bisect.bisect_left(self._starts, address)
+        if i == len(self._starts) or self._starts[i] != address:
+            return None
+        del self._starts[i]
+        return self._views.pop(i)
 
     def find(self, address: int, nbytes: int) -> torch.Tensor | None:
-        """A view of [address, address + nbytes) in a registered region, or None."""
-        with self.lock:
-            i = bisect.bisect_right(self.starts, address) - 1
-            if i < 0:
-                return None
-            start = self.starts[i]
-            size, view, _ = self.regions[start]
-            if address + nbytes > start + size:
-                return None
-            return view[address - start:address - start + nbytes]
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0 or address + nbytes > self._starts[i] + self._views[i].numel():
+            return None
+        off = address - self._starts[i]
+        return self._views[i][off:off + nbytes]
+
+    def items(self) -> list[tuple[int, torch.Tensor]]:
+        return list(zip(self._starts, self._views))
 
 
-_PINNED = _Pinned()
+# What the engine registered (pin_host), and which of it CUDA page-locked.
+_LOCK = threading.Lock()
+_REGISTERED = _Spans()
+_LOCKED: set[int] = set()
 
 
 def _cudart():
@@ -64,29 +80,29 @@ def pin_host(address: int, nbytes: int) -> None:
             locked = int(cudart.cudaHostRegister(address, nbytes, 0)) == 0
         except (RuntimeError, TypeError, ValueError):
             locked = False
-    with _PINNED.lock:
-        _PINNED.regions[address] = (nbytes, _host_view(address, nbytes), locked)
-        bisect.insort(_PINNED.starts, address)
+    with _LOCK:
+        _REGISTERED.add(_host_view(address, nbytes))
+        if locked:
+            _LOCKED.add(address)
 
 
 def unpin_host(address: int, nbytes: int) -> None:
     """Called by the engine before it frees memory it passed to pin_host."""
-    with _PINNED.lock:
-        entry = _PINNED.regions.pop(address, None)
-        if entry is None:
+    with _LOCK:
+        if _REGISTERED.remove(address) is None:
             return
-        _PINNED.starts.remove(address)
-    if entry[2]:
-        cudart = _cudart()
-        if cudart is not None:
-            cudart.cudaHostUnregister(address)
+        locked = address in _LOCKED
+        _LOCKED.discard(address)
+    cudart = _cudart()
+    if locked and cudart is not None:
+        cudart.cudaHostUnregister(address)
 
 
-def is_pinned(address: int) -> bool:
-    """Whether the region registered at `address` is page-locked (tests)."""
-    with _PINNED.lock:
-        entry = _PINNED.regions.get(address)
-    return entry is not None and entry[2]
+def registered() -> dict[int, tuple[torch.Tensor, bool]]:
+    """address -> (its view, page-locked) of each region registered now
+    (tests and benchmarks)."""
+    with _LOCK:
+        return {a: (v, a in _LOCKED) for a, v in _REGISTERED.items()}
 
 
 class DeviceCopier:
@@ -98,27 +114,20 @@ class DeviceCopier:
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         # Each tensor (contiguous, held by the caller until the engine
-        # returns) as bytes, by start address.
-        spans = sorted((t.data_ptr(), t.reshape(-1).view(torch.uint8)) for t in tensors
-                       if t.numel() > 0)
-        self._starts = [a for a, _ in spans]
-        self._bytes = [b for _, b in spans]
-        self._streams = {b.device: torch.cuda.current_stream(b.device)
-                         for b in self._bytes if b.device.type == "cuda"}
-
-    def _source(self, address: int, nbytes: int) -> torch.Tensor:
-        i = bisect.bisect_right(self._starts, address) - 1
-        if i < 0 or address + nbytes > self._starts[i] + self._bytes[i].numel():
-            raise ValueError(f"no device tensor of this save holds [{address:#x}, "
-                             f"+{nbytes}) (engine bug)")
-        off = address - self._starts[i]
-        return self._bytes[i][off:off + nbytes]
+        # returns) as bytes.
+        self._sources = _Spans(t.reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0)
+        self._streams = {t.device: torch.cuda.current_stream(t.device)
+                         for t in tensors if t.device.type == "cuda"}
 
     def copy_to_host(self, copies: list[tuple[int, int, int]]) -> None:
         by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for dst, src, nbytes in copies:
-            source = self._source(src, nbytes)
-            host = _PINNED.find(dst, nbytes)
+            source = self._sources.find(src, nbytes)
+            if source is None:
+                raise ValueError(f"no device tensor of this save holds [{src:#x}, +{nbytes}) "
+                                 f"(engine bug)")
+            with _LOCK:
+                host = _REGISTERED.find(dst, nbytes)
             if host is None:
                 host = _host_view(dst, nbytes)
             by_device.setdefault(source.device, []).append((host, source))

@@ -222,7 +222,6 @@ struct Piece {
   size_t n;
   size_t file;  // index in Job::files
   size_t unit;  // the copy task it belongs to: its number within the file
-  uint32_t entry;  // the payload it is part of: its entry in the file
   bool device = false;
   uint32_t crc = 0;
 };
@@ -436,18 +435,6 @@ bool HasDeviceShards(const SaveState& state) {
                      [](const TensorShard& t) { return t.on_device; });
 }
 
-// Adds piece `p` to the device's copy list: one copy per payload, its
-// pieces merged (a copy never spans two shards, which may lie back to back
-// in device memory: DeviceMemory's contract).
-void AddDeviceCopy(const Piece& p, const Piece* previous,
-                   std::vector<DeviceMemory::Copy>* copies) {
-  if (previous != nullptr && previous->file == p.file && previous->entry == p.entry) {
-    copies->back().bytes += p.n;  // the payload's pieces lie back to back on both sides
-    return;
-  }
-  copies->push_back({p.dst, p.src, p.n});
-}
-
 }  // namespace
 
 class AsyncSaver::Impl {
@@ -506,13 +493,17 @@ class AsyncSaver::Impl {
   // Step c, first half: the images of this rank's files, each 4 KiB aligned
   // in the arena (grown if needed), headers copied, the payloads' pieces
   // listed in the job, grouped into units of consecutive pieces, all host
-  // or all device (one copy task each), and announced to the job's progress.
+  // or all device (one copy task each), and announced to the job's
+  // progress. A device payload is also one entry of `device_copies` (one
+  // copy per shard: shards may lie back to back in device memory, and a
+  // copy may not span two, DeviceMemory's contract).
   Status LayOut(const SavePlan& plan, const SaveState& state, const SaveOptions& options,
-                Job* job);
+                Job* job, std::vector<DeviceMemory::Copy>* device_copies);
   // Step c, second half: copies and checksums the host units in parallel,
-  // while `device` copies the device units, each reported to the progress
-  // as it completes.
-  Status Copy(Job* job, DeviceMemory* device);
+  // while `device` makes `device_copies`, then reports each unit to the
+  // progress as it completes.
+  Status Copy(Job* job, DeviceMemory* device,
+              const std::vector<DeviceMemory::Copy>& device_copies);
 
   AsyncSaveOptions options_;
   AlignedBuffer arena_;
@@ -524,7 +515,8 @@ class AsyncSaver::Impl {
 };
 
 Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
-                                const SaveOptions& options, Job* job) {
+                                const SaveOptions& options, Job* job,
+                                std::vector<DeviceMemory::Copy>* device_copies) {
   SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, job->rank, state, options.device.get(),
                                                      &job->files, &job->images));
   Grow(total, state, options);
@@ -542,6 +534,9 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
     for (uint32_t e : image.layout.order) {
       const Payload& p = image.payloads[e];
       const bool device = p.device != nullptr;
+      if (device && p.bytes > 0) {
+        device_copies->push_back({base + image.layout.offsets[e], p.data, p.bytes});
+      }
       const size_t first = job->pieces.size();
       for (uint64_t off = 0; off < p.bytes; off += kCopyPiece) {
         const uint64_t at = image.layout.offsets[e] + off;
@@ -554,7 +549,7 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
         units[i].back().second = at + n;  // entries lie back to back
         unit_bytes += n;
         job->pieces.push_back({base + at, static_cast<const char*>(p.data) + off, n, i,
-                               units[i].size() - 1, e, device});
+                               units[i].size() - 1, device});
       }
       job->ranges[i][e] = {first, job->pieces.size()};
     }
@@ -563,12 +558,11 @@ Status AsyncSaver::Impl::LayOut(const SavePlan& plan, const SaveState& state,
   return Status();
 }
 
-Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
+Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device,
+                              const std::vector<DeviceMemory::Copy>& device_copies) {
   std::vector<Piece>& pieces = job->pieces;
   StagingProgress& progress = *job->progress;
   TaskGroup group(&copy_pool_);
-  std::vector<DeviceMemory::Copy> copies;
-  const Piece* last_copied = nullptr;  // the device piece copies.back() ends with
   std::vector<std::pair<size_t, size_t>> device_units;  // (file, unit)
   for (size_t first = 0; first < pieces.size();) {
     size_t end = first + 1;
@@ -577,10 +571,6 @@ Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
       ++end;
     }
     if (pieces[first].device) {
-      for (size_t k = first; k < end; ++k) {
-        AddDeviceCopy(pieces[k], last_copied, &copies);
-        last_copied = &pieces[k];
-      }
       device_units.emplace_back(pieces[first].file, pieces[first].unit);
     } else {
       // A payload's checksum is its pieces' checksums combined in order.
@@ -597,8 +587,8 @@ Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device) {
   }
   // The device's copies run on this thread while the pool copies the rest.
   Status copied;
-  if (!copies.empty()) {
-    copied = device->CopyToHost(copies).WithContext("copying tensors from the device");
+  if (!device_copies.empty()) {
+    copied = device->CopyToHost(device_copies).WithContext("copying tensors from the device");
     if (copied.ok()) {
       for (auto [file, unit] : device_units) progress.UnitDone(file, unit);
     }
@@ -625,9 +615,10 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->meta.layout = state.layout;
   job->progress = std::make_shared<StagingProgress>();
   // c, first half; a failure is reported through the background (markers).
+  std::vector<DeviceMemory::Copy> device_copies;
   Status laid_out;
   try {
-    laid_out = LayOut(prepared.plan, state, options, job.get());
+    laid_out = LayOut(prepared.plan, state, options, job.get(), &device_copies);
   } catch (const std::bad_alloc&) {
     laid_out = ResourceExhaustedError("no memory for the staging copy of this rank's data");
   }
@@ -666,7 +657,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   if (laid_out.ok()) {
     Status copied;
     try {
-      copied = Copy(job.get(), options.device.get());
+      copied = Copy(job.get(), options.device.get(), device_copies);
     } catch (const std::bad_alloc&) {
       copied = ResourceExhaustedError("no memory for the staging copy's task list");
     }

@@ -16,6 +16,14 @@ Shape EntryShape(const Slice& slice) {
   return slice.box.size;
 }
 
+// Copies `bytes` of a device payload, from `offset`, into host memory at
+// `dst`; a failure names the tensor.
+Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes) {
+  const DeviceMemory::Copy copy{dst, static_cast<const char*>(p.data) + offset, bytes};
+  return p.device->CopyToHost({&copy, 1}).WithContext("copying tensor \"" + *p.key +
+                                                     "\" from the device");
+}
+
 Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const SaveState& state,
                               const std::string& dir, FileSystem& fs, const SaveOptions& options,
                               std::atomic<uint64_t>* progress) {
@@ -69,12 +77,6 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
   SS_ASSIGN_OR_RETURN(image.layout,
                       BuildSafetensorsHeader(specs, kHfMetadata, kDataFileAlignment));
   return image;
-}
-
-Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes) {
-  const DeviceMemory::Copy copy{dst, static_cast<const char*>(p.data) + offset, bytes};
-  return p.device->CopyToHost({&copy, 1}).WithContext("copying tensor \"" + *p.key +
-                                                     "\" from the device");
 }
 
 WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size) {

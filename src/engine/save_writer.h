@@ -38,10 +38,6 @@ struct Payload {
   const std::string* key = nullptr;  // the tensor's, for messages (device payloads)
 };
 
-// Copies `bytes` of a device payload, from `offset`, into host memory at
-// `dst`; a failure names the tensor.
-Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes);
-
 // What one planned file holds: its header and, per entry (input order of
 // layout.offsets), where the bytes are.
 struct FileImage {

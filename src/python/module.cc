@@ -57,9 +57,17 @@ Json ParseJson(const std::string& text, const char* what) {
   }
 }
 
-// The engine's tensors (TensorShard for a save, TensorTarget for a load):
-// the items a fast path planned (whole_targets.h; moved out, once), then
-// `specs` (moved out of).
+// The engine's tensor (TensorShard for a save, TensorTarget for a load) of
+// one spec (moved out of).
+template <typename Item>
+Item ItemOf(Spec& spec) {
+  auto& [key, dtype, shape, offset, size, ptr] = spec;
+  return {std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+          BoxSlice(std::move(offset), std::move(size)), reinterpret_cast<void*>(ptr)};
+}
+
+// The engine's tensors: the items a fast path planned (whole_targets.h;
+// moved out, once), then `specs` (moved out of).
 template <typename Item>
 std::vector<Item> Items(std::vector<Spec>&& specs, Whole<Item>* whole) {
   std::vector<Item> items;
@@ -71,10 +79,7 @@ std::vector<Item> Items(std::vector<Spec>&& specs, Whole<Item>* whole) {
     items = std::exchange(whole->items, {});
   }
   items.reserve(items.size() + specs.size());
-  for (auto& [key, dtype, shape, offset, size, ptr] : specs) {
-    items.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
-                     BoxSlice(std::move(offset), std::move(size)), reinterpret_cast<void*>(ptr)});
-  }
+  for (Spec& spec : specs) items.push_back(ItemOf<Item>(spec));
   return items;
 }
 
@@ -226,10 +231,9 @@ SaveCall MakeSaveCall(std::vector<Spec>&& tensors, WholeShards* whole, nb::list 
   SaveCall c{MakeState(std::move(tensors), whole, blobs, values, metadata),
              ParseSaveOptions(options), MakeComm(comm), {}};
   if (device) {
-    for (auto& [key, dtype, shape, offset, size, ptr] : device->second) {
-      c.state.tensors.push_back({std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
-                                 BoxSlice(std::move(offset), std::move(size)),
-                                 reinterpret_cast<void*>(ptr), /*on_device=*/true});
+    for (Spec& spec : device->second) {
+      c.state.tensors.push_back(ItemOf<TensorShard>(spec));
+      c.state.tensors.back().on_device = true;
     }
     c.device.memory = std::make_shared<PyDeviceMemory>(std::move(device->first));
     c.options.device = c.device.memory;

@@ -18,6 +18,7 @@ run. GB = 1e9 bytes. Prints one JSON object last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -46,24 +47,32 @@ def timed(fn, repeat: int) -> list[float]:
     return out
 
 
-def vm(field: str) -> int:
+def _vm(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    return 0
+    raise AssertionError(f"no {field} in /proc/self/status")
 
 
 def peak_rss_growth(fn) -> int:
-    """Bytes the resident set peaked above where it stood before fn()."""
+    """Bytes the process's resident set peaked above where it stood before
+    `fn` ran (VmHWM reset through /proc/self/clear_refs, as root: OSError
+    otherwise). Also used by test_cuda.py."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5\n")
+    before = _vm("VmRSS")
+    fn()
+    return _vm("VmHWM") - before
+
+
+def peak_rss_growth_mib(fn) -> int:
+    """peak_rss_growth in MiB; -1 where VmHWM cannot be reset (not root)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5\n")
+        return peak_rss_growth(fn) >> 20
     except OSError:
         return -1
-    before = vm("VmRSS")
-    fn()
-    return vm("VmHWM") - before
 
 
 def drop_caches() -> bool:
@@ -144,7 +153,7 @@ def main() -> None:
     held = shardsafe.reserve_async_save(state)
     res["shardsafe_reserve_async_save_s"] = round(time.perf_counter() - t, 4)
     res["staging_bytes"] = held
-    res["staging_page_locked"] = any(locked for _, _, locked in _device._PINNED.regions.values())
+    res["staging_page_locked"] = any(locked for _, locked in _device.registered().values())
 
     for d in a.dirs.split(","):
         if not os.path.isdir(os.path.dirname(d.rstrip("/")) or "/"):
@@ -158,10 +167,10 @@ def main() -> None:
         # Peak host memory a save adds, once warm: sync (bounded buffers) and
         # async (its arena is already held: what the call adds beyond it).
         shardsafe.save(state, f"{d}/warm")
-        r["save_peak_rss_growth_MiB"] = peak_rss_growth(
-            lambda: shardsafe.save(state, f"{d}/rss-sync")) >> 20
-        r["async_save_peak_rss_growth_MiB"] = peak_rss_growth(
-            lambda: shardsafe.async_save(state, f"{d}/rss-async").result()) >> 20
+        r["save_peak_rss_growth_MiB"] = peak_rss_growth_mib(
+            lambda: shardsafe.save(state, f"{d}/rss-sync"))
+        r["async_save_peak_rss_growth_MiB"] = peak_rss_growth_mib(
+            lambda: shardsafe.async_save(state, f"{d}/rss-async").result())
         for p in ("warm", "rss-sync", "rss-async"):
             shutil.rmtree(f"{d}/{p}")
         for i in range(a.repeat):

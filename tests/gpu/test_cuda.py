@@ -28,6 +28,7 @@ import torch
 
 import shardsafe
 from shardsafe import _api, _device
+from bench_cuda import peak_rss_growth  # tests/gpu, beside this file
 from shardsafe._state import DTYPE_NAMES
 
 CUDA = torch.device("cuda")
@@ -505,25 +506,6 @@ def test_dtensor_on_one_rank_cuda_mesh(tmp_path):
 
 # ------------------------------------- device copies and host memory --
 
-def _vm(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} in /proc/self/status")
-
-
-def peak_rss_growth(fn) -> int:
-    """Bytes the process's resident set peaked above where it stood before
-    `fn` ran (VmHWM reset through /proc/self/clear_refs, as root)."""
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5\n")
-    before = _vm("VmRSS")
-    fn()
-    return _vm("VmHWM") - before
-
-
 def test_sync_save_streams_cuda_tensors_through_bounded_buffers(tmp_path, monkeypatch):
     """A synchronous save copies device tensors into the data files' write
     buffers a buffer at a time: nothing of the state is staged whole, so the
@@ -556,7 +538,7 @@ def test_async_staging_is_page_locked_once_and_is_the_only_copy(tmp_path):
     is unregistered when released."""
     shardsafe.release_async_save()
     gc.collect()  # managers of earlier tests free their engines (and arenas)
-    others = set(_device._PINNED.regions)
+    others = set(_device.registered())
     n = 128 << 20  # 512 MiB of float32
     state = {"a": torch.randn(n // 2, device=CUDA), "b": torch.randn(n // 2, device=CUDA)}
     nbytes = n * 4
@@ -564,10 +546,11 @@ def test_async_staging_is_page_locked_once_and_is_the_only_copy(tmp_path):
         lambda: shardsafe.async_save(state, tmp_path / "s1").result(timeout=120))
     assert grew <= nbytes * 1.1 + (64 << 20), \
         f"the first async save of {nbytes >> 20} MiB grew the resident set by {grew >> 20} MiB"
-    regions = {a: r for a, r in _device._PINNED.regions.items() if a not in others}
+    regions = {a: r for a, r in _device.registered().items() if a not in others}
     assert len(regions) == 1, f"{len(regions)} regions registered by the first async save"
-    (address, (size, view, locked)), = regions.items()
-    assert locked and _device.is_pinned(address), "cudaHostRegister failed on the staging arena"
+    (address, (view, locked)), = regions.items()
+    size = view.numel()
+    assert locked, "cudaHostRegister failed on the staging arena"
     assert view.is_pinned(), "torch does not see the staging arena as pinned"
     assert nbytes <= size <= nbytes * 1.1
     for step in (2, 3):
@@ -575,13 +558,13 @@ def test_async_staging_is_page_locked_once_and_is_the_only_copy(tmp_path):
             v.add_(1)
         want = snapshot(state)
         shardsafe.async_save(state, tmp_path / f"s{step}").result(timeout=120)
-        assert set(_device._PINNED.regions) - others == set(regions), "staging re-registered"
+        assert set(_device.registered()) - others == set(regions), "staging re-registered"
         got = zeros_like(state)
         shardsafe.load(got, tmp_path / f"s{step}")
         for k in state:
             assert_same_bytes(got[k], want[k], k)
     shardsafe.release_async_save()
-    assert address not in _device._PINNED.regions, "the released arena is still registered"
+    assert address not in _device.registered(), "the released arena is still registered"
 
 
 @pytest.mark.parametrize("how", ["save", "async_save"])
