@@ -65,13 +65,15 @@ class AsyncSaver {
   // Collective. Saves `state` as ROOT/TAG in the background; when
   // `update_latest`, points ROOT/latest at it after the commit; then, when
   // `keep_last` > 0, removes older checkpoints (CheckpointManager rules).
+  // `step` is recorded in the commit record.
   // Returns once this rank's data is staged. Errors as Save (the plan is
   // checked before returning), plus the failure of the previous save.
   // options.overwrite is not supported (InvalidArgument).
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
                                                 const std::string& tag, Comm& comm,
                                                 const SaveOptions& options,
-                                                bool update_latest = false, int keep_last = 0);
+                                                bool update_latest = false, int keep_last = 0,
+                                                std::optional<int64_t> step = std::nullopt);
 
   // Collective, like Save: plans the save of `state` and allocates (and
   // pre-faults) the staging memory for this rank's files now, so that the

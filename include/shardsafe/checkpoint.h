@@ -68,7 +68,10 @@ struct BlobRef {
 struct SaveState {
   std::vector<TensorShard> tensors;
   std::vector<BlobRef> blobs;
-  Json values = Json::object();  // global JSON values (rank 0's are saved)
+  // Global JSON values, saved once (rank 0's). Every value another rank
+  // passes must equal rank 0's under the same key (checked: InvalidArgument
+  // naming the key and ranks otherwise); per-rank data goes in per-rank blobs.
+  Json values = Json::object();
   Json metadata;                 // user metadata (rank 0's)
   Json layout;                   // description of the parallel layout (rank 0's)
 };
@@ -90,6 +93,16 @@ struct SaveOptions {
   size_t io_buffer_bytes = 16 << 20;  // bytes per write request
   int io_depth = 3;       // write requests in flight per file
   bool overwrite = false; // replace an existing checkpoint at the path
+  // CheckpointManager saves: point `latest` at the new checkpoint. False
+  // commits without moving it (DeepSpeed's save_latest=False); such a
+  // checkpoint is never taken as the latest while `latest` names another.
+  // Save(path) never moves `latest`.
+  bool update_latest = true;
+  // Check that ranks holding the same slice of a tensor hold the same bytes:
+  // each non-writing holder checksums its copy (CRC-32C, ~20+ GB/s a core)
+  // and a mismatch fails the save, naming the tensor and ranks. Off only
+  // when the caller guarantees its replicas (one holder's copy is saved).
+  bool verify_replicas = true;
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
   // Copies the shards marked on_device to host memory; required when there
@@ -197,13 +210,21 @@ Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Com
 struct CheckpointInfo {
   std::string tag;
   std::string path;
-  std::optional<int64_t> step;  // for "step-N" tags
+  // The step a manager saved it as (its commit record); for checkpoints
+  // without a record, that of a "step-N" tag.
+  std::optional<int64_t> step;
   uint64_t bytes = 0;           // sum of data file sizes
-  int64_t mtime_unix = 0;
+  int64_t mtime_unix = 0;       // of its index
+  // Its commit record (docs/format.md §1); 0 for checkpoints without one.
+  uint64_t sequence = 0;
+  int64_t committed_ns = 0;
+  bool moved_latest = false;  // its save replaced `latest`
   bool is_latest = false;
 };
 
-// Committed checkpoints under `root`, oldest first (by step, then mtime).
+// Committed checkpoints under `root`, oldest first in commit order
+// (docs/format.md §1: commit records, never file times, order checkpoints
+// that have them).
 // Leftovers of interrupted saves are never listed.
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root,
                                                     FileSystem* fs = nullptr);
@@ -217,14 +238,20 @@ class CheckpointManager {
   struct Options {
     int keep_last = 0;  // keep this many newest committed checkpoints; 0: all
     FileSystem* fs = nullptr;
+    // How a step names its checkpoint: one "{step}" or "{step:0Nd}" in a
+    // tag (docs/format.md §1), e.g. "global_step{step}". The step is also
+    // recorded in the checkpoint's commit record.
+    std::string tag_format = "step-{step:08d}";
   };
   CheckpointManager(std::string root, Options options);
   ~CheckpointManager();  // waits for an async save in flight
 
   const std::string& root() const { return root_; }
 
-  // Saves as ROOT/step-N, points `latest` at it, then removes the oldest
-  // checkpoints beyond keep_last (never the newest committed one).
+  // Saves as ROOT/TAG (the tag format's name for `step`), points `latest`
+  // at it (unless options.update_latest is false), then removes the oldest
+  // checkpoints beyond keep_last (never the newest committed one, nor the
+  // one `latest` names). InvalidArgument for a bad tag format.
   Result<SaveStats> Save(int64_t step, const SaveState& state, Comm& comm,
                          SaveOptions options);
   // The same in the background (shardsafe/async_save.h): returns once this
@@ -240,19 +267,21 @@ class CheckpointManager {
   size_t async_staging_bytes() const;
   // Waits for the async save in flight, if any; its outcome.
   Status WaitForAsyncSave();
-  // Step of the checkpoint `latest` names (or the newest committed one);
-  // nullopt for an empty root.
+  // Step of the latest checkpoint (ListCheckpoints' is_latest); nullopt for
+  // an empty root or a latest checkpoint without a step.
   Result<std::optional<int64_t>> LatestStep();
   // Loads step `step`, or the latest when nullopt.
   Result<LoadResult> Load(const LoadRequest& request, std::optional<int64_t> step, Comm& comm,
                           LoadOptions options);
   Result<std::vector<CheckpointInfo>> List();
-  // Removes the oldest committed checkpoints until `keep` remain (keep >=
-  // 1), but never the newest one nor the one `latest` names. Each is hidden
+  // Removes the oldest committed checkpoints (in commit order) until `keep`
+  // remain (keep >= 1), but never the newest one nor the one `latest` names. Each is hidden
   // by an atomic rename before it is deleted. Returns the tags removed.
   Result<std::vector<std::string>> Prune(int keep);
 
   static std::string StepTag(int64_t step);  // "step-00000100"
+  // The tag of `step` under this manager's tag format.
+  Result<std::string> TagOf(int64_t step) const;
 
  private:
   std::string root_;

@@ -145,6 +145,7 @@ struct FileInfo {
   uint64_t size = 0;
   bool is_dir = false;
   int64_t mtime_seconds = 0;  // seconds since the epoch
+  int64_t mtime_ns = 0;       // nanoseconds since the epoch (at the file system's resolution)
 };
 
 struct DirEntry {

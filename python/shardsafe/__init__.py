@@ -5,11 +5,14 @@
     shardsafe.load({"model": model, "optim": optim, "step": 0}, "/ckpt/step-100")
 
 Tensors and DTensors (Shard / Replicate on 1-D and 2-D meshes) are saved by
-pointer and loaded in place into any other layout; see README.md, "Python".
+pointer and loaded in place into any other layout; plain tensors that are a
+rank's part of a global tensor say so with Sharded, values that differ by
+rank with PerRank; see README.md, "Python".
 """
 
 from ._api import (CheckpointManager, LoadResult, async_save, load, release_async_save,
                    reserve_async_save, save)
+from ._parts import PerRank, Sharded
 from ._C import describe as _describe
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DTypeMismatchError, InvalidStateError, KeyMismatchError, ShapeMismatchError,
@@ -17,7 +20,7 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
 
 __all__ = [
     "save", "async_save", "reserve_async_save", "release_async_save", "load", "CheckpointManager",
-    "LoadResult",
+    "LoadResult", "Sharded", "PerRank",
     "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",
     "ShapeMismatchError", "DTypeMismatchError", "InvalidStateError", "KeyMismatchError",

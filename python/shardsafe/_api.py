@@ -9,6 +9,7 @@ import gc
 import json
 import math
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,8 +22,11 @@ import torch.distributed as dist
 
 from . import _C, _device, hf
 from ._comm import TorchComm, resolve
-from ._state import (DTYPE_NAMES, FILE_PREFIX, PICKLE_PREFIX, TORCH_DTYPES, Flat, TensorLeaf,
-                     decode_value, encode_values, flatten, rebuild, to_json)
+from ._parts import PerRank, decode_per_rank, encode_per_rank
+from ._state import (DTYPE_NAMES, FILE_PREFIX, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY,
+                     TORCH_DTYPES, Flat,
+                     TensorLeaf, decode_value, encode_values, flatten, from_json, rebuild,
+                     to_json)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
@@ -218,10 +222,14 @@ def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
 
 
 def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
-                  files: Mapping[str, Any] | None = None) -> _SaveArgs:
+                  files: Mapping[str, Any] | None = None,
+                  exclude_frozen_parameters: bool = False) -> _SaveArgs:
     args = _SaveArgs()
     flat = flatten(state)
     values, args.blobs = encode_values(flat.values, unsafe_pickle)
+    if exclude_frozen_parameters and flat.frozen:
+        flat.drop(flat.frozen.__contains__)
+        values[RESERVED_KEY] = {"excluded_frozen": sorted(flat.frozen)}
     args.blobs += _file_blobs(files)
     args.values = json.dumps(values, allow_nan=False)
     if metadata is not None:
@@ -233,13 +241,17 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
     args.keep.append(flat.tensors)  # the leaves hold the tensors the items point into
     boxes, box = [], _Boxes()
     for leaf in (flat.tensors[i] for i in rest):
-        b = box(leaf.key, leaf.tensor)
-        name = _dtype_name(leaf.key, b.local)
+        boxes.append((leaf.key, box(leaf.key, leaf.tensor), None))
+    for key, sharded in flat.sharded.items():
+        for p in sharded.parts:
+            boxes.append((key, _Box(p.local, sharded.shape, p.offset, p.size), p.flat))
+    for key, value in flat.per_rank.items():
+        args.blobs.append((PER_RANK_PREFIX + key, encode_per_rank(value.value, key), True))
+    device_specs, device_tensors = [], []
+    for key, b, flat_range in boxes:
+        name = _dtype_name(key, b.local)
         if b.local.numel() == 0 and math.prod(b.shape) != 0:
             continue  # an empty shard of a non-empty tensor holds nothing
-        boxes.append((leaf.key, name, b))
-    device_specs, device_tensors = [], []
-    for key, name, b in boxes:
         local = b.local
         # The engine reads the memory as it lies: lazy conj/neg views and
         # strided tensors are materialised first, where they are (checked
@@ -249,6 +261,8 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
             local = local.detach().resolve_conj().resolve_neg().contiguous()
         args.keep.append(local)
         spec = (key, name, b.shape, b.offset, b.size, local.data_ptr())
+        if flat_range is not None:
+            spec += (flat_range,)
         if local.is_cpu:
             args.specs.append(spec)
         else:
@@ -260,10 +274,14 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
 
 
 def _prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
-              files: Mapping[str, Any] | None = None) -> _SaveArgs:
+              files: Mapping[str, Any] | None, options: dict) -> _SaveArgs:
+    """_prepare_save on every rank, then an agreement: a rank that failed
+    fails the call on every rank. Takes the Python-level options out of
+    `options` (the rest go to the engine)."""
     args, error = None, None
     try:
-        args = _prepare_save(state, metadata, unsafe_pickle, files)
+        args = _prepare_save(state, metadata, unsafe_pickle, files,
+                             bool(options.pop("exclude_frozen_parameters", False)))
     except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:
         error = e
     _agree(comm, error)
@@ -280,12 +298,25 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     Returns when the checkpoint is committed and durable, with statistics
     (bytes_written, unique_bytes, files, seconds, warnings). Engine options
     (max_file_bytes, direct_io, io_threads, overwrite, ...) pass through.
+
+    Nothing is assumed about ranks: ranks that pass the same key (a plain
+    tensor, or equal Sharded parts) must hold identical bytes, and every
+    value a rank passes must equal rank 0's; both are checked (CRC-32C of
+    each replica, fingerprints of the values) and a difference is an
+    InvalidStateError naming the key and two ranks, with nothing committed.
+    Say what differs: shardsafe.Sharded for a rank's part of a global
+    tensor, shardsafe.PerRank for per-rank state. verify_replicas=False
+    skips the byte check for callers that guarantee their replicas.
+    exclude_frozen_parameters=True leaves out the parameters of modules in
+    the state that do not require gradients (DeepSpeed's option of that
+    name); the checkpoint records them, so a strict load reports them in
+    missing_keys without failing and leaves them as they are.
     `files` ({name: bytes or path}) are saved with the checkpoint, e.g. a
     model's config.json and tokenizer files (shardsafe.hf.model_files);
     `shardsafe export-hf` writes them next to the weights.
     """
     comm = resolve(process_group)
-    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     return _C.save(args.specs, args.blobs, args.values, args.metadata, os.fspath(path), comm,
                    options, args.whole, args.device)
 
@@ -377,7 +408,7 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     per process: a new call first waits for the previous one, and a previous
     background failure is raised here."""
     comm = resolve(process_group)
-    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
     # The engine has its own staged copy once the call returns.
@@ -397,7 +428,7 @@ def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | No
     creates its state at the first step: after that step). Waits for the
     save in flight and raises its failure. Returns the staging bytes held."""
     comm = resolve(process_group)
-    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files)
+    args = _prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     return _saver().reserve(args.specs, args.blobs, args.values, args.metadata, comm, options,
                             args.whole, args.device)
 
@@ -427,6 +458,9 @@ class LoadResult:
     # of bytes_read, read from a shared-memory ring or the page cache because
     # another rank on this machine read them too (share_reads)
     bytes_shared: int = 0
+    # Every global value the checkpoint holds, by key (DeepSpeed's
+    # client_state), whether or not the state asked for it.
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -437,7 +471,8 @@ class _Read:
     shape: tuple[int, ...]  # its global shape
     offset: tuple[int, ...]
     size: tuple[int, ...]
-    dest: torch.Tensor  # view of the target's local tensor, shaped `size`
+    dest: torch.Tensor  # view of the target's local tensor, shaped `size` (1-D for `flat`)
+    flat: tuple[int, int] | None = None  # the box's row-major elements [begin, end) only
     buf: torch.Tensor | None = None  # where the engine writes: dest itself when it can
     scale: tuple | None = None  # FP8 dequantisation: (key, shape, offset, size, dtype name)
     scale_buf: torch.Tensor | None = None
@@ -461,46 +496,74 @@ def _plan(flat: Flat, asked: _C.AskedTensors | None, keys: hf.KeyMap, source: _C
     plan = _Plan([], None, [], set(), [])
     whole = asked is not None and not keys.renamed
     rest = _plan_whole(flat.tensors, asked, source, plan) if whole else flat.tensors
-    if rest:
+    if rest or flat.sharded:
         keys.materialize()
     box = _Boxes()
-    for leaf in rest:
-        src, note = keys.resolve(leaf.key, tuple(leaf.tensor.shape))
+    targets = [(leaf.key, box(leaf.key, leaf.tensor), None) for leaf in rest]
+    for key, sharded in flat.sharded.items():
+        targets += [(key, _Box(p.local, sharded.shape, p.offset, p.size), p.flat)
+                    for p in sharded.parts]
+    for key, b, flat_range in targets:
+        if b.local.is_meta:
+            raise InvalidStateError(f"tensor {key!r} is on the meta device: it has no memory "
+                                    f"to load into (materialize the model first, e.g. "
+                                    f"module.to_empty(device=...))")
+        src, note = keys.resolve(key, b.shape)
         if src is None:
-            plan.missing.append(leaf.key)
-            if note:
-                plan.notes.append(note)
+            if key not in plan.missing:
+                plan.missing.append(key)
+                if note:
+                    plan.notes.append(note)
             continue
-        b = box(leaf.key, leaf.tensor)
-        name = _dtype_name(leaf.key, b.local)
-        scales = {}
-        for k in src.keys:
-            plan.used.add(k)
-            scale = hf.fp8_scale(keys.saved, k, b.local.dtype) if dequantize_fp8 else None
-            if scale is not None:
-                plan.used.add(scale)
-                scales[k] = scale
-            elif k != leaf.key and keys.saved[k][0] != name and not convert:
-                raise DTypeMismatchError(
-                    f"{src.label}: dtype mismatch: checkpoint has {keys.saved[k][0]}, target has "
-                    f"{name} (allow conversion with convert_dtypes)", "INVALID_ARGUMENT")
-        if isinstance(src, hf.Direct) and scales and keys.saved[src.keys[0]][1] != b.shape:
-            raise ShapeMismatchError(
-                f"{src.label}: shape mismatch: checkpoint has {list(keys.saved[src.keys[0]][1])}, "
-                f"target has {list(b.shape)}", "INVALID_ARGUMENT")
-        for p in src.pieces(b.offset, b.size):
-            # A direct target keeps its own shape: the engine checks it against the saved one.
-            shape = b.shape if isinstance(src, hf.Direct) else keys.saved[p.key][1]
-            if math.prod(p.size) == 0 and math.prod(shape) != 0:
-                continue  # an empty box of a non-empty tensor reads nothing
-            r = _Read(p.key, shape, p.offset, p.size, b.local[p.index] if p.index else b.local)
-            scale = scales.get(p.key)
-            if scale is not None:
-                so, ss = hf.scale_box(p.offset, p.size)
-                sdtype, sshape = keys.saved[scale]
-                r.scale = (scale, sshape, so, ss, sdtype)
-            plan.reads.append(r)
+        _plan_target(plan, keys, src, key, b, flat_range, dequantize_fp8, convert)
     return plan
+
+
+def _plan_target(plan: _Plan, keys: hf.KeyMap, src: hf.Source, key: str, b: _Box,
+                 flat_range: tuple[int, int] | None, dequantize_fp8: bool,
+                 convert: bool) -> None:
+    """The reads of one target box (or flat range of a box) from `src`."""
+    name = _dtype_name(key, b.local)
+    scales = {}
+    for k in src.keys:
+        plan.used.add(k)
+        scale = hf.fp8_scale(keys.saved, k, b.local.dtype) if dequantize_fp8 else None
+        if scale is not None:
+            plan.used.add(scale)
+            scales[k] = scale
+        elif k != key and keys.saved[k][0] != name and not convert:
+            raise DTypeMismatchError(
+                f"{src.label}: dtype mismatch: checkpoint has {keys.saved[k][0]}, target has "
+                f"{name} (allow conversion with convert_dtypes)", "INVALID_ARGUMENT")
+    if isinstance(src, hf.Direct) and scales and keys.saved[src.keys[0]][1] != b.shape:
+        raise ShapeMismatchError(
+            f"{src.label}: shape mismatch: checkpoint has {list(keys.saved[src.keys[0]][1])}, "
+            f"target has {list(b.shape)}", "INVALID_ARGUMENT")
+    if flat_range is not None:
+        if not isinstance(src, hf.Direct) or scales:
+            raise InvalidStateError(f"tensor {key!r}: a flat range loads only from a saved "
+                                    f"tensor of its own shape (no expert merge or FP8 scales)")
+        if flat_range[0] == flat_range[1] and math.prod(b.shape) != 0:
+            return  # an empty range of a non-empty tensor reads nothing
+        try:
+            dest = b.local.view(-1)
+        except RuntimeError:
+            raise InvalidStateError(f"tensor {key!r}: a flat range loads into a tensor that "
+                                    f"can be viewed as 1-D (a contiguous one)") from None
+        plan.reads.append(_Read(src.keys[0], b.shape, b.offset, b.size, dest, flat_range))
+        return
+    for p in src.pieces(b.offset, b.size):
+        # A direct target keeps its own shape: the engine checks it against the saved one.
+        shape = b.shape if isinstance(src, hf.Direct) else keys.saved[p.key][1]
+        if math.prod(p.size) == 0 and math.prod(shape) != 0:
+            continue  # an empty box of a non-empty tensor reads nothing
+        r = _Read(p.key, shape, p.offset, p.size, b.local[p.index] if p.index else b.local)
+        scale = scales.get(p.key)
+        if scale is not None:
+            so, ss = hf.scale_box(p.offset, p.size)
+            sdtype, sshape = keys.saved[scale]
+            r.scale = (scale, sshape, so, ss, sdtype)
+        plan.reads.append(r)
 
 
 def _ask(leaves: list[TensorLeaf]) -> _C.AskedTensors:
@@ -523,34 +586,59 @@ def _plan_whole(leaves: list[TensorLeaf], asked: _C.AskedTensors, source: _C.Ope
     return [leaves[i] for i in rest]
 
 
-def _open_and_flatten(path: str, comm: TorchComm | None, state: Any,
-                      ask: bool) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
+def _open_and_flatten(path: str, comm: TorchComm | None, state: Any, ask: bool,
+                      skip: Callable[[str], bool] | None = None
+                      ) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
     """The checkpoint opened (collective), the state walked and, if `ask`,
     its tensors asked what the fast path needs (_ask). With one process the
     index is read and checked on a thread of its own while this one walks
     and asks (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it
     before the walk changes anything (an optimizer's state created), so a
     checkpoint that cannot be opened leaves the state as it was; with
-    several, every rank opens first, in step."""
+    several, every rank opens first, in step. Keys `skip` accepts are
+    left out of the walk's record (not loaded)."""
     if comm is not None:
         source, flat = _C.open_source(path, comm), flatten(state, for_load=True)
+        if skip is not None:
+            flat.drop(skip)
         return source, flat, _ask(flat.tensors) if ask else None
     pending = _C.PendingSource(path)
     flat = flatten(state, for_load=True, before_init=pending.wait)
+    if skip is not None:
+        flat.drop(skip)
     asked = _ask(flat.tensors) if ask else None
     return pending.result(), flat, asked
 
 
+@dataclass
+class _Report:
+    """One rank's view of a load's key matching, before the agreement."""
+
+    missing: list[str]  # state keys the checkpoint lacks (fatal under strict)
+    unexpected: list[str]  # saved keys no target wants (fatal under strict when every rank agrees)
+    notes: list[str]  # for the KeyMismatchError message
+    # Reported, never fatal: optimizer state of parameters that had none when saved.
+    absent_state: list[str]
+    # Per-rank values this rank has no saved value for, and saved ranks'
+    # values no rank loads: fatal unless per_rank_strict=False.
+    per_rank_missing: list[str]
+    per_rank_unused: list[str]
+
+
 def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSource,
                   desc: dict, rename: hf.Rename, experts: Sequence[hf.ExpertGroup],
-                  dequantize_fp8: bool, options: dict) -> tuple[hf.KeyMap, _Plan, dict]:
+                  dequantize_fp8: bool, options: dict, skip: Callable[[str], bool] | None,
+                  rank: int, world: int) -> tuple[hf.KeyMap, _Plan, dict]:
     """This rank's side of a load, before any collective: the checkpoint's
-    keys mapped, this rank's reads planned, and its report of missing and
-    unexpected keys."""
+    keys mapped, this rank's reads planned, and its report (a _Report as a
+    dict) of missing and unexpected keys."""
     keys = hf.KeyMap(desc["tensors"], rename, experts)
     values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
+    excluded = set(values.pop(RESERVED_KEY, {}).get("excluded_frozen", ()))
     pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
                if b.startswith(PICKLE_PREFIX)}
+    per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
+                if b.startswith(PER_RANK_PREFIX)}
     plan = _plan(flat, asked, keys, source, dequantize_fp8,
                  bool(options.get("convert_dtypes", False)))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
@@ -558,12 +646,37 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
     unused = ([k for k in keys.saved if k not in plan.used]
               if len(plan.used) < len(keys.saved) else [])
     unexpected = []
-    if unused or values or pickled:
-        wanted = {leaf.key for leaf in flat.tensors} | set(flat.values)
+    if unused or values or pickled or per_rank:
+        wanted = ({leaf.key for leaf in flat.tensors} | set(flat.values) | set(flat.sharded)
+                  | set(flat.per_rank))
         unexpected = sorted({keys.name(k) for k in unused if keys.name(k) not in wanted}
-                            | {k for k in [*values, *pickled] if k not in wanted})
-    report = {"missing": missing, "unexpected": unexpected, "notes": plan.notes}
-    return keys, plan, report
+                            | {k for k in [*values, *pickled, *per_rank] if k not in wanted})
+    if skip is not None:
+        unexpected = [k for k in unexpected if not skip(k)]
+    absent = _absent_param_state(flat, missing, [*map(keys.name, keys.saved), *values])
+    absent |= excluded.intersection(missing)
+    report = _Report([k for k in missing if k not in absent], unexpected, plan.notes,
+                     sorted(absent),
+                     [f"{k}[rank {rank}]" for k in flat.per_rank if rank not in per_rank.get(k, ())],
+                     [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
+                      if r >= world])
+    return keys, plan, report.__dict__
+
+
+def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set[str]:
+    """The missing keys that are an optimizer's state for a parameter with
+    no saved state at all (ids under OPTIM.state. that no saved key has): an
+    optimizer saved before every parameter had state (unrouted MoE experts
+    got no gradient), which torch's own load_state_dict accepts."""
+    if not flat.optimizers or not missing:
+        return set()
+    absent = set()
+    for prefix in flat.optimizers:
+        head = f"{prefix}.state." if prefix else "state."
+        have = {k[len(head):].split(".", 1)[0] for k in saved if k.startswith(head)}
+        absent |= {k for k in missing
+                   if k.startswith(head) and k[len(head):].split(".", 1)[0] not in have}
+    return absent
 
 
 def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list[str],
@@ -583,7 +696,8 @@ def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list
 def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
          rename: hf.Rename = None, experts: Sequence[hf.ExpertGroup] = (),
-         dequantize_fp8: bool = True, **options: Any) -> LoadResult:
+         dequantize_fp8: bool = True, skip_keys: Sequence[str | re.Pattern] = (),
+         per_rank_strict: bool = True, **options: Any) -> LoadResult:
     """Loads a checkpoint into `state_dict` in place, resharding as needed:
     each tensor (or DTensor shard) gets its part of the saved tensor, values
     are replaced by the saved ones, stateful objects get load_state_dict.
@@ -592,7 +706,19 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
 
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
-    strict=False loads what matches and reports both lists. Options:
+    strict=False loads what matches and reports both lists. An optimizer's
+    state for a parameter that had none when saved (an unrouted MoE expert)
+    is reported in missing_keys but is no error, as with torch's
+    load_state_dict: that parameter is left without state.
+    skip_keys: state keys left as they are and saved keys ignored, strict
+      or not: a str skips the keys it prefixes, an re.Pattern the keys it
+      matches (re.search), e.g. ["lm_head."] (NeMo's skip_task_head_prefixes).
+    per_rank_strict: shardsafe.PerRank values: rank r loads saved rank r's.
+      A rank the checkpoint has none for (a larger world), or saved ranks
+      no rank loads (a smaller one), raise KeyMismatchError naming
+      "KEY[rank R]"; with False those keep their value, and are reported in
+      missing_keys / unexpected_keys.
+    Options:
     verify_checksums, convert_dtypes, io_threads, direct_io, scratch_bytes,
     share_reads (default True, the same on every rank: when other ranks on
     its machine read at least half of the bytes a rank reads of a file, as
@@ -617,35 +743,61 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       dequantised (this rank's box only); the scales count as loaded.
     """
     comm = resolve(process_group)
+    skip = _skipper(skip_keys)
     flat = plan = desc = keys = source = None
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
         # The fast path's questions are asked while the index is read (no use with a rename).
         source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
-                                                ask=rename is None)
+                                                ask=rename is None, skip=skip)
         desc = _C.describe_source(source)
-        keys, plan, report = _prepare_load(flat, asked, source, desc, rename, experts,
-                                           dequantize_fp8, options)
+        keys, plan, report = _prepare_load(
+            flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
+            comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
     reports = _agree(comm, error, report)
     missing = sorted({k for r in reports for k in r["missing"]})
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-    notes = sorted({n for r in reports for n in r["notes"]})
-    if strict and (missing or unexpected):
-        raise _key_error(missing, unexpected, desc["path"], notes, keys)
+    pr_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
+    pr_unused = reports[0]["per_rank_unused"]  # the same on every rank
+    if strict and (missing or unexpected) or per_rank_strict and (pr_missing or pr_unused):
+        notes = sorted({n for r in reports for n in r["notes"]})
+        if pr_missing or pr_unused:
+            notes.append("per-rank values load by rank; per_rank_strict=False keeps the "
+                         "values of ranks the checkpoint has none for")
+        raise _key_error(missing + pr_missing, unexpected + pr_unused, desc["path"], notes, keys)
 
     result = _read(plan, source, comm, options)
     blobs = result["blobs"]
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
-    _finish(state_dict, flat, keys.rename_values(json.loads(result["values"]) or {}), blobs,
-            unsafe_pickle)
-    return LoadResult(desc["path"], desc["tag"], missing, unexpected,
-                      json.loads(result["metadata"]), result["bytes_read"], result["seconds"],
-                      result["bytes_shared"])
+    values = keys.rename_values(json.loads(result["values"]) or {})
+    values.pop(RESERVED_KEY, None)
+    saved_values = {k: from_json(v, None) for k, v in values.items()}
+    if skip is not None:
+        values = {k: v for k, v in values.items() if not skip(k)}
+    absent = sorted({k for r in reports for k in r["absent_state"]})
+    _finish(state_dict, flat, values, blobs, unsafe_pickle, absent)
+    return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
+                      sorted(unexpected + pr_unused), json.loads(result["metadata"]),
+                      result["bytes_read"], result["seconds"], result["bytes_shared"],
+                      saved_values)
+
+
+def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | None:
+    """load's skip_keys as a predicate on keys (None: skip nothing)."""
+    if isinstance(skip_keys, (str, re.Pattern)):
+        skip_keys = [skip_keys]
+    prefixes = tuple(s for s in skip_keys if isinstance(s, str))
+    patterns = [s for s in skip_keys if isinstance(s, re.Pattern)]
+    if len(prefixes) + len(patterns) != len(skip_keys):
+        raise InvalidStateError("skip_keys: expected key prefixes (str) or re.Pattern objects")
+    if not skip_keys:
+        return None
+    return lambda key: key.startswith(prefixes) or any(p.search(key) for p in patterns)
 
 
 def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
@@ -674,8 +826,8 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
             r.buf = torch.empty(r.size, dtype=TORCH_DTYPES["F8_E4M3"])
             r.scale_buf = torch.empty(ss, dtype=TORCH_DTYPES[sdtype])
             specs.append((key, sdtype, sshape, so, ss, r.scale_buf.data_ptr()))
-        specs.append((r.key, DTYPE_NAMES[r.buf.dtype], r.shape, r.offset, r.size,
-                       r.buf.data_ptr()))
+        spec = (r.key, DTYPE_NAMES[r.buf.dtype], r.shape, r.offset, r.size, r.buf.data_ptr())
+        specs.append(spec if r.flat is None else spec + (r.flat,))
     return specs
 
 
@@ -696,16 +848,30 @@ def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
     return result
 
 
-def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool) -> None:
-    """Puts the saved values into the state and hands state dicts back."""
-    if not flat.values and not flat.state_dicts:
+def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool,
+            absent_state: list[str]) -> None:
+    """Puts the saved values (and per-rank values) into the state, drops the
+    optimizer state of parameters that had none when saved (`absent_state`,
+    keys under OPTIM.state.ID.) and hands state dicts back."""
+    if not flat.values and not flat.state_dicts and not flat.per_rank:
         return  # tensors only, all filled in place: nothing to hand back
+    for prefix, optim in flat.optimizers.items():
+        head = f"{prefix}.state." if prefix else "state."
+        ids = {k[len(head):].split(".", 1)[0] for k in absent_state if k.startswith(head)}
+        param_state = flat.state_dicts[optim].get("state", {})
+        for pid in [p for p in param_state if str(p) in ids]:
+            del param_state[pid]
 
     def value(key: str, old: Any) -> Any:
+        if isinstance(old, PerRank):
+            blob = blobs.get(PER_RANK_PREFIX + key) if key in flat.per_rank else None
+            if blob is not None:  # absent (per_rank_strict=False) or skipped: kept
+                old.value = decode_per_rank(blob, old.value, key)
+            return old
         try:
             return decode_value(key, old, values, blobs, unsafe_pickle)
         except KeyError:
-            return old  # missing (strict=False): left as it was
+            return old  # missing (strict=False) or skipped: left as it was
 
     rebuild(state, flat, lambda key, t: None, value)
 
@@ -713,8 +879,12 @@ def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bo
 # ------------------------------------------------------ step-tagged roots --
 
 class CheckpointManager:
-    """Checkpoints under ROOT/step-NNNNNNNN with a `latest` pointer and
-    retention of the newest `keep_last` (0 keeps all).
+    """Checkpoints under ROOT/TAG, one per step, with a `latest` pointer and
+    retention of the newest `keep_last` (0 keeps all). `tag_format` names a
+    step's checkpoint: one "{step}" or "{step:0Nd}" in a tag, e.g.
+    "global_step{step}" (DeepSpeed); the step is also recorded at commit,
+    so latest_step() works for any format. Which checkpoint is newest is the
+    order of commits, never file times or names (docs/format.md §1).
 
         mgr = shardsafe.CheckpointManager("/ckpt", keep_last=3)
         mgr.async_save(step, {"model": model, "optim": optim, "step": step})
@@ -727,11 +897,12 @@ class CheckpointManager:
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
-                 process_group: dist.ProcessGroup | None = None):
+                 process_group: dist.ProcessGroup | None = None,
+                 tag_format: str = "step-{step:08d}"):
         self.root = root = os.path.abspath(os.fspath(root))
         # (the factory holds the root, not self: a pending Future holds the
         # engine holder, and must not hold the manager too)
-        self._engine = _PerProcess(lambda: _C.CheckpointManager(root, keep_last),
+        self._engine = _PerProcess(lambda: _C.CheckpointManager(root, keep_last, tag_format),
                                    _C.CheckpointManager.wait_async)
         self._engine.get()  # a bad root fails here
         self._group = process_group
@@ -741,13 +912,17 @@ class CheckpointManager:
         return self._engine.get()
 
     def path(self, step: int) -> str:
-        return os.path.join(self.root, _C.step_tag(step))
+        return os.path.join(self.root, self._m.tag_of(step))
 
     def save(self, step: int, state: Any, *, metadata: Any = None, unsafe_pickle: bool = False,
              files: Mapping[str, Any] | None = None, **options: Any) -> dict:
-        """Saves as step `step`, moves `latest`, applies retention."""
+        """Saves as step `step`, moves `latest`, applies retention (which
+        never removes the newest commit nor the one `latest` names).
+        update_latest=False commits without moving `latest` (DeepSpeed's
+        save_latest=False): that checkpoint is not taken as the latest while
+        `latest` names another. Other options as shardsafe.save."""
         comm = resolve(self._group)
-        args = _prepared(state, comm, metadata, unsafe_pickle, files)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files, options)
         return self._m.save(step, args.specs, args.blobs, args.values, args.metadata, comm,
                             options, args.whole, args.device)
 
@@ -756,7 +931,7 @@ class CheckpointManager:
                    **options: Any) -> Future:
         """save in the background; the Future's result is the checkpoint path."""
         comm = resolve(self._group)
-        args = _prepared(state, comm, metadata, unsafe_pickle, files)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files, options)
         handle = self._m.async_save(step, args.specs, args.blobs, args.values, args.metadata,
                                     comm, options, args.whole, args.device)
         return _future(handle, self.path(step), self._engine)
@@ -767,7 +942,7 @@ class CheckpointManager:
         """Allocates the staging memory of this manager's async saves of
         `state` now (see shardsafe.reserve_async_save); the bytes held."""
         comm = resolve(self._group)
-        args = _prepared(state, comm, metadata, unsafe_pickle, files)
+        args = _prepared(state, comm, metadata, unsafe_pickle, files, options)
         return self._m.reserve_async(args.specs, args.blobs, args.values, args.metadata,
                                      comm, options, args.whole, args.device)
 

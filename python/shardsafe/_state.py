@@ -6,7 +6,11 @@ tuple items use their index. What each node becomes:
 
 - ``torch.Tensor``: a tensor. A DTensor (Shard / Replicate placements on any
   device mesh) contributes the box its local shard covers; a plain tensor is
-  the whole tensor (held identically by every rank that passes it).
+  the whole tensor (ranks that pass it must hold identical bytes: the save
+  checks).
+- ``shardsafe.Sharded``: a plain tensor's part(s) of a global tensor (boxes,
+  flat ranges); ``shardsafe.PerRank``: a value each rank saves for itself
+  (_parts.py).
 - an object with ``state_dict()`` / ``load_state_dict()`` (module, optimizer,
   scheduler, any Stateful): its state dict, walked in its place; loading
   fills that state dict and hands it back through ``load_state_dict``.
@@ -17,7 +21,8 @@ tuple items use their index. What each node becomes:
   caller passes ``unsafe_pickle=True``: it is then pickled into a blob, and
   loading it needs the same opt-in.
 
-Loading follows the structure of the target state: tensors are filled in
+The root is walked as a dict even when it holds no tensor (a state of
+values only). Loading follows the structure of the target state: tensors are filled in
 place, values are replaced by the saved ones (converted back to tuples,
 integer dict keys and namedtuples where the target has them).
 """
@@ -32,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._parts import PerRank, Sharded
 from .errors import InvalidStateError
 
 # safetensors dtype names (docs/format.md §2) of every torch dtype we store.
@@ -47,6 +53,10 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
 
 PICKLE_PREFIX = "pickle/"  # blob names of values stored with unsafe_pickle
+PER_RANK_PREFIX = "rank/"  # per-rank blob names of PerRank values
+# The global value shardsafe keeps its own facts under (docs/format.md §6):
+# {"excluded_frozen": [keys]}; a state key of this name is refused.
+RESERVED_KEY = "__shardsafe__"
 FILE_PREFIX = "file/"  # blob names of files saved with a checkpoint (config.json, ...)
 _FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
 
@@ -60,7 +70,7 @@ def is_stateful(x: Any) -> bool:
 
 
 def holds_tensors(x: Any) -> bool:
-    if isinstance(x, torch.Tensor) or is_stateful(x):
+    if isinstance(x, (torch.Tensor, Sharded, PerRank)) or is_stateful(x):
         return True
     if isinstance(x, Mapping):
         return any(holds_tensors(v) for v in x.values())
@@ -80,8 +90,20 @@ class Flat:
     """A state walked once: its tensors, its values, its stateful objects."""
 
     tensors: list[TensorLeaf] = field(default_factory=list)
+    sharded: dict[str, Sharded] = field(default_factory=dict)
+    per_rank: dict[str, PerRank] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)  # key -> Python value
     state_dicts: dict[int, Any] = field(default_factory=dict)  # id(obj) -> obj.state_dict()
+    optimizers: dict[str, int] = field(default_factory=dict)  # key -> id(optimizer)
+    frozen: set[str] = field(default_factory=set)  # keys of parameters without requires_grad
+
+    def drop(self, skip: Callable[[str], bool]) -> None:
+        """Forgets the tensors, values and per-rank values whose key `skip`
+        accepts (a load leaves them as they are)."""
+        self.tensors = [leaf for leaf in self.tensors if not skip(leaf.key)]
+        for d in (self.sharded, self.per_rank, self.values):
+            for key in [k for k in d if skip(k)]:
+                del d[key]
 
 
 def init_optimizer_state(optim: torch.optim.Optimizer) -> None:
@@ -121,14 +143,25 @@ def flatten(state: Any, for_load: bool = False,
         if isinstance(node, torch.Tensor):
             add(key)
             flat.tensors.append(TensorLeaf(key, node))
+        elif isinstance(node, Sharded):
+            add(key)
+            flat.sharded[key] = node
+        elif isinstance(node, PerRank):
+            add(key)
+            flat.per_rank[key] = node
         elif is_stateful(node) and not isinstance(node, Mapping):
             if for_load and isinstance(node, torch.optim.Optimizer):
                 if not node.state and before_init is not None:
                     before_init()
                 init_optimizer_state(node)
             sd = flat.state_dicts.setdefault(id(node), node.state_dict())
+            if isinstance(node, torch.optim.Optimizer):
+                flat.optimizers[key] = id(node)
+            if isinstance(node, torch.nn.Module):
+                flat.frozen |= {join(key, name) for name, p in node.named_parameters()
+                                if not p.requires_grad}
             visit(sd, key)
-        elif not holds_tensors(node):
+        elif not _walked(node, key):
             add(key)
             flat.values[key] = node
         elif isinstance(node, Mapping):
@@ -139,6 +172,8 @@ def flatten(state: Any, for_load: bool = False,
                 visit(v, join(key, i))
 
     def add(key: str) -> None:
+        if key == RESERVED_KEY:
+            raise InvalidStateError(f"key {key!r} is reserved for shardsafe's own records")
         if not key:
             raise InvalidStateError("the state must be a dict (or an object with state_dict()), "
                                     "not a bare tensor or value")
@@ -154,22 +189,34 @@ def flatten(state: Any, for_load: bool = False,
     return flat
 
 
+def _walked(node: Any, key: str) -> bool:
+    """Whether a node is walked into (else it is one value): containers
+    that hold tensors somewhere below, and the root dict."""
+    return holds_tensors(node) or (not key and isinstance(node, Mapping))
+
+
 def rebuild(state: Any, flat: Flat, tensor_fn: Callable[[str, torch.Tensor], None],
             value_fn: Callable[[str, Any], Any]) -> Any:
     """Walks `state` again in the order of `flatten`, calling `tensor_fn` for
     each tensor and replacing each value by `value_fn(key, old)`; mutable
     containers are updated in place, tuples rebuilt, stateful objects given
-    their state dict back through load_state_dict. Returns the new root."""
+    their state dict back through load_state_dict; a PerRank is passed to
+    `value_fn` whole, a Sharded left as it is (filled in place). Returns the
+    new root."""
 
     def visit(node: Any, key: str) -> Any:
         if isinstance(node, torch.Tensor):
             tensor_fn(key, node)
             return node
+        if isinstance(node, Sharded):
+            return node
+        if isinstance(node, PerRank):
+            return value_fn(key, node)
         if is_stateful(node) and not isinstance(node, Mapping):
             sd = visit(flat.state_dicts[id(node)], key)
             node.load_state_dict(sd)
             return node
-        if not holds_tensors(node):
+        if not _walked(node, key):
             return value_fn(key, node)
         if isinstance(node, Mapping):
             for k in list(node.keys()):

@@ -18,7 +18,9 @@ std::string FormatTime(int64_t unix_seconds) {
 
 Json ToJson(const CheckpointInfo& c) {
   return {{"tag", c.tag}, {"path", c.path}, {"step", c.step ? Json(*c.step) : Json()},
-          {"bytes", c.bytes}, {"mtime_unix", c.mtime_unix}, {"latest", c.is_latest}};
+          {"bytes", c.bytes}, {"mtime_unix", c.mtime_unix}, {"sequence", c.sequence},
+          {"committed_ns", c.committed_ns}, {"moved_latest", c.moved_latest},
+          {"latest", c.is_latest}};
 }
 
 }  // namespace

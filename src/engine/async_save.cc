@@ -242,9 +242,12 @@ struct Job {
   std::vector<std::vector<std::pair<size_t, size_t>>> ranges;
   const char* arena = nullptr;
   std::shared_ptr<StagingProgress> progress;  // shared with the foreground copy
+  // Checksums of the replicas this rank holds but does not write, computed
+  // by the foreground before it finishes `progress` (replica_check.h).
+  std::vector<CopyChecksum> copies;
   SaveOptions options;
   AsyncSaveOptions async_options;
-  bool update_latest = false;
+  CommitOptions commit;
   int keep_last = 0;
   std::chrono::steady_clock::time_point start;
 };
@@ -339,6 +342,21 @@ auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready) ->
   }
 }
 
+// A commit that failed once every rank was done: the other ranks learn why
+// from the `aborted` marker, which stays (with the directory, until the next
+// save removes it as a leftover) while the data files go now.
+void AbortKeepingTheReason(FileSystem& fs, const std::string& tmp_dir, const Status& why) {
+  if (!WriteFileAtomically(fs, JoinPath(tmp_dir, kAbortedMarker), why.message()).ok()) {
+    AbandonSave(fs, tmp_dir);  // they will see it vanish
+    return;
+  }
+  auto entries = fs.ListDir(tmp_dir);
+  if (!entries.ok()) return;
+  for (const DirEntry& e : *entries) {
+    if (e.name != kAbortedMarker) fs.RemoveAll(JoinPath(tmp_dir, e.name)).IgnoreError();
+  }
+}
+
 // Step f, waiting part: every rank's report, or the first failure.
 Result<std::vector<std::string>> GatherMarkers(const Job& job) {
   FileSystem& fs = FsOf(job.options);
@@ -374,9 +392,13 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.tmp_dir, RankMarker("done-", r))));
   }
-  SS_ASSIGN_OR_RETURN(std::string warnings,
-                      CommitOnLeader(fs, job.plan, *reports, job.meta, job.root, job.tag,
-                                     job.tmp_dir, job.world, false, job.update_latest));
+  auto committed = CommitOnLeader(fs, job.plan, *reports, job.meta, job.root, job.tag,
+                                  job.tmp_dir, job.world, job.commit);
+  if (!committed.ok()) {
+    AbortKeepingTheReason(fs, job.tmp_dir, committed.status());
+    return committed.status();
+  }
+  const std::string& warnings = *committed;
   std::vector<std::string> lines = SplitLines(warnings);
   if (job.keep_last > 0) {
     CheckpointManager manager(job.root, {.keep_last = 0, .fs = job.options.fs});
@@ -409,10 +431,10 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = FsOf(job.options);
   Status written = WriteAllStaged(job);
   if (written.ok()) {
-    std::vector<WrittenFile> reports;
-    for (const StagedFile& f : job.files) reports.push_back(f.report);
+    RankReport report{{}, job.copies};
+    for (const StagedFile& f : job.files) report.files.push_back(f.report);
     written = WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("done-", job.rank)),
-                                  EncodeWritten(reports));
+                                  EncodeReport(report));
   }
   if (!written.ok()) {
     if (job.rank == 0) {  // nothing to wait for: tell the others and stop
@@ -448,7 +470,7 @@ class AsyncSaver::Impl {
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
                                                 const std::string& tag, Comm& comm,
                                                 const SaveOptions& options, bool update_latest,
-                                                int keep_last);
+                                                int keep_last, std::optional<int64_t> step);
 
   Status Reserve(const SaveState& state, Comm& comm, const SaveOptions& options);
 
@@ -599,7 +621,8 @@ Status AsyncSaver::Impl::Copy(Job* job, DeviceMemory* device,
 
 Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     const SaveState& state, const std::string& root, const std::string& tag, Comm& comm,
-    const SaveOptions& options, bool update_latest, int keep_last) {
+    const SaveOptions& options, bool update_latest, int keep_last,
+    std::optional<int64_t> step) {
   const auto start = std::chrono::steady_clock::now();
   if (options.overwrite) return InvalidArgumentError("async save cannot overwrite a checkpoint");
   // a. The previous save's failure fails this call on every rank. b.
@@ -634,7 +657,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device
   job->async_options = options_;
-  job->update_latest = update_latest;
+  job->commit = CommitOptions{.update_latest = update_latest, .step = step};
   job->keep_last = keep_last;
   job->start = start;
   auto handle = std::make_shared<Handle>();
@@ -660,6 +683,13 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
       copied = Copy(job.get(), options.device.get(), device_copies);
     } catch (const std::bad_alloc&) {
       copied = ResourceExhaustedError("no memory for the staging copy's task list");
+    }
+    // The caller may change its tensors once this call returns: the
+    // replicas it does not write are checksummed now.
+    if (copied.ok() && options.verify_replicas) {
+      auto copies = ChecksumCopies(job->plan, job->rank, state, options.device.get());
+      if (copies.ok()) job->copies = std::move(*copies);
+      else copied = copies.status();
     }
     job->progress->Finish(std::move(copied));
   }
@@ -693,8 +723,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Save(const SaveState& state
                                                           const std::string& root,
                                                           const std::string& tag, Comm& comm,
                                                           const SaveOptions& options,
-                                                          bool update_latest, int keep_last) {
-  return impl_->Save(state, root, tag, comm, options, update_latest, keep_last);
+                                                          bool update_latest, int keep_last,
+                                                          std::optional<int64_t> step) {
+  return impl_->Save(state, root, tag, comm, options, update_latest, keep_last, step);
 }
 
 Status AsyncSaver::Reserve(const SaveState& state, Comm& comm, const SaveOptions& options) {

@@ -15,13 +15,16 @@ std::string Nonce() {
   return buf;
 }
 
-Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
-  const std::string text = SerializeIndex(index);
-  const std::string path = JoinPath(dir, kIndexFileName);
+// Writes `text` as the file `path`, fdatasync'ed.
+Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& text) {
   SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, WriteOptions{}));
   SS_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
   SS_RETURN_IF_ERROR(file->Sync());
-  SS_RETURN_IF_ERROR(file->Close());
+  return file->Close();
+}
+
+Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(dir, kIndexFileName), SerializeIndex(index)));
   return fs.SyncDir(dir);
 }
 
@@ -113,17 +116,22 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
 }
 
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
-                  const CheckpointIndex& index, bool overwrite, bool update_latest,
+                  const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings) {
-  SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));  // step 4
+  // Step 4.
+  SS_ASSIGN_OR_RETURN(CommitRecord record,
+                      NextCommitRecord(fs, root, commit.step, commit.update_latest));
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kCommitFileName),
+                                 SerializeCommitRecord(record)));
+  SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));
   const std::string final_dir = JoinPath(root, index.tag);
-  if (overwrite && fs.Stat(final_dir).ok()) {  // step 5
+  if (commit.overwrite && fs.Stat(final_dir).ok()) {  // step 5
     SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir, warnings));
   } else {
     SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));  // the commit point
     Warn(fs.SyncDir(root), warnings);
   }
-  if (update_latest) {  // step 6
+  if (commit.update_latest) {  // step 6
     Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n"), warnings);
   }
   return Status();

@@ -11,13 +11,15 @@
 //  3. Agree (collective): every rank reports success and its checksums. If
 //     any rank failed, rank 0 removes the temporary directory and every
 //     rank returns that failure.
-//  4. Index (rank 0): write shardsafe.json into the temporary directory,
-//     fdatasync it, fsync the temporary directory (file names durable).
+//  4. Index (rank 0): check the replicas (replica_check.h); write the commit
+//     record (commit.json: the next commit sequence of the root) and
+//     shardsafe.json into the temporary directory, fdatasync both, fsync
+//     the temporary directory (file names durable).
 //  5. Publish (rank 0): rename the temporary directory to ROOT/TAG and fsync
 //     ROOT. This rename is the commit point. When overwriting, the old
 //     checkpoint is swapped out atomically (renameat2 RENAME_EXCHANGE) and
 //     removed afterwards.
-//  6. Point (rank 0, manager saves only): replace ROOT/latest atomically
+//  6. Point (rank 0, manager saves that move it): replace ROOT/latest atomically
 //     (temporary file, fdatasync, rename, fsync ROOT).
 //
 // Save reports success exactly when step 5 happened: a failure in step 5's
@@ -62,11 +64,19 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const SaveState& state, const std::string& tag,
                                    int world_size);
 
-// Steps 4-6. A failure before the commit point is returned (nothing is
-// committed); failures after it are appended to `warnings` and the result
-// is OK, because the checkpoint is committed.
+// How a save commits (steps 4-6).
+struct CommitOptions {
+  bool overwrite = false;      // step 5 swaps out an existing checkpoint
+  bool update_latest = false;  // step 6 runs
+  std::optional<int64_t> step; // recorded in the commit record
+};
+
+// Steps 4-6: the commit record (its sequence read from the root's committed
+// checkpoints) and the index, then the rename. A failure before the commit
+// point is returned (nothing is committed); failures after it are appended
+// to `warnings` and the result is OK, because the checkpoint is committed.
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
-                  const CheckpointIndex& index, bool overwrite, bool update_latest,
+                  const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings);
 
 // Best-effort removal of a failed save's temporary directory.

@@ -21,9 +21,10 @@ Result<std::shared_ptr<AsyncSaveHandle>> CheckpointManager::AsyncSave(int64_t st
                                                                       SaveOptions options) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
   if (!options.fs) options.fs = options_.fs;
+  SS_ASSIGN_OR_RETURN(const std::string tag, TagOf(step));
   if (!saver_) saver_ = std::make_unique<AsyncSaver>();
-  return saver_->Save(state, root_, StepTag(step), comm, options, /*update_latest=*/true,
-                      options_.keep_last);
+  return saver_->Save(state, root_, tag, comm, options, options.update_latest,
+                      options_.keep_last, step);
 }
 
 Status CheckpointManager::ReserveAsyncSave(const SaveState& state, Comm& comm,
@@ -40,6 +41,11 @@ Status CheckpointManager::WaitForAsyncSave() {
   return saver_ ? saver_->WaitForPending() : Status();
 }
 
+Result<std::string> CheckpointManager::TagOf(int64_t step) const {
+  SS_ASSIGN_OR_RETURN(TagFormat format, TagFormat::Parse(options_.tag_format));
+  return format.Format(step);
+}
+
 std::string CheckpointManager::StepTag(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -50,12 +56,15 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
                                           SaveOptions options) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
   if (!options.fs) options.fs = options_.fs;
+  SS_ASSIGN_OR_RETURN(const std::string tag, TagOf(step));
   // Saves of one manager happen in order: an async save in flight first
   // finishes; its failure, if any, fails this call on every rank.
   Status previous = WaitForAsyncSave();
   SS_RETURN_IF_ERROR(AgreeOnStatus(comm, previous.WithContext("previous async save")));
-  SS_ASSIGN_OR_RETURN(SaveStats stats, SaveToRoot(state, root_, StepTag(step), comm, options,
-                                                  /*update_latest=*/true));
+  SS_ASSIGN_OR_RETURN(
+      SaveStats stats,
+      SaveToRoot(state, root_, tag, comm, options,
+                 CommitOptions{options.overwrite, options.update_latest, step}));
   // Retention runs after the commit: a failure there is a warning, not a
   // failed save. Rank 0 prunes and tells the others what went wrong, if
   // anything.
@@ -72,15 +81,21 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() {
   FileSystem& fs = options_.fs ? *options_.fs : *DefaultFileSystem();
   if (!fs.Stat(root_).ok()) return std::optional<int64_t>();
-  SS_ASSIGN_OR_RETURN(auto tag, ResolveLatestTag(fs, root_));
-  if (!tag) return std::optional<int64_t>();
-  return StepOfTag(*tag);
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, &fs));
+  for (const CheckpointInfo& c : list) {
+    if (c.is_latest) return c.step;
+  }
+  return std::optional<int64_t>();
 }
 
 Result<LoadResult> CheckpointManager::Load(const LoadRequest& request, std::optional<int64_t> step,
                                            Comm& comm, LoadOptions options) {
   if (!options.fs) options.fs = options_.fs;
-  const std::string path = step ? JoinPath(root_, StepTag(*step)) : root_;
+  std::string path = root_;
+  if (step) {
+    SS_ASSIGN_OR_RETURN(const std::string tag, TagOf(*step));
+    path = JoinPath(root_, tag);
+  }
   return shardsafe::Load(request, path, comm, options);
 }
 

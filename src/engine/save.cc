@@ -2,6 +2,8 @@
 // committed checkpoint. Every rank runs the same sequence of collectives
 // whatever happens locally, so a failure anywhere reaches every rank.
 #include <chrono>
+#include <future>
+#include <map>
 
 #include "engine/agree.h"
 #include "engine/checkpoint_dir.h"
@@ -31,21 +33,49 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
   return Status();
 }
 
-}  // namespace
-
-Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& tag, Comm& comm,
-                               const SaveOptions& options, const Status& pending) {
-  Status local = pending.ok() ? CheckLocalState(state, options) : pending;
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(tag, state)));
-  std::vector<RankHoldings> holdings(msgs.size());
-  for (size_t r = 0; r < msgs.size(); ++r) {
-    std::string their_tag;
-    SS_ASSIGN_OR_RETURN(holdings[r], DecodeHoldings(msgs[r], &their_tag));
-    if (their_tag != tag) {
-      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves \"" + tag +
-                                  "\", rank " + std::to_string(r) + " saves \"" + their_tag + "\"");
+// Every rank saves to the same place, and every global value a rank passes
+// is rank 0's (values are saved once, from rank 0: a value that differs, or
+// that rank 0 lacks, would be lost).
+Status CheckAgreement(const std::vector<Announcement>& announced) {
+  const Announcement& first = announced[0];
+  std::map<std::string_view, uint64_t> values(first.values.begin(), first.values.end());
+  for (size_t r = 1; r < announced.size(); ++r) {
+    const std::string rank = std::to_string(r);
+    if (announced[r].destination != first.destination) {
+      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves to \"" +
+                                  first.destination + "\", rank " + rank + " to \"" +
+                                  announced[r].destination + "\"");
+    }
+    for (const auto& [key, fingerprint] : announced[r].values) {
+      auto it = values.find(key);
+      if (it == values.end()) {
+        return InvalidArgumentError("value \"" + key + "\" is passed by rank " + rank +
+                                    " but not by rank 0 (global values are saved once, from "
+                                    "rank 0; save values that differ by rank per rank)");
+      }
+      if (it->second != fingerprint) {
+        return InvalidArgumentError("value \"" + key + "\" differs between ranks 0 and " + rank +
+                                    " (global values are saved once, from rank 0; save values "
+                                    "that differ by rank per rank)");
+      }
     }
   }
+  return Status();
+}
+
+}  // namespace
+
+Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
+                               Comm& comm, const SaveOptions& options, const Status& pending) {
+  Status local = pending.ok() ? CheckLocalState(state, options) : pending;
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state)));
+  std::vector<Announcement> announced(msgs.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
+  }
+  SS_RETURN_IF_ERROR(CheckAgreement(announced));
+  std::vector<RankHoldings> holdings(announced.size());
+  for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
   return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
 }
 
@@ -55,7 +85,8 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
   SS_RETURN_IF_ERROR(ValidateTag(tag));
   PreparedSave prepared;
-  SS_ASSIGN_OR_RETURN(prepared.plan, GatherAndPlan(state, tag, comm, options, pending));
+  SS_ASSIGN_OR_RETURN(prepared.plan,
+                      GatherAndPlan(state, JoinPath(root, tag), comm, options, pending));
   // Step 1: rank 0 prepares the temporary directory; everyone learns it.
   Result<std::string> tmp = std::string();
   if (comm.rank() == 0) {
@@ -70,23 +101,25 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const SaveState& state,
                                    const std::string& root, const std::string& tag,
-                                   const std::string& tmp_dir, int world_size, bool overwrite,
-                                   bool update_latest) {
+                                   const std::string& tmp_dir, int world_size,
+                                   const CommitOptions& commit) {
   std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  std::vector<std::vector<CopyChecksum>> copies(reports.size());
   Status s;
   for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
-    auto decoded = DecodeWritten(reports[r]);
+    auto decoded = DecodeReport(reports[r]);
     s = decoded.status();
-    if (decoded.ok()) by_rank[r] = std::move(*decoded);
+    if (decoded.ok()) {
+      by_rank[r] = std::move(decoded->files);
+      copies[r] = std::move(decoded->copies);
+    }
   }
+  if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
   auto index = s.ok() ? BuildIndex(plan, by_rank, state, tag, world_size) : Result<CheckpointIndex>(s);
   std::vector<std::string> warnings;
-  s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, overwrite, update_latest, &warnings)
+  s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, commit, &warnings)
                  : index.status();
-  if (!s.ok()) {
-    AbandonSave(fs, tmp_dir);
-    return s;
-  }
+  if (!s.ok()) return s;
   std::string joined;
   for (const auto& w : warnings) joined += w + "\n";
   return joined;
@@ -113,7 +146,7 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
 
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
-                             bool update_latest) {
+                             const CommitOptions& commit) {
   const auto start = std::chrono::steady_clock::now();
   FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
   const bool leader = comm.rank() == 0;
@@ -125,13 +158,21 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   const SavePlan& plan = prepared.plan;
   const std::string& tmp_dir = prepared.tmp_dir;
 
-  // Step 2: every rank writes its files.
+  // Step 2: every rank writes its files, and checksums the replicas it
+  // holds but does not write meanwhile.
   std::atomic<uint64_t> progress{0};
+  auto copies = std::async(std::launch::async, [&] {
+    return options.verify_replicas
+               ? ChecksumCopies(plan, comm.rank(), state, options.device.get())
+               : Result<std::vector<CopyChecksum>>(std::vector<CopyChecksum>());
+  });
   auto written = WriteRankFiles(plan, comm.rank(), state, tmp_dir, fs, options, &progress);
+  auto checksums = copies.get();
+  Status mine = written.ok() ? checksums.status() : written.status();
 
   // Step 3: agree; on failure nothing is committed.
-  auto reports = GatherOrFail(comm, written.status(),
-                              written.ok() ? EncodeWritten(*written) : std::string());
+  auto reports = GatherOrFail(
+      comm, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
   if (!reports.ok()) {
     if (leader) AbandonSave(fs, tmp_dir);
     return reports.status().WithContext("saving " + JoinPath(root, tag));
@@ -140,8 +181,10 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   // Steps 4-6 on rank 0, then everyone learns the outcome and warnings.
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
   Result<std::string> committed = std::string();
-  if (leader) committed = CommitOnLeader(fs, plan, *reports, state, root, tag, tmp_dir, comm.size(),
-                                         options.overwrite, update_latest);
+  if (leader) {
+    committed = CommitOnLeader(fs, plan, *reports, state, root, tag, tmp_dir, comm.size(), commit);
+    if (!committed.ok()) AbandonSave(fs, tmp_dir);
+  }
   auto outcome = BroadcastOrFail(comm, 0, committed);
   if (!outcome.ok()) return outcome.status().WithContext("committing " + JoinPath(root, tag));
 
@@ -154,7 +197,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
 Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
                        const SaveOptions& options) {
   return SaveToRoot(state, ParentDir(path), BaseName(path), comm, options,
-                    /*update_latest=*/false);
+                    CommitOptions{.overwrite = options.overwrite});
 }
 
 }  // namespace shardsafe

@@ -141,7 +141,8 @@ TEST_F(SaveLoadTest, SingleRankCheckpointIsAPlainSafetensorsFile) {
   for (auto& s : shards) state.tensors.push_back(s.View());
   ASSERT_TRUE(Save(state, Path("one"), *comm, {}).ok());
   EXPECT_THAT(ListNames(Path("one")),
-              ::testing::ElementsAre("data-00000-000.safetensors", "shardsafe.json"));
+              ::testing::ElementsAre("commit.json", "data-00000-000.safetensors",
+                                     "shardsafe.json"));
   uint64_t size = 0;
   auto header = ReadSafetensorsHeader(*DefaultFileSystem(),
                                       Path("one") + "/data-00000-000.safetensors", &size);

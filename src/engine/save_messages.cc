@@ -1,5 +1,6 @@
 #include "engine/save_messages.h"
 
+#include "base/crc32c.h"
 #include "engine/wire.h"
 
 namespace shardsafe {
@@ -27,9 +28,9 @@ Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
 
 }  // namespace
 
-std::string EncodeHoldings(const std::string& tag, const SaveState& state) {
+std::string EncodeHoldings(const std::string& destination, const SaveState& state) {
   wire::Writer w;
-  w.Str(tag);
+  w.Str(destination);
   w.U64(state.tensors.size());
   for (const TensorShard& t : state.tensors) {
     w.Str(t.key);
@@ -43,13 +44,23 @@ std::string EncodeHoldings(const std::string& tag, const SaveState& state) {
     w.U64(b.size);
     w.U8(b.per_rank);
   }
+  const bool has_values = state.values.is_object();
+  w.U64(has_values ? state.values.size() : 0);
+  if (has_values) {
+    for (const auto& [key, value] : state.values.items()) {
+      const std::string text = value.dump();
+      w.Str(key);
+      w.U64(text.size() << 32 | Crc32c(text.data(), text.size()));
+    }
+  }
   return w.Take();
 }
 
-Result<RankHoldings> DecodeHoldings(std::string_view msg, std::string* tag) {
+Result<Announcement> DecodeHoldings(std::string_view msg) {
   wire::Reader r(msg);
-  SS_ASSIGN_OR_RETURN(*tag, r.Str());
-  RankHoldings h;
+  Announcement a;
+  SS_ASSIGN_OR_RETURN(a.destination, r.Str());
+  RankHoldings& h = a.holdings;
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   for (uint64_t i = 0; i < n; ++i) {
     ShardInfo s;
@@ -70,34 +81,52 @@ Result<RankHoldings> DecodeHoldings(std::string_view msg, std::string* tag) {
     b.per_rank = per_rank != 0;
     h.blobs.push_back(std::move(b));
   }
-  return h;
+  SS_ASSIGN_OR_RETURN(uint64_t nv, r.U64());
+  for (uint64_t i = 0; i < nv; ++i) {
+    SS_ASSIGN_OR_RETURN(std::string key, r.Str());
+    SS_ASSIGN_OR_RETURN(uint64_t fingerprint, r.U64());
+    a.values.emplace_back(std::move(key), fingerprint);
+  }
+  return a;
 }
 
-std::string EncodeWritten(const std::vector<WrittenFile>& files) {
+std::string EncodeReport(const RankReport& report) {
   wire::Writer w;
-  w.U64(files.size());
-  for (const WrittenFile& f : files) {
+  w.U64(report.files.size());
+  for (const WrittenFile& f : report.files) {
     w.U32(f.plan_file);
     w.U64(f.bytes);
     PutEntries(w, f.chunks);
     PutEntries(w, f.blobs);
   }
+  w.U64(report.copies.size());
+  for (const CopyChecksum& c : report.copies) {
+    w.U32(c.chunk);
+    w.U32(c.crc32c);
+  }
   return w.Take();
 }
 
-Result<std::vector<WrittenFile>> DecodeWritten(std::string_view msg) {
+Result<RankReport> DecodeReport(std::string_view msg) {
   wire::Reader r(msg);
+  RankReport report;
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
-  std::vector<WrittenFile> files;
   for (uint64_t i = 0; i < n; ++i) {
     WrittenFile f;
     SS_ASSIGN_OR_RETURN(f.plan_file, r.U32());
     SS_ASSIGN_OR_RETURN(f.bytes, r.U64());
     SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r));
     SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r));
-    files.push_back(std::move(f));
+    report.files.push_back(std::move(f));
   }
-  return files;
+  SS_ASSIGN_OR_RETURN(uint64_t nc, r.U64());
+  for (uint64_t i = 0; i < nc; ++i) {
+    CopyChecksum c;
+    SS_ASSIGN_OR_RETURN(c.chunk, r.U32());
+    SS_ASSIGN_OR_RETURN(c.crc32c, r.U32());
+    report.copies.push_back(c);
+  }
+  return report;
 }
 
 }  // namespace shardsafe

@@ -8,6 +8,7 @@
 //      they tile the tensor;
 //   4. choose writers: single-holder chunks first, then replicated chunks
 //      largest first to the least-loaded holder (LPT; ties: lowest rank);
+//      the other holders' copies are listed for the replica check;
 //   5. blobs: per-rank ones to their rank, global ones to their lowest
 //      supplier;
 //   6. pack each rank's chunks and blobs into files, largest first into the
@@ -236,7 +237,13 @@ class Planner {
         if (plan_.bytes_per_rank[held_[h].rank] < plan_.bytes_per_rank[held_[best].rank]) best = h;
       }
       SetWriter(c, held_[best]);
+      for (uint32_t h = u.begin; h < u.end; ++h) {
+        if (h != best) plan_.copies.push_back(HeldCopy{held_[h].rank, held_[h].shard, c});
+      }
     }
+    std::sort(plan_.copies.begin(), plan_.copies.end(), [](const HeldCopy& a, const HeldCopy& b) {
+      return std::tie(a.rank, a.chunk) < std::tie(b.rank, b.chunk);
+    });
   }
 
   void SetWriter(uint32_t c, const Held& h) {

@@ -10,6 +10,9 @@
 // - Equal slices of a tensor on several ranks are one chunk with several
 //   holders (replicas). The unique chunks of each tensor tile it exactly
 //   (tiling.h), else InvalidArgument.
+// - Every holder of a replicated chunk other than its writer is listed in
+//   SavePlan::copies, so that the engine can check that the copies are
+//   replicas indeed (equal bytes), not different data under one slice.
 // - Each unique chunk is written exactly once, by one of its holders.
 //   Writers are balanced: chunks held by one rank go to that rank; replicated
 //   chunks are then assigned largest first to the least-loaded holder (ties:
@@ -70,6 +73,13 @@ struct PlannedChunk {
   uint32_t holders = 0;       // number of ranks that held it
 };
 
+// A holder of a replicated chunk that does not write it.
+struct HeldCopy {
+  int rank = 0;
+  uint32_t shard = 0;  // index into holdings[rank].shards
+  uint32_t chunk = 0;  // index into SavePlan::chunks
+};
+
 struct PlannedTensor {
   std::string key;
   DType dtype = DType::kF32;
@@ -100,6 +110,7 @@ struct SavePlan {
   std::vector<PlannedChunk> chunks;
   std::vector<PlannedBlob> blobs;      // sorted by (name, rank)
   std::vector<PlannedFile> files;      // sorted by (rank, number)
+  std::vector<HeldCopy> copies;        // sorted by (rank, chunk)
   std::vector<uint64_t> bytes_per_rank;  // payload each rank writes
   uint64_t unique_bytes = 0;             // sum over chunks and blobs
 };

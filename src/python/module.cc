@@ -18,6 +18,7 @@
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -44,8 +46,13 @@ using namespace nb::literals;
 namespace shardsafe::python {
 namespace {
 
-// (key, dtype, global shape, box offset, box size, data address)
-using Spec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t>;
+// (key, dtype, global shape, box offset, box size, data address), and the
+// same with a flat range (begin, end) of the box last (shardsafe.Sharded's
+// flat parts).
+using BoxSpec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t>;
+using FlatSpec = std::tuple<std::string, std::string, Shape, Shape, Shape, uintptr_t,
+                            std::pair<uint64_t, uint64_t>>;
+using Spec = std::variant<BoxSpec, FlatSpec>;
 
 Slice BoxSlice(Shape offset, Shape size) { return Slice{Box{std::move(offset), std::move(size)}, {}}; }
 
@@ -61,9 +68,16 @@ Json ParseJson(const std::string& text, const char* what) {
 // one spec (moved out of).
 template <typename Item>
 Item ItemOf(Spec& spec) {
-  auto& [key, dtype, shape, offset, size, ptr] = spec;
-  return {std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
-          BoxSlice(std::move(offset), std::move(size)), reinterpret_cast<void*>(ptr)};
+  if (auto* box = std::get_if<BoxSpec>(&spec)) {
+    auto& [key, dtype, shape, offset, size, ptr] = *box;
+    return {std::move(key), Unwrap(ParseDType(dtype)), std::move(shape),
+            BoxSlice(std::move(offset), std::move(size)), reinterpret_cast<void*>(ptr)};
+  }
+  auto& [key, dtype, shape, offset, size, ptr, flat] = std::get<FlatSpec>(spec);
+  Slice slice = BoxSlice(std::move(offset), std::move(size));
+  slice.flat = FlatRange{flat.first, flat.second};
+  return {std::move(key), Unwrap(ParseDType(dtype)), std::move(shape), std::move(slice),
+          reinterpret_cast<void*>(ptr)};
 }
 
 // The engine's tensors: the items a fast path planned (whole_targets.h;
@@ -140,6 +154,8 @@ SaveOptions ParseSaveOptions(nb::dict d) {
       .Get("io_buffer_bytes", &SaveOptions::io_buffer_bytes)
       .Get("io_depth", &SaveOptions::io_depth)
       .Get("overwrite", &SaveOptions::overwrite)
+      .Get("verify_replicas", &SaveOptions::verify_replicas)
+      .Get("update_latest", &SaveOptions::update_latest)
       .Done();
 }
 
@@ -312,6 +328,9 @@ nb::dict ToDict(const CheckpointInfo& c) {
   d["step"] = c.step;
   d["bytes"] = c.bytes;
   d["mtime_unix"] = c.mtime_unix;
+  d["sequence"] = c.sequence;
+  d["committed_ns"] = c.committed_ns;
+  d["moved_latest"] = c.moved_latest;
   d["is_latest"] = c.is_latest;
   return d;
 }
@@ -513,10 +532,15 @@ NB_MODULE(_C, m) {
 
   nb::class_<CheckpointManager>(m, "CheckpointManager")
       .def("__init__",
-           [](CheckpointManager* self, const std::string& root, int keep_last) {
-             new (self) CheckpointManager(root, {.keep_last = keep_last});
+           [](CheckpointManager* self, const std::string& root, int keep_last,
+              const std::string& tag_format) {
+             const CheckpointManager::Options o{.keep_last = keep_last, .tag_format = tag_format};
+             Unwrap(CheckpointManager(root, o).TagOf(0));  // a bad format fails here
+             new (self) CheckpointManager(root, o);
            },
-           "root"_a, "keep_last"_a)
+           "root"_a, "keep_last"_a, "tag_format"_a)
+      .def("tag_of", [](const CheckpointManager& m, int64_t step) { return Unwrap(m.TagOf(step)); },
+           "step"_a)
       .def_prop_ro("root", &CheckpointManager::root)
       .def("save",
            [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
@@ -574,5 +598,4 @@ NB_MODULE(_C, m) {
         return Released([&] { return m.Prune(keep); });
       });
 
-  m.def("step_tag", &CheckpointManager::StepTag, "step"_a);
 }

@@ -157,8 +157,17 @@ nb::dict Fields(const CheckpointSource& source) {
   d["values"] = source.index.values.dump();
   d["metadata"] = source.index.metadata.dump();
   std::vector<std::string> blobs;
-  for (const auto& [name, blob] : source.index.blobs) blobs.push_back(name);
+  nb::dict per_rank;  // per-rank blob name -> the ranks that saved one
+  for (const auto& [name, blob] : source.index.blobs) {
+    blobs.push_back(name);
+    if (!blob.per_rank) continue;
+    std::vector<int> ranks;
+    for (const IndexBlobChunk& c : blob.chunks) ranks.push_back(c.rank);
+    per_rank[nb::str(name.data(), name.size())] = ranks;
+  }
   d["blobs"] = blobs;
+  d["per_rank_blobs"] = per_rank;
+  d["saved_world_size"] = source.index.world_size;
   return d;
 }
 

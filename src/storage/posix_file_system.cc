@@ -116,6 +116,7 @@ Result<FileInfo> PosixFileSystem::Stat(const std::string& path) {
   info.size = static_cast<uint64_t>(st.st_size);
   info.is_dir = S_ISDIR(st.st_mode);
   info.mtime_seconds = st.st_mtim.tv_sec;
+  info.mtime_ns = st.st_mtim.tv_sec * int64_t{1000000000} + st.st_mtim.tv_nsec;
   return info;
 }
 

@@ -1,0 +1,228 @@
+"""What a plain tensor or value is, when a rank's state is not the whole story.
+
+A plain tensor under a key is the whole tensor, and every rank that passes
+the key must hold the same bytes (the save checks it). Two wrappers say
+otherwise, for frameworks that shard without DTensor:
+
+- ``Sharded``: this rank's local tensor is a part of a global tensor: a box
+  (offsets + sizes: Megatron / nanotron tensor-parallel shards), a flat
+  element range of a box (DeepSpeed ZeRO-1/2 and FSDP1 flat partitions,
+  padding included), or several such pieces (a fused QKV shard under GQA).
+  Saving writes each part in its place; loading fills each part from any
+  saved layout.
+- ``PerRank``: a value or tensor (or a structure of them) that differs by
+  rank: RNG states, data-loader positions. Each rank saves its own, in the
+  same atomic checkpoint, and gets its own back (docs/format.md §6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import InvalidStateError
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of a global tensor that a rank holds: `local`, the data
+    (shaped `size`, or 1-D with flat[1] - flat[0] elements for a flat range),
+    covers box (`offset`, `size`), or the row-major elements [flat[0],
+    flat[1]) of that box."""
+
+    local: torch.Tensor
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+    flat: tuple[int, int] | None = None
+
+
+def _ints(name: str, v: Any, n: int | None = None) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in v)
+    except TypeError:
+        raise InvalidStateError(f"{name} must be a sequence of ints, got {v!r}") from None
+    if n is not None and len(out) != n:
+        raise InvalidStateError(f"{name} {out} has {len(out)} dimensions, the tensor {n}")
+    if any(x < 0 for x in out):
+        raise InvalidStateError(f"{name} {out} has a negative entry")
+    return out
+
+
+class Sharded:
+    """A rank's part of a global tensor of shape `shape`, as a framework
+    that does not use DTensor knows it.
+
+        # Megatron / nanotron: rows [r * 32, (r + 1) * 32) of a [64, 16] weight
+        Sharded(local, shape=(64, 16), offset=(32 * r, 0))
+        # DeepSpeed ZeRO-1: elements [22 * r, min(22 * (r + 1), 83)) of a flat
+        # fp32 buffer of 83 elements (the last partition is shorter)
+        Sharded(partition, shape=(83,), flat=(22 * r, min(22 * (r + 1), 83)))
+        # A fused QKV shard under GQA: three row ranges of one [q + 2 kv, h]
+        Sharded.pieces((q + 2 * kv, h), [(local[:qr], (q0, 0)),
+                                         (local[qr:qr + kr], (q + k0, 0)),
+                                         (local[qr + kr:], (q + kv + k0, 0))])
+
+    With `flat`, `local` holds the row-major elements [flat[0], flat[1]) of
+    the box (`offset`, `size`), which defaults to the whole tensor; its
+    shape does not matter (it is read and written as `local.view(-1)`).
+    Otherwise `local` is the box at `offset` of its own shape. Loading fills
+    `local` (each piece's tensor) in place. Ranks whose parts of one key are
+    equal hold replicas: their bytes must agree.
+    """
+
+    def __init__(self, local: torch.Tensor, shape: Sequence[int],
+                 offset: Sequence[int] | None = None, *, flat: Sequence[int] | None = None,
+                 size: Sequence[int] | None = None):
+        self.shape = _ints("shape", shape)
+        self.parts = [self._part(local, offset, size, flat)]
+
+    @classmethod
+    def pieces(cls, shape: Sequence[int],
+               pieces: Sequence[tuple[torch.Tensor, Sequence[int]]]) -> Sharded:
+        """Several boxes of one global tensor held by one rank: (tensor,
+        offset) pairs, each tensor (usually a view of one local tensor) the
+        box at its offset. The boxes must not overlap."""
+        if not pieces:
+            raise InvalidStateError("Sharded.pieces needs at least one (tensor, offset) piece")
+        self = cls.__new__(cls)
+        self.shape = _ints("shape", shape)
+        self.parts = [self._part(t, off, None, None) for t, off in pieces]
+        return self
+
+    def _part(self, local: Any, offset: Any, size: Any, flat: Any) -> Part:
+        if not isinstance(local, torch.Tensor):
+            raise InvalidStateError(f"Sharded: expected a tensor, got {type(local).__name__}")
+        n = len(self.shape)
+        if flat is None:
+            if size is not None:
+                raise InvalidStateError("Sharded: size is given with flat only (the box's size); "
+                                        "otherwise it is the local tensor's shape")
+            size = _ints("local shape", local.shape, n)
+            offset = _ints("offset", offset if offset is not None else (0,) * n, n)
+            self._check_box(offset, size)
+            return Part(local, offset, size)
+        offset = _ints("offset", offset if offset is not None else (0,) * n, n)
+        size = _ints("size", size if size is not None else self.shape, n)
+        self._check_box(offset, size)
+        begin, end = _ints("flat", flat, 2)
+        if not begin <= end <= math.prod(size):
+            raise InvalidStateError(f"Sharded: flat range {(begin, end)} is not within the "
+                                    f"box's {math.prod(size)} elements")
+        if local.numel() != end - begin:
+            raise InvalidStateError(f"Sharded: flat range {(begin, end)} has {end - begin} "
+                                    f"elements, the local tensor {local.numel()}")
+        return Part(local, offset, size, (begin, end))
+
+    def _check_box(self, offset: tuple[int, ...], size: tuple[int, ...]) -> None:
+        for d, (o, s, g) in enumerate(zip(offset, size, self.shape)):
+            if o + s > g:
+                raise InvalidStateError(f"Sharded: the box at {offset} of size {size} passes "
+                                        f"the end of dimension {d} of shape {self.shape}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].local.dtype
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p.offset}+{p.size}" + (f".flat{p.flat}" if p.flat else "")
+                          for p in self.parts)
+        return f"Sharded(shape={self.shape}, parts=[{parts}])"
+
+
+class PerRank:
+    """A value that differs by rank, saved for each rank and loaded back by
+    each rank: a tensor, a JSON-able value, or a dict / list of them.
+
+        state["rng"] = shardsafe.PerRank({"cpu": torch.get_rng_state(), "seed": seed})
+        ...
+        shardsafe.load(state, path)
+        torch.set_rng_state(state["rng"].value["cpu"])
+
+    Loading replaces `value` with the one this rank saved (rank r gets saved
+    rank r's). At another world size, a rank the checkpoint has no value for
+    is an error naming the key and ranks (load's per_rank_missing="keep"
+    leaves its value as it was and reports the key as missing).
+    """
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"PerRank({self.value!r})"
+
+
+# ------------------------------------------------- per-rank value encoding --
+
+_TENSOR_TAG = "__shardsafe_tensor__"  # {"__shardsafe_tensor__": "t0"}: a tensor of the blob
+
+
+def encode_per_rank(value: Any, key: str) -> bytes:
+    """A PerRank value as its blob: a safetensors file whose tensors are the
+    value's tensors and whose `__metadata__["value"]` is the value as JSON,
+    each tensor replaced by {"__shardsafe_tensor__": NAME} (docs/format.md §6)."""
+    import json
+
+    from safetensors.torch import save
+
+    from ._state import to_json
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def strip(v: Any, at: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            name = f"t{len(tensors)}"
+            tensors[name] = v.detach().cpu().contiguous().clone()
+            return {_TENSOR_TAG: name}
+        if isinstance(v, dict):
+            return {k: strip(x, f"{at}.{k}") for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [strip(x, f"{at}.{i}") for i, x in enumerate(v)]
+        return to_json(v, at)
+
+    doc = json.dumps(strip(value, key), allow_nan=False)
+    return save(tensors, metadata={"value": doc})
+
+
+def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
+    """The value of a per-rank blob, shaped after `like` (the target's value):
+    a tensor where the target has one of the same shape and dtype is filled
+    in place and kept."""
+    import json
+
+    from safetensors.torch import load
+
+    from ._state import from_json
+
+    try:
+        tensors = load(blob)
+        n = int.from_bytes(blob[:8], "little")  # the safetensors header's length
+        doc = json.loads(json.loads(blob[8:8 + n])["__metadata__"]["value"])
+    except Exception as e:  # noqa: BLE001 - a corrupt blob, named
+        raise InvalidStateError(f"per-rank value {key!r}: cannot decode it: {e}") from None
+
+    def restore(stored: Any, like: Any) -> Any:
+        if isinstance(stored, dict) and set(stored) == {_TENSOR_TAG}:
+            t = tensors[stored[_TENSOR_TAG]]
+            if (isinstance(like, torch.Tensor) and like.shape == t.shape
+                    and like.dtype == t.dtype):
+                with torch.no_grad():
+                    like.copy_(t)
+                return like
+            return t
+        if isinstance(stored, dict):
+            likes = like if isinstance(like, dict) else {}
+            return {k: restore(v, likes.get(k)) for k, v in stored.items()}
+        if isinstance(stored, list):
+            likes = like if isinstance(like, (list, tuple)) and len(like) == len(stored) else None
+            items = [restore(v, likes[i] if likes is not None else None)
+                     for i, v in enumerate(stored)]
+            if isinstance(like, tuple) and likes is not None:
+                return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
+            return items
+        return from_json(stored, like)
+
+    return restore(doc, like)
