@@ -133,7 +133,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
     if (auto record = ReadCommitRecord(fs, dir)) {
       info.sequence = record->sequence;
       info.committed_ns = record->time_ns;
-      info.step = record->step;
+      if (record->step) info.step = record->step;
       info.moved_latest = record->moved_latest;
     }
     found.emplace_back(std::move(info), st.ok() ? st->mtime_ns : 0);

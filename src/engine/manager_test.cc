@@ -14,13 +14,23 @@ class ManagerTest : public ::testing::Test {
   void SetUp() override { root_ = testing::MakeTempDir("manager"); }
   void TearDown() override { std::filesystem::remove_all(root_); }
 
-  Status SaveStep(CheckpointManager& m, int64_t step) {
+  Status SaveStep(CheckpointManager& m, int64_t step, SaveOptions options = {}) {
     auto comm = MakeSingleProcessComm();
     const float data[4] = {1, 2, 3, static_cast<float>(step)};
     SaveState state;
     state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
     state.values["step"] = step;
-    return m.Save(step, state, *comm, {}).status();
+    return m.Save(step, state, *comm, options).status();
+  }
+
+  std::vector<std::string> Tags() {
+    std::vector<std::string> tags;
+    auto list = ListCheckpoints(root_);
+    EXPECT_TRUE(list.ok()) << list.status().ToString();
+    if (list.ok()) {
+      for (const auto& c : *list) tags.push_back(c.tag);
+    }
+    return tags;
   }
 
   int64_t LoadedStep(CheckpointManager& m, std::optional<int64_t> step) {
@@ -103,6 +113,44 @@ TEST_F(ManagerTest, StaleLatestDoesNotHideANewerCommit) {
   std::filesystem::last_write_time(root_ + "/latest", std::filesystem::file_time_type::clock::now() -
                                                          std::chrono::seconds(5));
   EXPECT_EQ(**m.LatestStep(), 2);
+}
+
+TEST_F(ManagerTest, CommitOrderNotNamesOrTimesDecidesTheNewest) {
+  CheckpointManager m(root_, {.tag_format = "global_step{step}"});
+  for (int64_t step : {98, 99, 100}) ASSERT_TRUE(SaveStep(m, step).ok());
+  // All in one second, and "global_step100" sorts before "global_step99".
+  const auto later = std::filesystem::file_time_type::clock::now() + std::chrono::hours(1);
+  std::filesystem::last_write_time(root_ + "/global_step98/shardsafe.json", later);
+  EXPECT_THAT(Tags(), ::testing::ElementsAre("global_step98", "global_step99", "global_step100"));
+  EXPECT_EQ(**m.LatestStep(), 100);
+  EXPECT_EQ(LoadedStep(m, std::nullopt), 100);
+  EXPECT_EQ(LoadedStep(m, 99), 99);
+  auto removed = m.Prune(1);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_THAT(*removed, ::testing::ElementsAre("global_step98", "global_step99"));
+}
+
+TEST_F(ManagerTest, ASaveThatDoesNotMoveLatestIsNeverTakenAsTheLatest) {
+  CheckpointManager m(root_, {.keep_last = 1});
+  ASSERT_TRUE(SaveStep(m, 1).ok());
+  ASSERT_TRUE(SaveStep(m, 2, {.update_latest = false}).ok());
+  EXPECT_EQ(**m.LatestStep(), 1);
+  EXPECT_EQ(LoadedStep(m, std::nullopt), 1);
+  // Retention keeps the newest commit and the one `latest` names.
+  EXPECT_THAT(Tags(), ::testing::ElementsAre("step-00000001", "step-00000002"));
+  // Even when its index is newer than `latest` on disk.
+  const auto later = std::filesystem::file_time_type::clock::now() + std::chrono::hours(1);
+  std::filesystem::last_write_time(root_ + "/step-00000002/shardsafe.json", later);
+  EXPECT_EQ(**m.LatestStep(), 1);
+}
+
+TEST_F(ManagerTest, BadTagFormatsAreRefused) {
+  for (const char* format : {"step", "a{step}{step}", "{step:8d}", "x/{step}", ".{step}"}) {
+    CheckpointManager m(root_, {.tag_format = format});
+    EXPECT_EQ(SaveStep(m, 1).code(), StatusCode::kInvalidArgument) << format;
+  }
+  CheckpointManager m(root_, {.tag_format = "epoch=0-step={step:05d}.ckpt"});
+  EXPECT_EQ(*m.TagOf(42), "epoch=0-step=00042.ckpt");
 }
 
 TEST_F(ManagerTest, PruneNeverRemovesTheLatest) {

@@ -192,6 +192,64 @@ TEST_F(SaveLoadTest, ReplicasAreWrittenOnceAndSpreadOverHolders) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(stats[r].bytes_written, 2 * one) << r;
 }
 
+TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {
+  const Shape s{64, 16};
+  std::vector<std::vector<OwnedShard>> save(4);
+  for (int r = 0; r < 4; ++r) {
+    save[r].push_back(MakeShard("same", DType::kF32, s, Whole(s)));
+    save[r].push_back(MakeShard("embed", DType::kF32, s, Whole(s)));
+  }
+  save[2][1].bytes[100] ^= std::byte{1};  // rank 2's "replica" holds other data
+  for (bool verify : {true, false}) {
+    SaveOptions options;
+    options.verify_replicas = verify;
+    const std::string path = Path(verify ? "checked" : "unchecked");
+    for (const Status& st : SaveFromRanks(save, path, options)) {
+      if (!verify) {
+        EXPECT_TRUE(st.ok()) << st.ToString();  // the caller vouched for its replicas
+        continue;
+      }
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+      EXPECT_THAT(st.message(), HasSubstr("tensor \"embed\": ranks 0 and 2 hold different bytes"));
+    }
+  }
+  EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("unchecked"));
+}
+
+TEST_F(SaveLoadTest, ValuesThatDifferAndDestinationsThatDifferFailTheSave) {
+  std::vector<Status> out(3);
+  auto save_with = [&](auto edit) {
+    RunRanks(3, [&](int r, Comm& comm) {
+      SaveState state;
+      state.values["step"] = 7;
+      std::string path = Path("v");
+      edit(r, state, path);
+      out[r] = Save(state, path, comm, {}).status();
+    });
+  };
+  save_with([](int r, SaveState& s, std::string&) { s.values["loader"] = r == 2 ? 5 : 4; });
+  for (const Status& st : out) {
+    EXPECT_THAT(st.message(), HasSubstr("value \"loader\" differs between ranks 0 and 2"));
+  }
+  save_with([](int r, SaveState& s, std::string&) {
+    if (r == 1) s.values["rank1_only"] = 1;
+  });
+  for (const Status& st : out) {
+    EXPECT_THAT(st.message(), HasSubstr("value \"rank1_only\" is passed by rank 1 but not by rank 0"));
+  }
+  save_with([&](int r, SaveState&, std::string& path) { path = Path("v" + std::to_string(r)); });
+  for (const Status& st : out) {
+    EXPECT_THAT(st.message(), HasSubstr("rank 0 saves to \"" + Path("v0") + "\", rank 1 to \"" +
+                                        Path("v1") + "\""));
+  }
+  EXPECT_TRUE(ListNames(root_).empty());
+  // Ranks that pass fewer values than rank 0 lose nothing: allowed.
+  save_with([](int r, SaveState& s, std::string&) {
+    if (r == 0) s.values["only_rank0"] = true;
+  });
+  for (const Status& st : out) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
 TEST_F(SaveLoadTest, FlatZeroShardsLoadAsBoxesAndBack) {
   const Shape s{10, 7};
   std::vector<std::vector<OwnedShard>> save(3);

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import shardsafe
 from safetensors.torch import save_file
 
 from conftest import (ATTACKS_DIR, DEMO_ARGS, EXIT_ERROR, EXIT_OK, EXIT_PROBLEMS, describe,
@@ -365,13 +367,10 @@ def test_diff_with_missing_side_is_error(run, tmp_path):
 
 
 def make_root_with_steps(run, tmp_path, steps, latest):
-    src = tmp_path / "w.safetensors"
-    save_file({"w": torch.ones(8)}, str(src))
     root = tmp_path / "root"
-    root.mkdir()
+    manager = shardsafe.CheckpointManager(root)  # saves that move `latest`
     for s in steps:
-        proc = run("import", src, root / f"step-{s:08d}")
-        assert proc.returncode == EXIT_OK, describe(proc)
+        manager.save(s, {"w": torch.ones(8)})
     # `latest` rewritten by hand after every commit (a deliberate choice, e.g. a
     # rollback): make it visibly later than the commits, as it would be.
     pointer = root / "latest"
