@@ -134,7 +134,7 @@ def assert_bit_identical(got: dict[str, torch.Tensor], want: dict[str, torch.Ten
 def import_ok(run, src: Path, dst: Path) -> Path:
     proc = run("import", src, dst)
     assert proc.returncode == EXIT_OK, describe(proc)
-    assert sorted(p.name for p in dst.iterdir()) == [DATA_FILE, "shardsafe.json"]
+    assert sorted(p.name for p in dst.iterdir()) == ["commit.json", DATA_FILE, "shardsafe.json"]
     return dst / DATA_FILE
 
 
@@ -260,7 +260,7 @@ def test_import_of_file_without_tensors_gives_empty_checkpoint(run, tmp_path):
     save_file({}, str(src), metadata={"format": "pt"})
     proc = run("import", src, tmp_path / "ckpt")
     assert proc.returncode == EXIT_OK, describe(proc)
-    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["shardsafe.json"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["commit.json", "shardsafe.json"]
     report = run.json("inspect", tmp_path / "ckpt")
     assert report["tensors"] == {} and report["files"] == []
     assert run("verify", tmp_path / "ckpt").returncode == EXIT_OK
