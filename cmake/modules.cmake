@@ -1,30 +1,88 @@
-# shardsafe_module(NAME DEPS ... [INCLUDES ...])
+# shardsafe_module(NAME DEPS ... [INCLUDES ...] [TEST_DEPS ...])
 #
-# One static library per module, ss_NAME, from src/NAME/*.cc (tests,
-# benchmarks and fuzzers excluded), with its dependencies spelled out so the
-# build keeps the module order one-way. When tests are on, src/NAME/*_test.cc
-# become one GoogleTest binary, ss_NAME_test, registered with CTest.
+# One static library per module, ss_NAME (a NAME like engine/save gives
+# ss_engine_save), from src/NAME/*.cc (tests, benchmarks and fuzzers
+# excluded), with its dependencies spelled out. When tests are on,
+# src/NAME/*_test.cc become one GoogleTest binary, ss_NAME_test, registered
+# with CTest.
+#
+# The build enforces the module order: a module sees only the headers of
+# itself and of the modules it depends on, directly or not. Each module gets
+# an include tree of its own in the build directory, holding a link to
+# src/M for each module M it may see (build/module_include/ss_NAME/engine/load
+# -> src/engine/load, ...), and that tree, not src/, is its include path.
+# Including another module's header ("engine/save/commit.h" from
+# engine/load) fails to compile: tests/CMakeLists.txt checks that it does.
+
+# The modules `target` may see: its own and those of every module in `deps`.
+function(_shardsafe_visible out name deps)
+  set(visible ${name})
+  foreach(dep IN LISTS deps)
+    if(TARGET ${dep})
+      get_property(dep_visible GLOBAL PROPERTY SHARDSAFE_VISIBLE_${dep})
+      list(APPEND visible ${dep_visible})
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES visible)
+  set(${out} ${visible} PARENT_SCOPE)
+endfunction()
+
+# Builds the include tree build/module_include/TREE linking each of
+# `visible`'s src/ folders (a module inside a visible one needs no link).
+function(_shardsafe_include_tree out tree visible)
+  set(root ${PROJECT_BINARY_DIR}/module_include/${tree})
+  file(REMOVE_RECURSE ${root})
+  foreach(m IN LISTS visible)
+    set(covered FALSE)
+    foreach(other IN LISTS visible)
+      if(NOT other STREQUAL m AND m MATCHES "^${other}/")
+        set(covered TRUE)
+      endif()
+    endforeach()
+    if(NOT covered)
+      get_filename_component(parent ${root}/${m} DIRECTORY)
+      file(MAKE_DIRECTORY ${parent})
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${m} ${root}/${m} SYMBOLIC)
+    endif()
+  endforeach()
+  set(${out} ${root} PARENT_SCOPE)
+endfunction()
+
 function(shardsafe_module name)
-  cmake_parse_arguments(M "" "" "DEPS;INCLUDES" ${ARGN})
+  cmake_parse_arguments(M "" "" "DEPS;INCLUDES;TEST_DEPS" ${ARGN})
+  string(REPLACE "/" "_" target ss_${name})
   file(GLOB srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cc)
   list(FILTER srcs EXCLUDE REGEX "(_test|_benchmark|_fuzzer)\\.cc$")
   if(srcs)
-    add_library(ss_${name} STATIC ${srcs})
+    add_library(${target} STATIC ${srcs})
     set(scope PUBLIC)
-  else()  # a module still being written: headers only
-    add_library(ss_${name} INTERFACE)
+  else()  # headers only
+    add_library(${target} INTERFACE)
     set(scope INTERFACE)
   endif()
-  target_include_directories(ss_${name} ${scope} ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src ${M_INCLUDES})
-  target_link_libraries(ss_${name} ${scope} ${M_DEPS})
+  _shardsafe_visible(visible ${name} "${M_DEPS}")
+  set_property(GLOBAL PROPERTY SHARDSAFE_VISIBLE_${target} ${visible})
+  _shardsafe_include_tree(tree ${target} "${visible}")
+  target_include_directories(${target} ${scope} ${PROJECT_SOURCE_DIR}/include ${tree} ${M_INCLUDES})
+  target_link_libraries(${target} ${scope} ${M_DEPS})
   if(SHARDSAFE_TESTS)
     file(GLOB tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*_test.cc)
     if(tests)
       find_package(GTest REQUIRED)
-      add_executable(ss_${name}_test ${tests})
-      target_link_libraries(ss_${name}_test PRIVATE ss_${name} GTest::gtest GTest::gtest_main GTest::gmock)
+      add_executable(${target}_test ${tests})
+      target_link_libraries(${target}_test PRIVATE ${target} ${M_TEST_DEPS} GTest::gtest
+                            GTest::gtest_main GTest::gmock)
       include(GoogleTest)
-      gtest_discover_tests(ss_${name}_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+      gtest_discover_tests(${target}_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
     endif()
   endif()
+endfunction()
+
+# shardsafe_program_includes(TARGET NAME DEPS ...): the same include tree for
+# a program's own sources in src/NAME (the cli, the Python extension), which
+# sees itself and its dependencies' modules.
+function(shardsafe_program_includes target name)
+  _shardsafe_visible(visible ${name} "${ARGN}")
+  _shardsafe_include_tree(tree ${target} "${visible}")
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${tree})
 endfunction()

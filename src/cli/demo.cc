@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/output.h"
-#include "engine/verify.h"
+#include "engine/tools/verify.h"
 
 namespace shardsafe::cli {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/diff.h"
+#include "engine/tools/diff.h"
 
 namespace shardsafe::cli {
 namespace {

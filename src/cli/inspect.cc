@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/source.h"
+#include "engine/load/source.h"
 
 namespace shardsafe::cli {
 namespace {

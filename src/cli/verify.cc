@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/verify.h"
+#include "engine/tools/verify.h"
 
 namespace shardsafe::cli {
 

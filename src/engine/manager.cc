@@ -3,10 +3,10 @@
 // and only ever removes committed checkpoints older than the newest.
 #include <cstdio>
 
-#include "engine/agree.h"
+#include "comm/agree.h"
 #include "shardsafe/async_save.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/save_internal.h"
+#include "engine/catalog/checkpoint_dir.h"
+#include "engine/save/save_internal.h"
 
 namespace shardsafe {
 
@@ -104,25 +104,7 @@ Result<std::vector<CheckpointInfo>> CheckpointManager::List() {
 }
 
 Result<std::vector<std::string>> CheckpointManager::Prune(int keep) {
-  if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
-  FileSystem& fs = options_.fs ? *options_.fs : *DefaultFileSystem();
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, &fs));
-  std::vector<std::string> removed;
-  int to_remove = static_cast<int>(list.size()) - keep;
-  for (size_t i = 0; i + 1 < list.size(); ++i) {  // oldest first; never the newest
-    const CheckpointInfo& c = list[i];
-    if (to_remove <= 0) break;
-    if (c.is_latest) continue;  // nor the one `latest` names
-    // Hide it first (one atomic rename), so a crash mid-removal never leaves
-    // a half-deleted directory that still looks committed.
-    const std::string hidden = JoinPath(root_, std::string(kTmpPrefix) + "pruned-" + c.tag);
-    SS_RETURN_IF_ERROR(fs.Rename(c.path, hidden));
-    SS_RETURN_IF_ERROR(fs.RemoveAll(hidden));
-    removed.push_back(c.tag);
-    --to_remove;
-  }
-  SS_RETURN_IF_ERROR(fs.SyncDir(root_));
-  return removed;
+  return PruneCheckpoints(options_.fs ? *options_.fs : *DefaultFileSystem(), root_, keep);
 }
 
 }  // namespace shardsafe

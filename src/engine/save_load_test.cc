@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/source.h"
+#include "engine/load/source.h"
 #include "engine/test_util.h"
 #include "format/index.h"
 

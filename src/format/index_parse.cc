@@ -529,7 +529,7 @@ std::string OccupantName(const Occupant& o, const char* separator) {
 }
 
 // No byte of a data file belongs to two chunks: the streamed checksums
-// (engine/stream_checksums.h) rely on it, and a hostile index could
+// (engine/load/stream_checksums.h) rely on it, and a hostile index could
 // otherwise make one tensor's bytes pass for another's.
 Status CheckNoSharedBytes(const CheckpointIndex& index) {
   std::vector<Occupant> all;

@@ -20,9 +20,9 @@
 #include <set>
 
 #include "base/thread_pool.h"
-#include "engine/checkpoint_dir.h"
-#include "engine/load_internal.h"
-#include "engine/source.h"
+#include "engine/catalog/checkpoint_dir.h"
+#include "engine/load/load_internal.h"
+#include "engine/load/source.h"
 #include "format/safetensors.h"
 #include "hf/export_plan.h"
 #include "hf/source_reader.h"

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/convert.h"
+#include "engine/load/convert.h"
 #include "hf/names.h"
 
 namespace shardsafe {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/convert.h"
+#include "engine/load/convert.h"
 #include "engine/test_util.h"
 #include "format/safetensors.h"
 #include "shardsafe/hf.h"

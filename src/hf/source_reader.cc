@@ -5,7 +5,7 @@
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
-#include "engine/load_executor.h"
+#include "engine/load/load_executor.h"
 
 namespace shardsafe {
 namespace {

@@ -6,7 +6,7 @@
 // A batch is planned and executed by the engine's load planner and
 // executor (straight into the destination where the bytes are contiguous,
 // coalesced reads). Checksums are checked from the bytes as they stream
-// through, across batches (engine/stream_checksums.h), so a chunk that
+// through, across batches (engine/load/stream_checksums.h), so a chunk that
 // batches cut in pieces is verified without a second read as long as its
 // pieces arrive in order; VerifyRest reads the others once more, whole.
 //
@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/source.h"
-#include "engine/stream_checksums.h"
+#include "engine/load/source.h"
+#include "engine/load/stream_checksums.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "engine/load_internal.h"
-#include "engine/source.h"
+#include "engine/load/load_internal.h"
+#include "engine/load/source.h"
 #include "python/opened_source.h"
 #include "python/py_comm.h"
 #include "python/status_error.h"

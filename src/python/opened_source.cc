@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/load_internal.h"
+#include "engine/load/load_internal.h"
 #include "python/py_comm.h"
 #include "python/status_error.h"
 #include "python/whole_targets.h"

@@ -7,7 +7,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "engine/source.h"
+#include "engine/load/source.h"
 
 namespace shardsafe::python {
 

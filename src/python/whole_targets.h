@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/source.h"
+#include "engine/load/source.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe::python {

@@ -1,0 +1,291 @@
+#include "engine/catalog/checkpoint_dir.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "format/index.h"
+
+namespace shardsafe {
+namespace {
+
+bool IsTagChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '.' || c == '_' || c == '+' || c == '=' || c == '-';
+}
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// Sum of the sizes of a checkpoint's data files (*.safetensors).
+uint64_t DataBytes(FileSystem& fs, const std::string& dir) {
+  uint64_t total = 0;
+  auto entries = fs.ListDir(dir);
+  if (!entries.ok()) return 0;
+  for (const DirEntry& e : *entries) {
+    const std::string_view name = e.name;
+    if (name.size() < 12 || name.substr(name.size() - 12) != ".safetensors") continue;
+    auto info = fs.Stat(JoinPath(dir, e.name));
+    if (info.ok() && !info->is_dir) total += info->size;
+  }
+  return total;
+}
+
+// Oldest first, by commit order (docs/format.md §1): by commit record,
+// and checkpoints without one (older versions) before those with one, by
+// step when both have one, then mtime, then tag.
+bool Older(const CheckpointInfo& a, const CheckpointInfo& b) {
+  if (a.sequence != b.sequence) return a.sequence < b.sequence;
+  if (a.sequence != 0 && a.committed_ns != b.committed_ns) return a.committed_ns < b.committed_ns;
+  if (a.sequence == 0 && a.step && b.step && *a.step != *b.step) return *a.step < *b.step;
+  if (a.mtime_unix != b.mtime_unix) return a.mtime_unix < b.mtime_unix;
+  return a.tag < b.tag;
+}
+
+struct LatestPointer {
+  std::string tag;
+  int64_t mtime_ns = 0;
+};
+
+std::optional<LatestPointer> ReadLatestFile(FileSystem& fs, const std::string& root) {
+  const std::string path = JoinPath(root, kLatestFileName);
+  auto text = ReadFileToString(fs, path, 4096);
+  if (!text.ok()) return std::nullopt;
+  std::string tag = *text;
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r')) tag.pop_back();
+  if (!ValidateTag(tag).ok()) return std::nullopt;
+  auto info = fs.Stat(path);
+  return LatestPointer{tag, info.ok() ? info->mtime_ns : 0};
+}
+
+// Which checkpoint is the latest (docs/format.md §1), `list` in commit
+// order, `index_mtime_ns` parallel to it: the one `latest` names, unless a
+// later commit that moved `latest` wrote its index after `latest` was
+// written (its pointer update failed): then the newest such. A `latest`
+// written after every commit (a rollback) and saves that did not move it
+// stay behind it. Without a valid `latest`: the newest that moved it, or
+// the newest of all.
+void MarkLatest(std::vector<CheckpointInfo>& list, const std::vector<int64_t>& index_mtime_ns,
+                const std::optional<LatestPointer>& latest) {
+  if (list.empty()) return;
+  size_t named = list.size();
+  for (size_t i = 0; latest && i < list.size(); ++i) {
+    if (list[i].tag == latest->tag) named = i;
+  }
+  for (size_t i = list.size(); i-- > 0;) {
+    if (i == named) break;
+    if (list[i].moved_latest && (named == list.size() || index_mtime_ns[i] > latest->mtime_ns)) {
+      list[i].is_latest = true;
+      return;
+    }
+  }
+  list[named == list.size() ? list.size() - 1 : named].is_latest = true;
+}
+
+}  // namespace
+
+Status ValidateTag(std::string_view tag) {
+  if (tag.empty() || tag.size() > 200) {
+    return InvalidArgumentError("tag must be 1-200 characters long");
+  }
+  if (tag[0] == '.') return InvalidArgumentError("tag \"" + std::string(tag) + "\" starts with '.'");
+  if (tag == kLatestFileName) return InvalidArgumentError("tag \"latest\" is reserved");
+  for (char c : tag) {
+    if (!IsTagChar(c)) {
+      return InvalidArgumentError("tag \"" + std::string(tag) +
+                                  "\" has a character outside [A-Za-z0-9._+=-]");
+    }
+  }
+  return Status();
+}
+
+std::optional<int64_t> StepOfTag(std::string_view tag) {
+  if (!StartsWith(tag, "step-")) return std::nullopt;
+  std::string_view digits = tag.substr(5);
+  int64_t step = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || digits.empty() || step < 0) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+bool IsCommitted(FileSystem& fs, const std::string& dir) {
+  auto info = fs.Stat(JoinPath(dir, kIndexFileName));
+  return info.ok() && !info->is_dir;
+}
+
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, FileSystem* fsp) {
+  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
+  const std::optional<LatestPointer> latest = ReadLatestFile(fs, root);
+  std::vector<std::pair<CheckpointInfo, int64_t>> found;  // with its index's mtime_ns
+  for (const DirEntry& e : entries) {
+    const std::string dir = JoinPath(root, e.name);
+    if (!e.is_dir || !ValidateTag(e.name).ok() || !IsCommitted(fs, dir)) continue;
+    CheckpointInfo info{.tag = e.name, .path = dir, .step = StepOfTag(e.name),
+                        .bytes = DataBytes(fs, dir)};
+    auto st = fs.Stat(JoinPath(dir, kIndexFileName));
+    if (st.ok()) info.mtime_unix = st->mtime_seconds;
+    if (auto record = ReadCommitRecord(fs, dir)) {
+      info.sequence = record->sequence;
+      info.committed_ns = record->time_ns;
+      if (record->step) info.step = record->step;
+      info.moved_latest = record->moved_latest;
+    }
+    found.emplace_back(std::move(info), st.ok() ? st->mtime_ns : 0);
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return Older(a.first, b.first); });
+  std::vector<CheckpointInfo> out;
+  std::vector<int64_t> index_mtime_ns;
+  for (auto& [info, mtime] : found) {
+    out.push_back(std::move(info));
+    index_mtime_ns.push_back(mtime);
+  }
+  MarkLatest(out, index_mtime_ns, latest);
+  return out;
+}
+
+Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root) {
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  for (const auto& c : list) {
+    if (c.is_latest) return std::optional<std::string>(c.tag);
+  }
+  return std::optional<std::string>();
+}
+
+Result<TagFormat> TagFormat::Parse(std::string_view format) {
+  const auto bad = [&](std::string_view why) {
+    return InvalidArgumentError("tag format \"" + std::string(format) + "\": " + std::string(why));
+  };
+  const size_t open = format.find("{step");
+  const size_t close = open == std::string_view::npos ? open : format.find('}', open);
+  if (close == std::string_view::npos) return bad("needs one {step} or {step:0Nd}");
+  TagFormat f;
+  f.prefix_ = std::string(format.substr(0, open));
+  f.suffix_ = std::string(format.substr(close + 1));
+  const std::string_view spec = format.substr(open + 5, close - open - 5);
+  if (!spec.empty()) {
+    if (spec.size() < 4 || spec.substr(0, 2) != ":0" || spec.back() != 'd') {
+      return bad("the step's format must be {step} or {step:0Nd}");
+    }
+    auto [ptr, ec] = std::from_chars(spec.data() + 2, spec.data() + spec.size() - 1, f.width_);
+    if (ec != std::errc() || ptr != spec.data() + spec.size() - 1 || f.width_ > 20) {
+      return bad("the step's width must be a number up to 20");
+    }
+  }
+  if (f.prefix_.find('{') != std::string::npos || f.suffix_.find('{') != std::string::npos) {
+    return bad("needs exactly one {step}");
+  }
+  SS_RETURN_IF_ERROR(ValidateTag(f.Format(0)).WithContext("tag format \"" + std::string(format) + "\""));
+  return f;
+}
+
+std::string TagFormat::Format(int64_t step) const {
+  std::string digits = std::to_string(step);
+  if (static_cast<int>(digits.size()) < width_) digits.insert(0, width_ - digits.size(), '0');
+  return prefix_ + digits + suffix_;
+}
+
+Result<CommitRecord> NextCommitRecord(FileSystem& fs, const std::string& root,
+                                      std::optional<int64_t> step, bool moves_latest) {
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  CommitRecord record;
+  for (const CheckpointInfo& c : list) record.sequence = std::max(record.sequence, c.sequence);
+  ++record.sequence;
+  record.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  record.step = step;
+  record.moved_latest = moves_latest;
+  return record;
+}
+
+std::string SerializeCommitRecord(const CommitRecord& record) {
+  nlohmann::json j = {{"sequence", record.sequence},
+                      {"time_ns", record.time_ns},
+                      {"moved_latest", record.moved_latest}};
+  if (record.step) j["step"] = *record.step;
+  return j.dump() + "\n";
+}
+
+std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& dir) {
+  auto text = ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096);
+  if (!text.ok()) return std::nullopt;
+  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("sequence") || !j["sequence"].is_number_unsigned() ||
+      !j.value("time_ns", nlohmann::json()).is_number_integer()) {
+    return std::nullopt;
+  }
+  CommitRecord r;
+  r.sequence = j["sequence"].get<uint64_t>();
+  r.time_ns = j["time_ns"].get<int64_t>();
+  if (j.contains("step") && j["step"].is_number_integer()) r.step = j["step"].get<int64_t>();
+  r.moved_latest = j.value("moved_latest", false) == true;
+  return r;
+}
+
+Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
+                                                  int keep) {
+  if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  std::vector<std::string> removed;
+  int to_remove = static_cast<int>(list.size()) - keep;
+  for (size_t i = 0; i + 1 < list.size(); ++i) {  // oldest first; never the newest
+    const CheckpointInfo& c = list[i];
+    if (to_remove <= 0) break;
+    if (c.is_latest) continue;  // nor the one `latest` names
+    // Hide it first (one atomic rename), so a crash mid-removal never leaves
+    // a half-deleted directory that still looks committed.
+    const std::string hidden = JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag);
+    SS_RETURN_IF_ERROR(fs.Rename(c.path, hidden));
+    SS_RETURN_IF_ERROR(fs.RemoveAll(hidden));
+    removed.push_back(c.tag);
+    --to_remove;
+  }
+  SS_RETURN_IF_ERROR(fs.SyncDir(root));
+  return removed;
+}
+
+Status CleanLeftovers(FileSystem& fs, const std::string& root) {
+  SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
+  Status first;
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(root, e.name);
+    Status s;
+    if (e.is_dir && StartsWith(e.name, kTmpPrefix)) {
+      // A save in progress holds a lock on its directory: leave it alone.
+      auto lock = fs.TryLock(path);
+      if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) continue;
+      s = fs.RemoveAll(path);
+    }
+    if (!e.is_dir && StartsWith(e.name, ".latest.tmp.")) s = fs.RemoveFile(path);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+Status CreateDirs(FileSystem& fs, const std::string& path) {
+  auto info = fs.Stat(path);
+  if (info.ok()) {
+    if (info->is_dir) return Status();
+    return FailedPreconditionError(path + " exists and is not a directory");
+  }
+  const std::string parent = ParentDir(path);
+  if (parent != path && parent != "." && parent != "/") SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
+  Status s = fs.CreateDir(path);
+  if (s.code() == StatusCode::kAlreadyExists) return Status();
+  return s;
+}
+
+std::string BaseName(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  const size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+}  // namespace shardsafe

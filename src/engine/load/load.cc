@@ -1,0 +1,254 @@
+// Load: rank 0 resolves the path and reads the index once; every rank
+// receives it, matches its targets against it, plans its own reads and runs
+// them; finally the ranks agree so that all succeed or all fail.
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "base/crc32c.h"
+#include "comm/agree.h"
+#include "engine/load/convert.h"
+#include "engine/load/load_executor.h"
+#include "engine/load/load_internal.h"
+#include "engine/shared_reads/ring_reads.h"
+#include "engine/shared_reads/shared_reads.h"
+#include "engine/load/source.h"
+
+namespace shardsafe {
+namespace {
+
+// The targets matched against the index, as planner input.
+struct Matched {
+  std::vector<SavedTensor> tensors;
+  std::vector<Want> wants;
+  std::vector<LoadDestination> dests;
+  LoadSources sources;
+};
+
+Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOptions& options) {
+  // Built only for a message: a load checks every target (20,000 and more).
+  auto who = [&t] { return "tensor \"" + t.key + "\""; };
+  if (t.shape != saved.shape) {
+    return InvalidArgumentError(who() + ": shape mismatch: checkpoint has " +
+                                ShapeToString(saved.shape) + ", target has " +
+                                ShapeToString(t.shape));
+  }
+  if (t.dtype != saved.dtype) {
+    if (!options.convert_dtypes) {
+      return InvalidArgumentError(who() + ": dtype mismatch: checkpoint has " +
+                                  std::string(DTypeName(saved.dtype)) + ", target has " +
+                                  std::string(DTypeName(t.dtype)) +
+                                  " (allow conversion with convert_dtypes)");
+    }
+    if (!CanConvert(saved.dtype, t.dtype)) {
+      return InvalidArgumentError(who() + ": cannot convert " +
+                                  std::string(DTypeName(saved.dtype)) + " to " +
+                                  std::string(DTypeName(t.dtype)));
+    }
+  }
+  Status s = ValidateSlice(t.slice, t.shape, t.dtype);
+  if (s.ok() && t.dtype != saved.dtype) s = ValidateSlice(t.slice, t.shape, saved.dtype);
+  if (!s.ok()) return s.WithContext(who());
+  if (t.data == nullptr && t.slice.NumElements() > 0) {
+    return InvalidArgumentError(who() + ": null destination");
+  }
+  return Status();
+}
+
+std::string ListKeys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < 20; ++i) s += (i ? ", " : "") + keys[i];
+  if (keys.size() > 20) s += ", ... (" + std::to_string(keys.size()) + " in all)";
+  return s;
+}
+
+Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
+                             const LoadOptions& options, LoadResult* result) {
+  Matched m;
+  for (const IndexFile& f : src.index.files) {
+    m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
+  }
+  // Saved tensor -> its index in m.tensors (keys point into the index).
+  std::unordered_map<std::string_view, uint32_t> tensor_ids;
+  tensor_ids.reserve(request.tensors.size());
+  TensorFinder finder(src.index);
+  for (const TensorTarget& t : request.tensors) {
+    auto it = finder.Find(t.key);
+    if (it == finder.end()) {
+      result->missing.push_back(t.key);
+      continue;
+    }
+    SS_RETURN_IF_ERROR(CheckTarget(t, it->second, options));
+    auto [pos, added] = tensor_ids.emplace(it->first, static_cast<uint32_t>(m.tensors.size()));
+    if (added) {
+      SavedTensor saved{it->second.dtype, it->second.shape, {}};
+      std::vector<std::optional<uint32_t>> crcs;
+      saved.chunks.reserve(it->second.chunks.size());
+      crcs.reserve(it->second.chunks.size());
+      for (const IndexChunk& c : it->second.chunks) {
+        saved.chunks.push_back({c.slice, c.file, c.at});
+        crcs.push_back(c.crc32c);
+      }
+      m.tensors.push_back(std::move(saved));
+      m.sources.tensor_keys.push_back(t.key);
+      m.sources.crcs.push_back(std::move(crcs));
+    }
+    m.wants.push_back({pos->second, t.slice});
+    m.dests.push_back({t.data, t.dtype});
+  }
+  if (tensor_ids.size() < src.index.tensors.size()) {  // some saved tensor no target wants
+    for (const auto& [key, tensor] : src.index.tensors) {
+      if (!tensor_ids.count(key)) result->unexpected.push_back(key);
+    }
+  }
+  std::sort(result->missing.begin(), result->missing.end());
+  result->missing.erase(std::unique(result->missing.begin(), result->missing.end()),
+                        result->missing.end());
+  if (!result->missing.empty() && !options.allow_partial) {
+    return NotFoundError("keys missing from checkpoint " + src.path + ": " +
+                         ListKeys(result->missing));
+  }
+  return m;
+}
+
+Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResult* result) {
+  for (const auto& [name, blob] : src.index.blobs) {
+    for (const IndexBlobChunk& c : blob.chunks) {
+      if (blob.per_rank && c.rank != rank) continue;
+      SS_RETURN_IF_ERROR(ReadBlob(fs, src, name, c, &result->blobs[name]));
+    }
+  }
+  return Status();
+}
+
+FileSystem& FsOf(const LoadOptions& options) {
+  return options.fs ? *options.fs : *DefaultFileSystem();
+}
+
+}  // namespace
+
+Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
+                const IndexBlobChunk& chunk, std::string* out) {
+  const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  out->resize(chunk.bytes);
+  SS_RETURN_IF_ERROR(file->ReadAt(chunk.at, out->data(), chunk.bytes));
+  if (chunk.crc32c && Crc32c(out->data(), out->size()) != *chunk.crc32c) {
+    return DataLossError("blob \"" + name + "\" in " + path + ": checksum mismatch");
+  }
+  return Status();
+}
+
+namespace {
+
+struct Prepared {
+  Matched m;
+  LoadPlan plan;
+};
+
+Result<Prepared> Prepare(const LoadRequest& request, const CheckpointSource& src,
+                         const LoadOptions& options, LoadResult* result) {
+  SS_ASSIGN_OR_RETURN(Matched m, MatchTargets(request, src, options, result));
+  LoadPlanOptions popts;
+  popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
+  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(m.tensors, m.wants, popts));
+  result->bytes_needed = plan.bytes_needed;
+  return Prepared{std::move(m), std::move(plan)};
+}
+
+Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blobs_of_rank,
+               FileSystem& fs, const LoadOptions& options, LoadResult* result) {
+  LoadCounters counters;
+  Status s = ExecuteLoadPlan(p.plan, p.m.tensors, p.m.wants, p.m.dests, p.m.sources, fs, options,
+                             &counters);
+  result->bytes_read = counters.bytes_read.load();
+  result->chunks_verified = counters.chunks_verified.load();
+  SS_RETURN_IF_ERROR(s);
+  return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
+}
+
+// How long a shared read waits for another rank's progress before it
+// decides that rank is gone (engine/shared_reads/shared_ring.h).
+constexpr std::chrono::milliseconds kRingStallTimeout = std::chrono::minutes(5);
+
+// Runs this rank's part of a collective load: the shared-reads collective,
+// then the local load.
+Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
+                 FileSystem& fs, const LoadOptions& options, LoadResult* result) {
+  Result<Prepared> prepared = Prepare(request, src, options, result);
+  std::unique_ptr<RingReads> rings;
+  if (options.share_reads) {  // the same on every rank: the plan is collective
+    SharedReadsOptions share;
+    share.enabled = options.direct_io;  // buffered reads share the page cache already
+    share.rings = options.shared_memory;
+    std::vector<uint64_t> file_sizes;
+    for (const IndexFile& f : src.index.files) file_sizes.push_back(f.bytes);
+    SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
+                        PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
+                                        file_sizes, share));
+    SS_ASSIGN_OR_RETURN(rings, SetUpRings(comm, shared, file_sizes, kRingStallTimeout));
+    if (prepared.ok()) prepared->m.sources.rings = rings.get();
+    if (prepared.ok() && shared.bytes_shared > 0) {
+      prepared->m.sources.buffered = std::move(shared.buffered);
+      // Spread the ranks' starting points over the files (LoadSources::first_file).
+      prepared->m.sources.first_file = static_cast<uint32_t>(
+          uint64_t{static_cast<uint32_t>(comm.rank())} * src.index.files.size() / comm.size());
+    }
+    result->bytes_shared = shared.bytes_shared;
+  }
+  if (!prepared.ok()) return prepared.status();
+  return Execute(*prepared, src, comm.rank(), fs, options, result);
+}
+
+}  // namespace
+
+Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
+                      std::optional<int> blobs_of_rank, FileSystem& fs,
+                      const LoadOptions& options, LoadResult* result) {
+  SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
+  return Execute(p, src, blobs_of_rank, fs, options, result);
+}
+
+Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
+                                              Comm& comm) {
+  // Rank 0 opens and validates; the others decode its broadcast.
+  Result<CheckpointSource> local_src = CheckpointSource();
+  Result<std::string> opened = std::string();
+  if (comm.rank() == 0) {
+    local_src = OpenSource(fs, path);
+    opened = !local_src.ok()     ? Result<std::string>(local_src.status())
+             : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src))
+                               : Result<std::string>(std::string());
+  }
+  SS_ASSIGN_OR_RETURN(std::string msg, BroadcastOrFail(comm, 0, opened));
+  if (comm.rank() != 0) local_src = DecodeSource(msg);
+  return local_src;
+}
+
+Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
+                                    Comm& comm, const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = FsOf(options);
+  LoadResult result;
+  result.path = src.path;
+  result.tag = src.index.tag;
+  result.values = src.index.values;
+  result.metadata = src.index.metadata;
+  result.layout = src.index.layout;
+  result.saved_world_size = src.index.world_size;
+  Status local = LoadLocal(request, src, comm, fs, options, &result);
+  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, local).WithContext("loading " + src.path));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
+                        const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourceCollective(FsOf(options), path, comm));
+  SS_ASSIGN_OR_RETURN(LoadResult result, LoadOpenedSource(request, src, comm, options));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,198 @@
+#include "engine/load/source.h"
+
+#include <algorithm>
+#include <set>
+
+#include "engine/catalog/checkpoint_dir.h"
+#include "comm/wire.h"
+#include "layout/tiling.h"
+
+namespace shardsafe {
+namespace {
+
+constexpr std::string_view kHfIndexName = "model.safetensors.index.json";
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir) {
+  const std::string index_path = JoinPath(dir, kIndexFileName);
+  SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, index_path, kMaxIndexBytes));
+  SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(text, index_path));
+  SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
+  return CheckpointSource{dir, dir, true, std::move(index)};
+}
+
+// Adds the entries of one foreign safetensors file as whole-tensor chunks.
+Status AddForeignFile(FileSystem& fs, const std::string& dir, const std::string& name,
+                      CheckpointIndex* index) {
+  const std::string path = JoinPath(dir, name);
+  uint64_t size = 0;
+  SS_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(fs, path, &size));
+  const auto file = static_cast<uint32_t>(index->files.size());
+  index->files.push_back({name, size, 0});
+  for (const SafetensorsEntry& e : header.entries) {
+    if (index->tensors.count(e.name)) {
+      return DataLossError(path + ": tensor \"" + e.name + "\" also appears in another file");
+    }
+    IndexChunk chunk{Slice{Box::Whole(e.shape), std::nullopt}, file,
+                     header.data_start() + e.begin, e.end - e.begin, std::nullopt};
+    index->tensors[e.name] = IndexTensor{e.dtype, e.shape, {chunk}};
+  }
+  return Status();
+}
+
+// An HF index's weight_map (tensor -> shard file), with every file checked
+// to be a plain .safetensors name inside the directory.
+Result<std::map<std::string, std::string>> ReadHfWeightMap(FileSystem& fs, const std::string& path) {
+  SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, path, kMaxIndexBytes));
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return DataLossError(path + ": not a JSON object with a \"weight_map\" object");
+  }
+  std::map<std::string, std::string> map;
+  for (const auto& [key, value] : j["weight_map"].items()) {
+    if (!value.is_string()) return DataLossError(path + ": weight_map[\"" + key + "\"] is not a string");
+    const std::string f = value.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." ||
+        !EndsWith(f, ".safetensors")) {
+      return DataLossError(path + ": weight_map[\"" + key + "\"] names a bad file \"" + f + "\"");
+    }
+    map[key] = f;
+  }
+  return map;
+}
+
+// Every tensor the weight_map promises must be in the file it names.
+Status CheckWeightMap(const CheckpointSource& src, const std::map<std::string, std::string>& map,
+                      const std::string& path) {
+  std::map<std::string, std::string> file_of;
+  for (const auto& [key, t] : src.index.tensors) file_of[key] = src.index.files[t.chunks[0].file].name;
+  for (const auto& [key, file] : map) {
+    auto it = file_of.find(key);
+    if (it == file_of.end() || it->second != file) {
+      return DataLossError(path + ": weight_map puts tensor \"" + key + "\" in " + file +
+                           ", which does not hold it");
+    }
+  }
+  return Status();
+}
+
+Result<CheckpointSource> OpenForeign(FileSystem& fs, const std::string& dir,
+                                     const std::vector<std::string>& names,
+                                     const std::string& shown_path) {
+  CheckpointSource src{shown_path, dir, false, {}};
+  src.index.tag = BaseName(shown_path);
+  for (const std::string& name : names) SS_RETURN_IF_ERROR(AddForeignFile(fs, dir, name, &src.index));
+  return src;
+}
+
+Result<std::vector<std::string>> SafetensorsFilesIn(FileSystem& fs, const std::string& dir) {
+  SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(dir));
+  std::vector<std::string> names;
+  for (const DirEntry& e : entries) {
+    if (!e.is_dir && EndsWith(e.name, ".safetensors") && e.name[0] != '.') names.push_back(e.name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// True if every file is named like a shardsafe data file.
+bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
+  if (names.empty()) return false;
+  for (const std::string& n : names) {
+    if (n.rfind("data-", 0) != 0 || n.size() != std::string("data-00000-000.safetensors").size()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir) {
+  if (IsCommitted(fs, dir)) return OpenNative(fs, dir);
+  const std::string hf_index = JoinPath(dir, kHfIndexName);
+  if (fs.Stat(hf_index).ok()) {
+    SS_ASSIGN_OR_RETURN(auto map, ReadHfWeightMap(fs, hf_index));
+    std::set<std::string> files;
+    for (const auto& [key, file] : map) files.insert(file);
+    SS_ASSIGN_OR_RETURN(CheckpointSource src,
+                        OpenForeign(fs, dir, {files.begin(), files.end()}, dir));
+    SS_RETURN_IF_ERROR(CheckWeightMap(src, map, hf_index));
+    return src;
+  }
+  SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
+  if (latest) return OpenNative(fs, JoinPath(dir, *latest));
+  SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
+  if (LooksLikeUncommittedCheckpoint(names)) {
+    return FailedPreconditionError(dir + " holds shardsafe data files but no " +
+                                   std::string(kIndexFileName) +
+                                   ": an uncommitted or damaged checkpoint");
+  }
+  if (!names.empty()) return OpenForeign(fs, dir, names, dir);
+  return NotFoundError("no committed checkpoint, Hugging Face model or safetensors file in " + dir);
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
+                                                uint64_t* file_size) {
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  *file_size = file->size();
+  std::byte prefix[8] = {};
+  const size_t n = std::min<uint64_t>(8, *file_size);
+  SS_RETURN_IF_ERROR(file->ReadAt(0, prefix, n));
+  auto len = ParseSafetensorsHeaderLength(std::span<const std::byte>(prefix, n), *file_size);
+  if (!len.ok()) return len.status().WithContext(path);
+  std::string header(*len, '\0');
+  SS_RETURN_IF_ERROR(file->ReadAt(8, header.data(), header.size()));
+  auto parsed = ParseSafetensorsHeader(header, *file_size);
+  if (!parsed.ok()) return parsed.status().WithContext(path);
+  return parsed;
+}
+
+Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source) {
+  std::vector<Slice> slices;
+  for (const auto& [key, tensor] : index.tensors) {
+    slices.clear();
+    for (const IndexChunk& c : tensor.chunks) slices.push_back(c.slice);
+    Status s = CheckTiling(key, tensor.shape, slices);
+    if (!s.ok()) return DataLossError(source + ": " + s.message());
+  }
+  return Status();
+}
+
+Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
+  auto info = fs.Stat(path);
+  if (!info.ok()) {
+    if (info.status().code() == StatusCode::kNotFound) {
+      return NotFoundError("checkpoint not found: " + path);
+    }
+    return info.status();
+  }
+  if (info->is_dir) return OpenDirectory(fs, path);
+  return OpenForeign(fs, ParentDir(path), {BaseName(path)}, path);
+}
+
+std::string EncodeSource(const CheckpointSource& source) {
+  wire::Writer w;
+  w.Str(source.path);
+  w.Str(source.data_dir);
+  w.U8(source.native);
+  w.Str(SerializeIndex(source.index));
+  return w.Take();
+}
+
+Result<CheckpointSource> DecodeSource(std::string_view msg) {
+  wire::Reader r(msg);
+  CheckpointSource src;
+  SS_ASSIGN_OR_RETURN(src.path, r.Str());
+  SS_ASSIGN_OR_RETURN(src.data_dir, r.Str());
+  SS_ASSIGN_OR_RETURN(uint8_t native, r.U8());
+  src.native = native != 0;
+  SS_ASSIGN_OR_RETURN(std::string text, r.Str());
+  SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
+  return src;
+}
+
+}  // namespace shardsafe

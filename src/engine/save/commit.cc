@@ -1,0 +1,144 @@
+#include "engine/save/commit.h"
+
+#include <chrono>
+#include <random>
+
+#include "engine/catalog/checkpoint_dir.h"
+
+namespace shardsafe {
+namespace {
+
+std::string Nonce() {
+  std::random_device rd;
+  char buf[17];
+  snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// Writes `text` as the file `path`, fdatasync'ed.
+Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& text) {
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, WriteOptions{}));
+  SS_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
+  SS_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(dir, kIndexFileName), SerializeIndex(index)));
+  return fs.SyncDir(dir);
+}
+
+void Warn(const Status& s, std::vector<std::string>* warnings) {
+  if (!s.ok()) warnings->push_back(s.message());
+}
+
+// Step 5 when a checkpoint with the same tag exists: swap, then drop the old.
+Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::string& final_dir,
+                        std::vector<std::string>* warnings) {
+  SS_RETURN_IF_ERROR(fs.RenameExchange(tmp_dir, final_dir));  // the commit point
+  Warn(fs.SyncDir(ParentDir(final_dir)), warnings);
+  Warn(fs.RemoveAll(tmp_dir), warnings);  // now holds the old checkpoint
+  return Status();
+}
+
+}  // namespace
+
+Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                           bool overwrite) {
+  SS_RETURN_IF_ERROR(ValidateTag(tag));
+  SS_RETURN_IF_ERROR(CreateDirs(fs, root));
+  CleanLeftovers(fs, root).IgnoreError();  // harmless if it fails
+  const std::string final_dir = JoinPath(root, tag);
+  if (!overwrite && fs.Stat(final_dir).ok()) {
+    return AlreadyExistsError("checkpoint " + final_dir + " already exists");
+  }
+  TmpDir tmp{JoinPath(root, std::string(kTmpPrefix) + tag + "." + Nonce()), nullptr};
+  SS_RETURN_IF_ERROR(fs.CreateDir(tmp.path));
+  auto lock = fs.TryLock(tmp.path);
+  if (lock.ok()) {
+    tmp.lock = std::move(*lock);
+  } else if (lock.status().code() != StatusCode::kUnimplemented) {
+    fs.RemoveAll(tmp.path).IgnoreError();
+    return lock.status();
+  }
+  return tmp;
+}
+
+Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
+                                   const std::vector<std::vector<WrittenFile>>& written,
+                                   const SaveState& state, const std::string& tag,
+                                   int world_size) {
+  CheckpointIndex index;
+  index.tag = tag;
+  index.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  index.world_size = world_size;
+  index.layout = state.layout;
+  index.metadata = state.metadata;
+  index.values = state.values.is_null() ? Json::object() : state.values;
+  index.files.resize(plan.files.size());
+  for (const PlannedTensor& t : plan.tensors) {
+    index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};
+  }
+  // Chunks in plan order per tensor; filled from what the writers reported.
+  std::vector<IndexChunk> chunks(plan.chunks.size());
+  std::vector<IndexBlobChunk> blobs(plan.blobs.size());
+  for (const auto& rank_files : written) {
+    for (const WrittenFile& wf : rank_files) {
+      if (wf.plan_file >= plan.files.size()) return InternalError("bad file in save report");
+      const PlannedFile& pf = plan.files[wf.plan_file];
+      if (wf.chunks.size() != pf.chunks.size() || wf.blobs.size() != pf.blobs.size()) {
+        return InternalError("save report does not match the plan");
+      }
+      index.files[wf.plan_file] = {DataFileName(pf.rank, pf.number), wf.bytes, pf.rank};
+      for (size_t i = 0; i < pf.chunks.size(); ++i) {
+        const PlannedChunk& c = plan.chunks[pf.chunks[i]];
+        chunks[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
+                                wf.chunks[i].crc32c};
+      }
+      for (size_t i = 0; i < pf.blobs.size(); ++i) {
+        const PlannedBlob& b = plan.blobs[pf.blobs[i]];
+        blobs[pf.blobs[i]] = {b.rank, wf.plan_file, wf.blobs[i].at, b.bytes, wf.blobs[i].crc32c};
+      }
+    }
+  }
+  for (const PlannedTensor& t : plan.tensors) {
+    auto& out = index.tensors[t.key].chunks;
+    for (uint32_t c : t.chunks) out.push_back(chunks[c]);
+  }
+  for (size_t i = 0; i < plan.blobs.size(); ++i) {
+    IndexBlob& blob = index.blobs[plan.blobs[i].name];
+    blob.per_rank = plan.blobs[i].per_rank;
+    blob.chunks.push_back(blobs[i]);
+  }
+  return index;
+}
+
+Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+                  const CheckpointIndex& index, const CommitOptions& commit,
+                  std::vector<std::string>* warnings) {
+  // Step 4.
+  SS_ASSIGN_OR_RETURN(CommitRecord record,
+                      NextCommitRecord(fs, root, commit.step, commit.update_latest));
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kCommitFileName),
+                                 SerializeCommitRecord(record)));
+  SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));
+  const std::string final_dir = JoinPath(root, index.tag);
+  if (commit.overwrite && fs.Stat(final_dir).ok()) {  // step 5
+    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir, warnings));
+  } else {
+    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));  // the commit point
+    Warn(fs.SyncDir(root), warnings);
+  }
+  if (commit.update_latest) {  // step 6
+    Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n"), warnings);
+  }
+  return Status();
+}
+
+void AbandonSave(FileSystem& fs, const std::string& tmp_dir) {
+  if (!tmp_dir.empty()) fs.RemoveAll(tmp_dir).IgnoreError();
+}
+
+}  // namespace shardsafe

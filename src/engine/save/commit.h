@@ -1,0 +1,85 @@
+// The commit protocol: how a save becomes visible, atomically and durably.
+//
+// Steps (rank 0 runs the directory operations; every rank writes its data):
+//
+//  1. Prepare (rank 0): create ROOT if needed, remove leftovers of earlier
+//     interrupted saves (.tmp-* dirs, .latest.tmp.* files), fail with
+//     AlreadyExists if ROOT/TAG exists (unless overwriting), create
+//     ROOT/.tmp-TAG.NONCE.
+//  2. Write (every rank): data files into the temporary directory, each
+//     fdatasync'ed.
+//  3. Agree (collective): every rank reports success and its checksums. If
+//     any rank failed, rank 0 removes the temporary directory and every
+//     rank returns that failure.
+//  4. Index (rank 0): check the replicas (replica_check.h); write the commit
+//     record (commit.json: the next commit sequence of the root) and
+//     shardsafe.json into the temporary directory, fdatasync both, fsync
+//     the temporary directory (file names durable).
+//  5. Publish (rank 0): rename the temporary directory to ROOT/TAG and fsync
+//     ROOT. This rename is the commit point. When overwriting, the old
+//     checkpoint is swapped out atomically (renameat2 RENAME_EXCHANGE) and
+//     removed afterwards.
+//  6. Point (rank 0, manager saves that move it): replace ROOT/latest atomically
+//     (temporary file, fdatasync, rename, fsync ROOT).
+//
+// Save reports success exactly when step 5 happened: a failure in step 5's
+// root fsync or in step 6 comes back as a warning (the checkpoint is
+// committed and loads; a retry would only hit AlreadyExists).
+//
+// What a crash between two steps leaves behind:
+//  - before 5: a .tmp-* directory that readers never look at and the next
+//    save removes; `latest` and every committed checkpoint untouched.
+//  - between 5 and 6: the new checkpoint is committed and loadable; `latest`
+//    still names the previous one, which is also still loadable.
+//  - during 6: `latest` holds the old tag or the new one, never a mix; a
+//    .latest.tmp.* file may be left for the next save to remove.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/save/save_writer.h"
+#include "format/index.h"
+#include "layout/save_planner.h"
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+// A save's temporary directory and the lock rank 0 holds on it until the
+// save is committed or abandoned (null where the file system has no locks).
+struct TmpDir {
+  std::string path;
+  std::shared_ptr<FileLock> lock;
+};
+
+// Step 1. Leftovers are temporary directories nobody holds a lock on (a
+// save killed before committing): saves of other tags still in progress,
+// in this process or another, are left alone.
+Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
+                           bool overwrite);
+
+// The index of a save from its plan and what each rank wrote (by rank).
+Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
+                                   const std::vector<std::vector<WrittenFile>>& written,
+                                   const SaveState& state, const std::string& tag,
+                                   int world_size);
+
+// How a save commits (steps 4-6).
+struct CommitOptions {
+  bool overwrite = false;      // step 5 swaps out an existing checkpoint
+  bool update_latest = false;  // step 6 runs
+  std::optional<int64_t> step; // recorded in the commit record
+};
+
+// Steps 4-6: the commit record (its sequence read from the root's committed
+// checkpoints) and the index, then the rename. A failure before the commit
+// point is returned (nothing is committed); failures after it are appended
+// to `warnings` and the result is OK, because the checkpoint is committed.
+Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+                  const CheckpointIndex& index, const CommitOptions& commit,
+                  std::vector<std::string>* warnings);
+
+// Best-effort removal of a failed save's temporary directory.
+void AbandonSave(FileSystem& fs, const std::string& tmp_dir);
+
+}  // namespace shardsafe

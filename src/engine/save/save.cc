@@ -1,0 +1,203 @@
+// Save: the collective protocol of commit.h, from the caller's state to a
+// committed checkpoint. Every rank runs the same sequence of collectives
+// whatever happens locally, so a failure anywhere reaches every rank.
+#include <chrono>
+#include <future>
+#include <map>
+
+#include "comm/agree.h"
+#include "engine/catalog/checkpoint_dir.h"
+#include "engine/save/commit.h"
+#include "engine/save/save_internal.h"
+#include "engine/save/save_messages.h"
+#include "engine/save/save_writer.h"
+
+namespace shardsafe {
+namespace {
+
+Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
+  for (const TensorShard& t : state.tensors) {
+    if (t.data == nullptr && t.slice.NumElements() > 0) {
+      return InvalidArgumentError("tensor \"" + t.key + "\": null data pointer");
+    }
+    if (t.on_device && options.device == nullptr) {
+      return InvalidArgumentError("tensor \"" + t.key +
+                                  "\" is on a device, but no SaveOptions::device copies it");
+    }
+  }
+  for (const BlobRef& b : state.blobs) {
+    if (b.data == nullptr && b.size > 0) {
+      return InvalidArgumentError("blob \"" + b.name + "\": null data pointer");
+    }
+  }
+  return Status();
+}
+
+// Every rank saves to the same place, and every global value a rank passes
+// is rank 0's (values are saved once, from rank 0: a value that differs, or
+// that rank 0 lacks, would be lost).
+Status CheckAgreement(const std::vector<Announcement>& announced) {
+  const Announcement& first = announced[0];
+  std::map<std::string_view, uint64_t> values(first.values.begin(), first.values.end());
+  for (size_t r = 1; r < announced.size(); ++r) {
+    const std::string rank = std::to_string(r);
+    if (announced[r].destination != first.destination) {
+      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves to \"" +
+                                  first.destination + "\", rank " + rank + " to \"" +
+                                  announced[r].destination + "\"");
+    }
+    for (const auto& [key, fingerprint] : announced[r].values) {
+      auto it = values.find(key);
+      if (it == values.end()) {
+        return InvalidArgumentError("value \"" + key + "\" is passed by rank " + rank +
+                                    " but not by rank 0 (global values are saved once, from "
+                                    "rank 0; save values that differ by rank per rank)");
+      }
+      if (it->second != fingerprint) {
+        return InvalidArgumentError("value \"" + key + "\" differs between ranks 0 and " + rank +
+                                    " (global values are saved once, from rank 0; save values "
+                                    "that differ by rank per rank)");
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
+                               Comm& comm, const SaveOptions& options, const Status& pending) {
+  Status local = pending.ok() ? CheckLocalState(state, options) : pending;
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state)));
+  std::vector<Announcement> announced(msgs.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
+  }
+  SS_RETURN_IF_ERROR(CheckAgreement(announced));
+  std::vector<RankHoldings> holdings(announced.size());
+  for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
+  return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
+}
+
+Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
+                                    const std::string& tag, Comm& comm,
+                                    const SaveOptions& options, const Status& pending) {
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  SS_RETURN_IF_ERROR(ValidateTag(tag));
+  PreparedSave prepared;
+  SS_ASSIGN_OR_RETURN(prepared.plan,
+                      GatherAndPlan(state, JoinPath(root, tag), comm, options, pending));
+  // Step 1: rank 0 prepares the temporary directory; everyone learns it.
+  Result<std::string> tmp = std::string();
+  if (comm.rank() == 0) {
+    Result<TmpDir> dir = PrepareSave(fs, root, tag, options.overwrite);
+    tmp = dir.ok() ? Result<std::string>(dir->path) : Result<std::string>(dir.status());
+    if (dir.ok()) prepared.lock = std::move(dir->lock);
+  }
+  SS_ASSIGN_OR_RETURN(prepared.tmp_dir, BroadcastOrFail(comm, 0, tmp));
+  return prepared;
+}
+
+Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
+                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::string& root, const std::string& tag,
+                                   const std::string& tmp_dir, int world_size,
+                                   const CommitOptions& commit) {
+  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  std::vector<std::vector<CopyChecksum>> copies(reports.size());
+  Status s;
+  for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
+    auto decoded = DecodeReport(reports[r]);
+    s = decoded.status();
+    if (decoded.ok()) {
+      by_rank[r] = std::move(decoded->files);
+      copies[r] = std::move(decoded->copies);
+    }
+  }
+  if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
+  auto index = s.ok() ? BuildIndex(plan, by_rank, state, tag, world_size) : Result<CheckpointIndex>(s);
+  std::vector<std::string> warnings;
+  s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, commit, &warnings)
+                 : index.status();
+  if (!s.ok()) return s;
+  std::string joined;
+  for (const auto& w : warnings) joined += w + "\n";
+  return joined;
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  return lines;
+}
+
+SaveStats StatsOf(const SavePlan& plan, int rank) {
+  SaveStats s;
+  s.bytes_written = plan.bytes_per_rank[rank];
+  s.unique_bytes = plan.unique_bytes;
+  s.files = static_cast<int>(plan.files.size());
+  for (uint64_t b : plan.bytes_per_rank) s.max_rank_bytes = std::max(s.max_rank_bytes, b);
+  for (const PlannedChunk& c : plan.chunks) s.held_bytes += c.bytes * c.holders;
+  return s;
+}
+
+Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
+                             const std::string& tag, Comm& comm, const SaveOptions& options,
+                             const CommitOptions& commit) {
+  const auto start = std::chrono::steady_clock::now();
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  const bool leader = comm.rank() == 0;
+  auto report = [&](std::string_view phase, uint64_t done, uint64_t total) {
+    if (options.progress) options.progress({phase, done, total});
+  };
+  report("plan", 0, 0);
+  SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options, {}));
+  const SavePlan& plan = prepared.plan;
+  const std::string& tmp_dir = prepared.tmp_dir;
+
+  // Step 2: every rank writes its files, and checksums the replicas it
+  // holds but does not write meanwhile.
+  std::atomic<uint64_t> progress{0};
+  auto copies = std::async(std::launch::async, [&] {
+    return options.verify_replicas
+               ? ChecksumCopies(plan, comm.rank(), state, options.device.get())
+               : Result<std::vector<CopyChecksum>>(std::vector<CopyChecksum>());
+  });
+  auto written = WriteRankFiles(plan, comm.rank(), state, tmp_dir, fs, options, &progress);
+  auto checksums = copies.get();
+  Status mine = written.ok() ? checksums.status() : written.status();
+
+  // Step 3: agree; on failure nothing is committed.
+  auto reports = GatherOrFail(
+      comm, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
+  if (!reports.ok()) {
+    if (leader) AbandonSave(fs, tmp_dir);
+    return reports.status().WithContext("saving " + JoinPath(root, tag));
+  }
+
+  // Steps 4-6 on rank 0, then everyone learns the outcome and warnings.
+  report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
+  Result<std::string> committed = std::string();
+  if (leader) {
+    committed = CommitOnLeader(fs, plan, *reports, state, root, tag, tmp_dir, comm.size(), commit);
+    if (!committed.ok()) AbandonSave(fs, tmp_dir);
+  }
+  auto outcome = BroadcastOrFail(comm, 0, committed);
+  if (!outcome.ok()) return outcome.status().WithContext("committing " + JoinPath(root, tag));
+
+  SaveStats stats = StatsOf(plan, comm.rank());
+  stats.warnings = SplitLines(*outcome);
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
+                       const SaveOptions& options) {
+  return SaveToRoot(state, ParentDir(path), BaseName(path), comm, options,
+                    CommitOptions{.overwrite = options.overwrite});
+}
+
+}  // namespace shardsafe

@@ -1,0 +1,51 @@
+// Engine-internal entry points shared by Save, the manager and the CLI.
+#pragma once
+
+#include <string>
+
+#include "engine/save/commit.h"
+#include "layout/save_planner.h"
+#include "shardsafe/checkpoint.h"
+
+namespace shardsafe {
+
+struct PreparedSave {
+  SavePlan plan;
+  std::string tmp_dir;
+  std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
+};
+
+// Protocol step 0 (collective): gather every rank's holdings and plan,
+// identically on every rank. Every rank must save to the same
+// `destination` (the checkpoint's path) and pass only global values equal
+// to rank 0's. `pending`: as for PlanAndPrepare. Touches no file.
+Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination, Comm& comm,
+                               const SaveOptions& options, const Status& pending);
+
+// Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
+// every rank's holdings, plan identically everywhere, and have rank 0
+// create the temporary directory. `pending` is a failure this rank must
+// still report (its previous async save's): it fails the call on every rank.
+Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
+                                    const std::string& tag, Comm& comm,
+                                    const SaveOptions& options, const Status& pending);
+
+// Steps 4-6 on rank 0: checks the replicas and builds the index from every
+// rank's encoded report (save_messages.h), and commits. Returns the
+// post-commit warnings, one per line; on failure the temporary directory is
+// left for the caller to remove.
+Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
+                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::string& root, const std::string& tag,
+                                   const std::string& tmp_dir, int world_size,
+                                   const CommitOptions& commit);
+
+std::vector<std::string> SplitLines(const std::string& text);
+SaveStats StatsOf(const SavePlan& plan, int rank);
+
+// Saves `state` as ROOT/TAG, committed as `commit` says.
+Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
+                             const std::string& tag, Comm& comm, const SaveOptions& options,
+                             const CommitOptions& commit);
+
+}  // namespace shardsafe

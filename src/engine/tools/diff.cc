@@ -1,0 +1,114 @@
+#include "engine/tools/diff.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/load/convert.h"
+#include "engine/load/load_internal.h"
+
+namespace shardsafe {
+namespace {
+
+TensorDiff Verdict(const std::string& key, const char* status) {
+  TensorDiff d;
+  d.key = key;
+  d.status = status;
+  return d;
+}
+
+bool IsFloat(DType d) {
+  return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32 || d == DType::kF64;
+}
+
+// Reads elements [begin, end) of `key` from `src` into `out`.
+Status ReadPiece(const CheckpointSource& src, FileSystem& fs, const std::string& key,
+                 const IndexTensor& t, uint64_t begin, uint64_t end, std::vector<char>* out) {
+  out->resize(*NumBytes(t.dtype, end - begin));
+  LoadRequest req;
+  req.tensors.push_back({key, t.dtype, t.shape, {Box::Whole(t.shape), FlatRange{begin, end}},
+                         out->data()});
+  LoadOptions opts;
+  opts.io_threads = 1;
+  LoadResult ignored;
+  return LoadFromSource(req, src, /*blobs_of_rank=*/std::nullopt, fs, opts, &ignored);
+}
+
+// Counts differing elements and tracks the largest float difference.
+void ComparePiece(DType dtype, const std::vector<char>& a, const std::vector<char>& b,
+                  uint64_t n, TensorDiff* diff) {
+  if (std::memcmp(a.data(), b.data(), a.size()) == 0) return;
+  const int bytes = std::max(1, DTypeBits(dtype) / 8);
+  if (!IsFloat(dtype) || IsSubByte(dtype)) {
+    for (size_t i = 0; i < a.size(); i += bytes) {
+      diff->differing_elements += std::memcmp(&a[i], &b[i], bytes) != 0;
+    }
+    return;
+  }
+  std::vector<double> da(n), db(n);
+  ConvertElements(a.data(), dtype, da.data(), DType::kF64, n);
+  ConvertElements(b.data(), dtype, db.data(), DType::kF64, n);
+  double worst = diff->max_abs_diff.value_or(0);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (std::memcmp(&a[i * bytes], &b[i * bytes], bytes) == 0) continue;
+    diff->differing_elements++;
+    const double d = std::fabs(da[i] - db[i]);
+    worst = std::isnan(d) ? d : (std::isnan(worst) ? worst : std::max(worst, d));
+  }
+  diff->max_abs_diff = worst;
+}
+
+Result<TensorDiff> CompareTensor(const CheckpointSource& a, const CheckpointSource& b,
+                                 FileSystem& fs, const std::string& key, uint64_t piece_bytes) {
+  const IndexTensor& ta = a.index.tensors.at(key);
+  const IndexTensor& tb = b.index.tensors.at(key);
+  TensorDiff diff = Verdict(key, "equal");
+  if (ta.shape != tb.shape) return Verdict(key, "shape differs");
+  if (ta.dtype != tb.dtype) return Verdict(key, "dtype differs");
+  SS_ASSIGN_OR_RETURN(diff.elements, NumElements(ta.shape));
+  // Pieces of a multiple of 8 elements keep sub-byte dtypes on byte boundaries.
+  const uint64_t step = std::max<uint64_t>(8, piece_bytes / std::max(1, DTypeBits(ta.dtype) / 8) / 8 * 8);
+  std::vector<char> pa, pb;
+  for (uint64_t begin = 0; begin < diff.elements; begin += step) {
+    const uint64_t end = std::min(diff.elements, begin + step);
+    SS_RETURN_IF_ERROR(ReadPiece(a, fs, key, ta, begin, end, &pa).WithContext("A"));
+    SS_RETURN_IF_ERROR(ReadPiece(b, fs, key, tb, begin, end, &pb).WithContext("B"));
+    ComparePiece(ta.dtype, pa, pb, end - begin, &diff);
+  }
+  if (diff.differing_elements) diff.status = "differs";
+  return diff;
+}
+
+}  // namespace
+
+bool DiffReport::identical() const {
+  if (!values_equal) return false;
+  for (const auto& t : tensors) {
+    if (t.status != "equal") return false;
+  }
+  return true;
+}
+
+Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, FileSystem* fsp,
+                                   uint64_t piece_bytes) {
+  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSource(fs, a));
+  SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSource(fs, b));
+  DiffReport report;
+  report.values_equal = sa.index.values == sb.index.values;
+  for (const auto& [key, t] : sa.index.tensors) {
+    if (!sb.index.tensors.count(key)) {
+      report.tensors.push_back(Verdict(key, "only in A"));
+      continue;
+    }
+    SS_ASSIGN_OR_RETURN(TensorDiff d, CompareTensor(sa, sb, fs, key, piece_bytes));
+    report.tensors.push_back(std::move(d));
+  }
+  for (const auto& [key, t] : sb.index.tensors) {
+    if (!sa.index.tensors.count(key)) report.tensors.push_back(Verdict(key, "only in B"));
+  }
+  std::sort(report.tensors.begin(), report.tensors.end(),
+            [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
+  return report;
+}
+
+}  // namespace shardsafe

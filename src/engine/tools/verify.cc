@@ -1,0 +1,157 @@
+#include "engine/tools/verify.h"
+
+#include <mutex>
+
+#include "base/crc32c.h"
+#include "base/thread_pool.h"
+#include "engine/load/source.h"
+
+namespace shardsafe {
+namespace {
+
+constexpr uint64_t kPiece = 16 << 20;
+
+// A byte range of one data file whose checksum is recorded.
+struct Expected {
+  std::string what;  // "tensor \"k\" chunk [..]" or "blob \"b\""
+  std::string entry; // expected safetensors entry name
+  uint64_t at = 0, bytes = 0;
+  std::optional<uint32_t> crc;
+};
+
+class Collector {
+ public:
+  void Fault(std::string line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    faults_.push_back(std::move(line));
+  }
+  std::vector<std::string> Take() { return std::move(faults_); }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> faults_;
+};
+
+std::vector<std::vector<Expected>> ExpectedByFile(const CheckpointIndex& index) {
+  std::vector<std::vector<Expected>> by_file(index.files.size());
+  for (const auto& [key, t] : index.tensors) {
+    for (const IndexChunk& c : t.chunks) {
+      by_file[c.file].push_back({"tensor \"" + key + "\" chunk " + SliceToString(c.slice),
+                                 ChunkEntryName(key, c.slice, t.shape), c.at, c.bytes, c.crc32c});
+    }
+  }
+  for (const auto& [name, b] : index.blobs) {
+    for (const IndexBlobChunk& c : b.chunks) {
+      auto rank = b.per_rank ? std::optional<int>(c.rank) : std::nullopt;
+      by_file[c.file].push_back(
+          {"blob \"" + name + "\"", BlobEntryName(name, rank), c.at, c.bytes, c.crc32c});
+    }
+  }
+  return by_file;
+}
+
+Result<uint32_t> ChecksumRange(const RandomAccessFile& file, uint64_t at, uint64_t bytes,
+                               std::vector<char>* buf) {
+  uint32_t crc = 0;
+  buf->resize(std::min(bytes, kPiece));
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(kPiece, bytes - done);
+    SS_RETURN_IF_ERROR(file.ReadAt(at + done, buf->data(), n));
+    crc = Crc32cExtend(crc, buf->data(), n);
+    done += n;
+  }
+  return crc;
+}
+
+// Header entries must sit where the index puts them, under the right names.
+void CheckHeader(const std::string& name, const SafetensorsHeader& header,
+                 const std::vector<Expected>& expected, Collector* out) {
+  std::map<uint64_t, const SafetensorsEntry*> by_offset;
+  for (const auto& e : header.entries) {
+    if (e.end > e.begin) by_offset[header.data_start() + e.begin] = &e;
+  }
+  for (const Expected& x : expected) {
+    if (x.bytes == 0) continue;
+    auto it = by_offset.find(x.at);
+    if (it == by_offset.end() || it->second->name != x.entry ||
+        it->second->end - it->second->begin != x.bytes) {
+      out->Fault(name + ": " + x.what + ": no header entry \"" + x.entry + "\" of " +
+                 std::to_string(x.bytes) + " bytes at offset " + std::to_string(x.at));
+    }
+  }
+}
+
+void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
+                const std::vector<Expected>& expected, Collector* out,
+                std::atomic<uint64_t>* chunks, std::atomic<uint64_t>* bytes) {
+  const IndexFile& info = src.index.files[f];
+  const std::string path = JoinPath(src.data_dir, info.name);
+  uint64_t size = 0;
+  auto header = ReadSafetensorsHeader(fs, path, &size);
+  if (!header.ok()) return out->Fault(header.status().message());
+  if (src.native && size != info.bytes) {
+    return out->Fault(path + ": size " + std::to_string(size) + " bytes, index records " +
+                      std::to_string(info.bytes));
+  }
+  for (const std::string& dup : header->duplicate_names) {
+    out->Fault(path + ": tensor name \"" + dup + "\" appears twice in the header (the last one wins)");
+  }
+  if (src.native) CheckHeader(path, *header, expected, out);
+  auto file = fs.NewRandomAccessFile(path, ReadOptions{});
+  if (!file.ok()) return out->Fault(file.status().message());
+  std::vector<char> buf;
+  for (const Expected& x : expected) {
+    if (!x.crc) continue;
+    auto crc = ChecksumRange(**file, x.at, x.bytes, &buf);
+    if (!crc.ok()) {
+      out->Fault(path + ": " + x.what + ": " + crc.status().message());
+    } else if (*crc != *x.crc) {
+      out->Fault(path + ": " + x.what + ": checksum mismatch");
+    } else {
+      (*chunks)++;
+    }
+    *bytes += x.bytes;
+  }
+}
+
+}  // namespace
+
+VerifyReport VerifyCheckpoint(const std::string& path, FileSystem* fsp, int io_threads,
+                              const ProgressFn& progress) {
+  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
+  VerifyReport report;
+  report.path = path;
+  auto src = OpenSource(fs, path);
+  if (!src.ok()) {
+    report.faults.push_back(src.status().message());
+    return report;
+  }
+  report.path = src->path;
+  report.native = src->native;
+  report.files = src->index.files.size();
+  report.tensors = src->index.tensors.size();
+  const auto expected = ExpectedByFile(src->index);
+  Collector faults;
+  std::atomic<uint64_t> chunks{0}, bytes{0};
+  ThreadPool pool(std::max(1, io_threads));
+  TaskGroup group(&pool);
+  for (uint32_t f = 0; f < expected.size(); ++f) {
+    group.Add([&, f] {
+      VerifyFile(fs, *src, f, expected[f], &faults, &chunks, &bytes);
+      return Status();
+    });
+  }
+  uint64_t total = 0;
+  for (const IndexFile& f : src->index.files) total += f.bytes;
+  while (!group.WaitFor(std::chrono::milliseconds(250))) {
+    if (progress) progress({"verify", bytes.load(), total});
+  }
+  group.Wait().IgnoreError();
+  report.faults = faults.Take();
+  std::sort(report.faults.begin(), report.faults.end());
+  report.chunks_verified = chunks.load();
+  report.bytes_checked = bytes.load();
+  return report;
+}
+
+}  // namespace shardsafe
