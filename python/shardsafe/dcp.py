@@ -47,7 +47,6 @@ import io
 import json
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,17 +79,17 @@ __all__ = ["Writer", "Reader"]
 BYTES_PREFIX = "dcp/"  # blob of a DCP BYTE_IO item: "dcp/" + FQN
 PLANNER_DATA_BLOB = "dcp.planner_data"  # JSON {FQN: object path}; marks a Writer checkpoint
 
-_TAG = re.compile(r"[A-Za-z0-9._+=-]{1,200}")
 
 Path = tuple  # a DCP object path: dict keys (str) and list indices (int)
 
 
 def _check_tag(path: str) -> None:
-    """docs/format.md §1: the last path component is the checkpoint's tag."""
-    tag = os.path.basename(os.path.normpath(path))
-    if not _TAG.fullmatch(tag) or tag.startswith(".") or tag == "latest":
-        raise InvalidStateError(f"{path}: tag {tag!r} is not 1-200 characters of "
-                                f"[A-Za-z0-9._+=-] (not starting with '.', not 'latest')")
+    """docs/format.md §1: the last path component is the checkpoint's tag
+    (the engine's rule)."""
+    try:
+        _C.validate_tag(os.path.basename(os.path.normpath(path)))
+    except InvalidStateError as e:
+        raise InvalidStateError(f"{path}: {e}", e.code) from None
 
 
 def _done(value: Any) -> Future:

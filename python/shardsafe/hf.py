@@ -124,15 +124,12 @@ class ExpertGroup:
 # transformers 5 conversion_mapping.py: "qwen2_moe" (also qwen3_moe, deepseek_v2/v3,
 # olmoe, glm4_moe, ...) and "mixtral" (also minimax; its rename .block_sparse_moe. ->
 # .mlp. is a `rename` rule: (r"\.block_sparse_moe\.", ".mlp.")).
-QWEN2_MOE_EXPERTS = (
-    ExpertGroup(["mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"],
-                "mlp.experts.gate_up_proj"),
-    ExpertGroup("mlp.experts.*.down_proj.weight", "mlp.experts.down_proj"),
-)
-MIXTRAL_EXPERTS = (
-    ExpertGroup(["experts.*.w1.weight", "experts.*.w3.weight"], "experts.gate_up_proj"),
-    ExpertGroup("experts.*.w2.weight", "experts.down_proj"),
-)
+# transformers' "qwen2_moe" (also qwen3_moe, deepseek_v2/v3, olmoe, ...) and
+# "mixtral" expert layouts, as the engine defines them (shardsafe/hf.h), e.g.
+# ExpertGroup(["mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"],
+#             "mlp.experts.gate_up_proj").
+QWEN2_MOE_EXPERTS, MIXTRAL_EXPERTS = (tuple(ExpertGroup(list(s), t, d) for s, t, d in preset)
+                                      for preset in _C.expert_presets())
 
 
 def renamer(rename: Rename) -> Callable[[str], str]:

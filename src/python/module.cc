@@ -493,6 +493,17 @@ NB_MODULE(_C, m) {
           return ToDict(Released([&] { return ExportHf(source, out, o); }));
         },
         "source"_a, "out"_a, "options"_a, "dtype"_a.none(), "rename"_a.none(), "experts"_a);
+  // The rules kept once, in the engine: tag names (docs/format.md §1) and
+  // transformers' expert layouts (shardsafe/hf.h).
+  m.def("validate_tag", [](const std::string& tag) { Check(ValidateTag(tag)); }, "tag"_a);
+  m.def("expert_presets", [] {
+    auto specs = [](const std::vector<ExpertRule>& rules) {
+      std::vector<ExpertSpec> out;
+      for (const ExpertRule& r : rules) out.emplace_back(r.sources, r.target, r.dim);
+      return out;
+    };
+    return std::make_pair(specs(Qwen2MoeExperts()), specs(MixtralExperts()));
+  });
   m.def("parse_byte_size", [](const std::string& s) { return Unwrap(ParseByteSize(s)); }, "text"_a);
 
   nb::class_<Handle>(m, "AsyncHandle")

@@ -13,11 +13,9 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import shardsafe
 from dist_util import run_workers
