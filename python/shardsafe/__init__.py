@@ -10,8 +10,10 @@ rank's part of a global tensor say so with Sharded, values that differ by
 rank with PerRank; see README.md, "Python".
 """
 
-from ._api import (CheckpointManager, LoadResult, async_save, load, release_async_save,
-                   reserve_async_save, save)
+from ._load import LoadResult, load
+from ._manager import CheckpointManager
+from ._options import LoadOptions, SaveOptions
+from ._save import async_save, release_async_save, reserve_async_save, save
 from ._parts import PerRank, Sharded
 from ._C import describe as _describe
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
@@ -20,7 +22,7 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
 
 __all__ = [
     "save", "async_save", "reserve_async_save", "release_async_save", "load", "CheckpointManager",
-    "LoadResult", "Sharded", "PerRank",
+    "LoadResult", "Sharded", "PerRank", "SaveOptions", "LoadOptions",
     "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",
     "ShapeMismatchError", "DTypeMismatchError", "InvalidStateError", "KeyMismatchError",

@@ -8,8 +8,13 @@ device for nccl.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import torch
 import torch.distributed as dist
+
+from .errors import ShardsafeError
 
 
 class TorchComm:
@@ -63,3 +68,21 @@ def resolve(process_group: dist.ProcessGroup | None) -> TorchComm | None:
     if dist.get_world_size(process_group) == 1:
         return None
     return TorchComm(process_group)
+
+
+def agree(comm: TorchComm | None, error: BaseException | None, extra: Any = None) -> list[Any]:
+    """Every rank learns whether any rank failed before a collective engine
+    call (so no rank is left waiting in it), and what each rank reported in
+    `extra`. Re-raises this rank's own error, or names the failed rank."""
+    if comm is None:
+        if error is not None:
+            raise error
+        return [extra]
+    mine = json.dumps({"error": None if error is None else str(error), "extra": extra})
+    reports = [json.loads(r) for r in comm.all_gather(mine.encode())]
+    if error is not None:
+        raise error
+    for rank, r in enumerate(reports):
+        if r["error"] is not None:
+            raise ShardsafeError(f"rank {rank} failed: {r['error']}")
+    return [r["extra"] for r in reports]

@@ -64,7 +64,9 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _C, _device
-from ._api import _agree, _dtype_name
+from ._boxes import dtype_name as _dtype_name
+from ._comm import agree as _agree
+from ._options import LoadOptions, SaveOptions
 from ._comm import TorchComm, resolve
 from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, from_json, to_json
 from .errors import InvalidStateError, ShardsafeError
@@ -247,7 +249,7 @@ class Writer(StorageWriter):
         self.path: str | None = None
         self.process_group = process_group
         self.metadata = metadata
-        self.options = options
+        self.options = SaveOptions.of(None, options).engine()
         self._is_coordinator = False
         self._layout: _Layout | None = None  # on the coordinator
         self.reset(path)
@@ -312,8 +314,9 @@ class Writer(StorageWriter):
                                  f"{sorted({r['path'] for r in reports})}")
         homes = next((r["homes"] for r in reports if r["homes"] is not None), {})
         values = _nest({k: v for r in reports for k, v in r["values"].items()}, homes)
-        _C.save(staged.specs, staged.blobs, json.dumps(values, allow_nan=False), metadata or "",
-                self.path, comm, self.options, device=staged.device())
+        _C.save(_C.SaveCall(staged.specs, staged.blobs, json.dumps(values, allow_nan=False),
+                            metadata or "", comm, self.options, device=staged.device()),
+                self.path)
         return _done(staged.results)
 
     def _comm(self, plan: SavePlan) -> TorchComm | None:
@@ -413,7 +416,7 @@ class Reader(StorageReader):
         super().__init__()
         self.path: str | None = None
         self.unsafe_pickle = unsafe_pickle
-        self.options = options
+        self.options = LoadOptions.of(None, options).engine()
         self._opened: dict | None = None  # described by reset, not yet used by a load
         self._desc: dict | None = None  # the checkpoint of the load in progress
         self._sources: dict[str, _Value] = {}

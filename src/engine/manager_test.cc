@@ -133,7 +133,9 @@ TEST_F(ManagerTest, CommitOrderNotNamesOrTimesDecidesTheNewest) {
 TEST_F(ManagerTest, ASaveThatDoesNotMoveLatestIsNeverTakenAsTheLatest) {
   CheckpointManager m(root_, {.keep_last = 1});
   ASSERT_TRUE(SaveStep(m, 1).ok());
-  ASSERT_TRUE(SaveStep(m, 2, {.update_latest = false}).ok());
+  SaveOptions keep_latest;
+  keep_latest.update_latest = false;
+  ASSERT_TRUE(SaveStep(m, 2, keep_latest).ok());
   EXPECT_EQ(**m.LatestStep(), 1);
   EXPECT_EQ(LoadedStep(m, std::nullopt), 1);
   // Retention keeps the newest commit and the one `latest` names.

@@ -221,8 +221,8 @@ class PyDeviceMemory final : public DeviceMemory {
 // (copier, the specs of the shards on the device), or None.
 using DeviceArg = std::optional<std::pair<nb::object, std::vector<Spec>>>;
 
-// Detaches the call's PyDeviceMemory when the call's arguments go (the
-// binding's scope: GIL held).
+// Detaches the call's PyDeviceMemory when its SaveCall goes (Python drops
+// it, with the GIL held).
 struct DeviceCall {
   std::shared_ptr<PyDeviceMemory> memory;
   DeviceCall() = default;
@@ -233,19 +233,32 @@ struct DeviceCall {
   }
 };
 
-// One save call's arguments as the engine takes them.
+// One save's arguments as the engine takes them: _C.SaveCall(...), built
+// once by the Python side and handed to whichever save runs it (save, an
+// async save, a reservation; plain or a manager's). It keeps the blobs'
+// bytes alive, and detaches its device copier when Python drops it.
 struct SaveCall {
   SaveState state;
   SaveOptions options;
   std::unique_ptr<Comm> comm;
   DeviceCall device;
+  nb::list blobs;  // the Python bytes state.blobs point into
+  bool used = false;
+
+  // The call, for the one engine call that runs it (an async save moves
+  // its tensor list out: a second run would save nothing).
+  SaveCall& Use() {
+    if (used) throw nb::value_error("a SaveCall runs one save; build another");
+    used = true;
+    return *this;
+  }
 };
 
 SaveCall MakeSaveCall(std::vector<Spec>&& tensors, WholeShards* whole, nb::list blobs,
                       const std::string& values, const std::string& metadata, nb::handle comm,
                       nb::dict options, DeviceArg&& device) {
   SaveCall c{MakeState(std::move(tensors), whole, blobs, values, metadata),
-             ParseSaveOptions(options), MakeComm(comm), {}};
+             ParseSaveOptions(options), MakeComm(comm), {}, blobs};
   if (device) {
     for (Spec& spec : device->second) {
       c.state.tensors.push_back(ItemOf<TensorShard>(spec));
@@ -441,16 +454,24 @@ NB_MODULE(_C, m) {
   m.doc() = "shardsafe engine bindings; use the `shardsafe` package, not this module";
   RegisterErrors();
 
-  m.def("save",
-        [](std::vector<Spec> tensors, nb::list blobs, const std::string& values,
-           const std::string& metadata, const std::string& path, nb::handle comm,
-           nb::dict options, WholeShards* whole, DeviceArg device) {
-          SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                    options, std::move(device));
-          return ToDict(Released([&] { return Save(c.state, path, *c.comm, c.options); }));
-        },
-        "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "path"_a, "comm"_a.none(),
-        "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none());
+  nb::class_<SaveCall>(m, "SaveCall")
+      .def("__init__",
+           [](SaveCall* self, std::vector<Spec> tensors, nb::list blobs, const std::string& values,
+              const std::string& metadata, nb::handle comm, nb::dict options, WholeShards* whole,
+              DeviceArg device) {
+             new (self) SaveCall(MakeSaveCall(std::move(tensors), whole, blobs, values, metadata,
+                                              comm, options, std::move(device)));
+           },
+           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
+           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none());
+
+  m.def(
+      "save",
+      [](SaveCall& call, const std::string& path) {
+        SaveCall& c = call.Use();
+        return ToDict(Released([&] { return Save(c.state, path, *c.comm, c.options); }));
+      },
+      "call"_a, "path"_a);
 
   m.def("load",
         [](std::vector<Spec> targets, const std::string& path, nb::handle comm,
@@ -514,29 +535,20 @@ NB_MODULE(_C, m) {
   nb::class_<AsyncSaver>(m, "AsyncSaver")
       .def(nb::init<>())
       .def("save",
-           [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
-              const std::string& values, const std::string& metadata, const std::string& root,
-              const std::string& tag, nb::handle comm, nb::dict options, WholeShards* whole,
-              DeviceArg device) {
-             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                       options, std::move(device));
+           [](AsyncSaver& saver, SaveCall& call, const std::string& root,
+              const std::string& tag) {
+             SaveCall& c = call.Use();
              return StartAsync(
                  c, [&] { return saver.Save(c.state, root, tag, *c.comm, c.options); });
            },
-           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "root"_a, "tag"_a,
-           "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(),
-           "device"_a.none() = nb::none())
+           "call"_a, "root"_a, "tag"_a)
       .def("reserve",
-           [](AsyncSaver& saver, std::vector<Spec> tensors, nb::list blobs,
-              const std::string& values, const std::string& metadata, nb::handle comm,
-              nb::dict options, WholeShards* whole, DeviceArg device) {
-             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                       options, std::move(device));
+           [](AsyncSaver& saver, SaveCall& call) {
+             SaveCall& c = call.Use();
              CheckReleased([&] { return saver.Reserve(c.state, *c.comm, c.options); });
              return saver.staging_bytes();
            },
-           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
-           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+           "call"_a)
       .def("wait_pending",
            [](AsyncSaver& saver) { CheckReleased([&] { return saver.WaitForPending(); }); })
       .def_prop_ro("staging_bytes", &AsyncSaver::staging_bytes);
@@ -554,36 +566,24 @@ NB_MODULE(_C, m) {
            "step"_a)
       .def_prop_ro("root", &CheckpointManager::root)
       .def("save",
-           [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
-              nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
-             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                       options, std::move(device));
+           [](CheckpointManager& m, int64_t step, SaveCall& call) {
+             SaveCall& c = call.Use();
              return ToDict(Released([&] { return m.Save(step, c.state, *c.comm, c.options); }));
            },
-           "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+           "step"_a, "call"_a)
       .def("async_save",
-           [](CheckpointManager& m, int64_t step, std::vector<Spec> tensors,
-              nb::list blobs, const std::string& values, const std::string& metadata,
-              nb::handle comm, nb::dict options, WholeShards* whole, DeviceArg device) {
-             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                       options, std::move(device));
+           [](CheckpointManager& m, int64_t step, SaveCall& call) {
+             SaveCall& c = call.Use();
              return StartAsync(c, [&] { return m.AsyncSave(step, c.state, *c.comm, c.options); });
            },
-           "step"_a, "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(),
-           "options"_a, "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+           "step"_a, "call"_a)
       .def("reserve_async",
-           [](CheckpointManager& m, std::vector<Spec> tensors, nb::list blobs,
-              const std::string& values, const std::string& metadata, nb::handle comm,
-              nb::dict options, WholeShards* whole, DeviceArg device) {
-             SaveCall c = MakeSaveCall(std::move(tensors), whole, blobs, values, metadata, comm,
-                                       options, std::move(device));
+           [](CheckpointManager& m, SaveCall& call) {
+             SaveCall& c = call.Use();
              CheckReleased([&] { return m.ReserveAsyncSave(c.state, *c.comm, c.options); });
              return m.async_staging_bytes();
            },
-           "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
-           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+           "call"_a)
       .def("wait_async",
            [](CheckpointManager& m) { CheckReleased([&] { return m.WaitForAsyncSave(); }); })
       .def("latest_step",

@@ -13,7 +13,7 @@ device tensors reach the disk (shardsafe._device): a sync save through
 bounded buffers (peak resident memory measured), an async save's staging
 arena page-locked once and the only host copy, copies ordered after the work
 queued on the caller's current stream; and the pinned host buffer loads
-read through (`shardsafe._api._STAGING`): pinned, reused across calls.
+read through (`shardsafe._device.STAGING`): pinned, reused across calls.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe import _api, _device
+from shardsafe import _device
 from bench_cuda import peak_rss_growth  # tests/gpu, beside this file
 from shardsafe._state import DTYPE_NAMES
 
@@ -607,7 +607,7 @@ def test_dcp_writer_saves_cuda_chunks_through_the_copier(tmp_path):
 def test_load_staging_buffer_is_pinned_and_reused(tmp_path):
     """Loads into CUDA tensors read through one pinned host buffer, reused
     across calls and grown when a call needs more (saves never use it)."""
-    staging = _api._STAGING
+    staging = _device.STAGING
     n = 8 << 20  # 32 MiB of float32 per tensor
     state = {"a": torch.randn(n, device=CUDA), "b": torch.randn(n // 2, device=CUDA)}
     shardsafe.save(state, tmp_path / "s1")

@@ -69,9 +69,9 @@ def test_sync_save_reads_device_shards_through_the_copier(tmp_path, direct_io):
     tensors = state()
     device = FlippedDevice(tensors)
     path = str(tmp_path / "ckpt")
-    _C.save([], [], "{}", "", path, None,
-            {"direct_io": direct_io, "io_buffer_bytes": 4 << 20, "max_file_bytes": 4 << 20},
-            None, (device, device.specs()))
+    _C.save(_C.SaveCall([], [], "{}", "", None,
+                        {"direct_io": direct_io, "io_buffer_bytes": 4 << 20,
+                         "max_file_bytes": 4 << 20}, None, (device, device.specs())), path)
     got = loaded(path, tensors)
     for k, v in tensors.items():
         assert torch.equal(got[k], v), k
@@ -89,8 +89,8 @@ def test_async_save_registers_its_staging_once_and_drops_the_copier(tmp_path):
     for step in (1, 2):
         device = FlippedDevice(tensors)
         copier = weakref.ref(device)
-        handle = saver.save([], [], "{}", "", str(tmp_path), f"s{step}", None, {}, None,
-                            (device, device.specs()))
+        handle = saver.save(_C.SaveCall([], [], "{}", "", None, {}, None,
+                                        (device, device.specs())), str(tmp_path), f"s{step}")
         before = {k: v.clone() for k, v in tensors.items()}
         for v in tensors.values():
             v.fill_(7)  # the caller's memory may change once the call returns
@@ -117,16 +117,16 @@ def test_a_failing_copier_fails_the_save_and_commits_nothing(tmp_path):
     tensors = state()
     device = FlippedDevice(tensors, fail_after=1)
     with pytest.raises(ShardsafeError, match="device fell off the bus") as failed:
-        _C.save([], [], "{}", "", str(tmp_path / "sync"), None, {"io_buffer_bytes": 4 << 20},
-                None, (device, device.specs()))
+        _C.save(_C.SaveCall([], [], "{}", "", None, {"io_buffer_bytes": 4 << 20}, None,
+                            (device, device.specs())), str(tmp_path / "sync"))
     # One line naming the tensor and the exception, not a traceback.
     assert "\n" not in str(failed.value)
     assert ('copying tensor "big" from the device: device copy failed: RuntimeError: '
             'device fell off the bus (injected)') in str(failed.value)
     saver = _C.AsyncSaver()
     device = FlippedDevice(tensors, fail_after=0)
-    handle = saver.save([], [], "{}", "", str(tmp_path), "async", None, {}, None,
-                        (device, device.specs()))
+    handle = saver.save(_C.SaveCall([], [], "{}", "", None, {}, None, (device, device.specs())),
+                        str(tmp_path), "async")
     with pytest.raises(ShardsafeError, match="device fell off the bus"):
         handle.wait()
     assert [n for n in os.listdir(tmp_path) if not n.startswith(".")] == [], "committed"
@@ -155,10 +155,10 @@ def test_tensors_back_to_back_in_one_storage_are_copied_apart(tmp_path, how):
              for k, t in tensors.items()]
     device = (_device.DeviceCopier(list(tensors.values())), specs)
     if how == "sync":
-        _C.save([], [], "{}", "", str(tmp_path / how), None, {}, None, device)
+        _C.save(_C.SaveCall([], [], "{}", "", None, {}, None, device), str(tmp_path / how))
     else:
-        _C.AsyncSaver().save([], [], "{}", "", str(tmp_path), how, None, {}, None,
-                             device).wait()
+        _C.AsyncSaver().save(_C.SaveCall([], [], "{}", "", None, {}, None, device),
+                             str(tmp_path), how).wait()
     got = loaded(str(tmp_path / how), tensors)
     for k, v in tensors.items():
         assert torch.equal(got[k], v), k

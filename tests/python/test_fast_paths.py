@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe import _api, _C, hf
+from shardsafe import _boxes, _C, _keys, _load, _save
+from shardsafe._state import DTYPE_NAMES
 from shardsafe._state import flatten
 from shardsafe.errors import CheckpointNotFoundError
 
@@ -44,14 +45,14 @@ def kinds_of_tensors() -> dict[str, torch.Tensor]:
 
 
 def general_spec(key: str, t: torch.Tensor) -> tuple:
-    b = _api._Boxes()(key, t)
+    b = _boxes.Boxes()(key, t)
     local = b.local.detach().resolve_conj().resolve_neg().contiguous()
-    return (key, _api._dtype_name(key, b.local), b.shape, b.offset, b.size, local)
+    return (key, _boxes.dtype_name(key, b.local), b.shape, b.offset, b.size, local)
 
 
 def test_save_fast_path_matches_general_path():
     state = kinds_of_tensors()
-    args = _api._prepare_save(state, None, False)
+    args = _save._prepare_save(state, None, False)
     fast = {spec[0]: spec for spec in args.whole.specs()}
     assert set(fast) == {"plain", "bf16", "scalar", "empty", "param", "bool", "fp8"}
     for key, spec in fast.items():
@@ -66,30 +67,30 @@ def test_save_fast_path_matches_general_path():
     assert {spec[5] for spec in args.specs} <= ptrs
 
 
-def plans(state: dict, path) -> tuple[_api._Plan, _api._Plan]:
+def plans(state: dict, path) -> tuple[_load._Plan, _load._Plan]:
     source = _C.open_source(str(path), None)
     desc = _C.describe_source(source)
     flat = flatten(state, for_load=True)
-    fast = _api._plan(flat, _api._ask(flat.tensors), hf.KeyMap(desc["tensors"]), source, True,
+    fast = _load._plan(flat, _boxes.ask(flat.tensors), _keys.KeyMap(desc["tensors"]), source, True,
                       False)
-    general = _api._plan(flat, None, hf.KeyMap(desc["tensors"], rename=lambda k: k), source,
+    general = _load._plan(flat, None, _keys.KeyMap(desc["tensors"], rename=lambda k: k), source,
                          True, False)
     return fast, general
 
 
-def read_tuple(r: _api._Read) -> tuple:
+def read_tuple(r: _load._Read) -> tuple:
     return (r.key, r.shape, r.offset, r.size, r.dest.data_ptr(), r.dest.shape, r.dest.dtype,
             r.scale)
 
 
-def planned(plan: _api._Plan) -> tuple[list[tuple], list[tuple]]:
+def planned(plan: _load._Plan) -> tuple[list[tuple], list[tuple]]:
     """(the engine targets that take their bytes in place, the other reads),
     whichever path planned them."""
     direct = plan.whole.specs() if plan.whole is not None else []
     others = []
     for r in plan.reads:
-        if r.scale is None and _api._in_place(r.dest):
-            direct.append((r.key, _api.DTYPE_NAMES[r.dest.dtype], r.shape, r.offset, r.size,
+        if r.scale is None and _boxes.in_place(r.dest):
+            direct.append((r.key, DTYPE_NAMES[r.dest.dtype], r.shape, r.offset, r.size,
                            r.dest.data_ptr()))
         else:
             others.append(read_tuple(r))
@@ -146,15 +147,15 @@ def test_a_fast_plan_goes_to_one_engine_call(tmp_path):
     assert all(torch.equal(target[k], saved[k]) for k in saved)
     with pytest.raises(ValueError, match="one engine call"):
         _C.load_source([], source, None, {}, fast.whole)
-    args = _api._prepare_save(saved, None, False)
-    _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s1"), None, {},
-            args.whole)
+    args = _save._prepare_save(saved, None, False)
+    _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, {}, args.whole),
+            str(tmp_path / "s1"))
     with pytest.raises(ValueError, match="one engine call"):
-        _C.save(args.specs, args.blobs, args.values, args.metadata, str(tmp_path / "s2"), None,
-                {}, args.whole)
+        _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, {},
+                            args.whole), str(tmp_path / "s2"))
     assert not (tmp_path / "s2").exists()
     # The tensors' answers move into one plan too: a second plan would have no shapes.
-    asked = _api._ask(flatten(target, for_load=True).tensors)
+    asked = _boxes.ask(flatten(target, for_load=True).tensors)
     assert len(asked) == 2 and len(_C.plan_whole(asked, source)[0]) == 2
     for plan_again in (lambda: _C.plan_whole(asked, source), lambda: _C.plan_save_whole(asked)):
         with pytest.raises(ValueError, match="planned already"):
@@ -193,12 +194,12 @@ def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp
     _C.PendingSource(path)  # dropped unwaited: joins its thread (no crash, no hang)
     # A load's open, walk and questions: the answers plan every tensor whole.
     state = {"a": torch.zeros(4, dtype=torch.bfloat16), "b": torch.zeros(2, 3)}
-    source, flat, asked = _api._open_and_flatten(path, None, state, ask=True)
+    source, flat, asked = _load._open_and_flatten(path, None, state, ask=True)
     assert len(flat.tensors) == len(asked) == 2
     assert sorted(_C.plan_whole(asked, source)[1]) == ["a", "b"]
-    assert _api._open_and_flatten(path, None, state, ask=False)[2] is None  # under a rename
+    assert _load._open_and_flatten(path, None, state, ask=False)[2] is None  # under a rename
     # What a load does with them: the identity key map, built from the view.
-    keys = hf.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
+    keys = _keys.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
     assert isinstance(keys.saved, _C.SavedTensors)  # a view until the general path needs more
     assert keys.to_ckpt.get("a") == "a" and keys.to_ckpt.get("z") is None
     assert sorted(keys.to_ckpt) == ["a", "b", "c"] and len(keys.to_ckpt) == 3

@@ -303,9 +303,9 @@ def test_async_save_snapshots_at_the_call(tmp_path):
 @pytest.fixture
 def fresh_saver(monkeypatch):
     """A process-wide saver of this test's own: no staging from other tests."""
-    from shardsafe import _api
-    monkeypatch.setattr(_api, "_SAVER",
-                        _api._PerProcess(_api._C.AsyncSaver, _api._C.AsyncSaver.wait_pending))
+    from shardsafe import _C, _engine
+    monkeypatch.setattr(_engine, "SAVER",
+                        _engine.PerProcess(_C.AsyncSaver, _C.AsyncSaver.wait_pending))
 
 
 def _eventually(condition, seconds: float = 60.0) -> bool:
@@ -317,7 +317,7 @@ def _eventually(condition, seconds: float = 60.0) -> bool:
 
 
 def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatch, fresh_saver):
-    from shardsafe import _api
+    from shardsafe import _engine
     monkeypatch.chdir(tmp_path)  # where a stray relative write would land
     state = {"w": torch.randn(1 << 20), "b": torch.randn(3, 5), "step": 1}
     nbytes = (state["w"].numel() + state["b"].numel()) * 4
@@ -328,7 +328,7 @@ def test_reserve_async_save_sizes_the_staging_the_saves_use(tmp_path, monkeypatc
     for step in (1, 2):
         state["step"] = step
         shardsafe.async_save(state, tmp_path / f"step-{step}").result(timeout=120)
-        assert _api._saver().staging_bytes == held
+        assert _engine.saver().staging_bytes == held
     assert shardsafe.reserve_async_save(state) == held
     got = {"w": torch.zeros(1 << 20), "b": torch.zeros(3, 5), "step": 0}
     shardsafe.load(got, tmp_path / "step-2")

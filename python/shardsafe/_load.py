@@ -1,0 +1,451 @@
+"""load: the checkpoint opened, the state walked, each target's reads
+planned (renames, experts, FP8, flat ranges), keys matched across ranks,
+the engine's load run, and values handed back."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _C, _boxes, _keys
+from ._boxes import Box, Boxes, dtype_name, in_place
+from ._comm import TorchComm, agree, resolve
+from ._device import STAGING
+from ._engine import without_gc
+from ._options import LoadOptions
+from ._parts import PerRank, decode_per_rank
+from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
+                     TensorLeaf, decode_value, flatten, from_json, rebuild)
+from .errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
+                     ShapeMismatchError, ShardsafeError)
+
+@dataclass
+class LoadResult:
+    """What load did: the checkpoint it read and the keys that did not match."""
+
+    path: str
+    tag: str
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    metadata: Any
+    bytes_read: int
+    seconds: float
+    # of bytes_read, read from a shared-memory ring or the page cache because
+    # another rank on this machine read them too (share_reads)
+    bytes_shared: int = 0
+    # Every global value the checkpoint holds, by key (DeepSpeed's
+    # client_state), whether or not the state asked for it.
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Read:
+    """One box of one checkpoint tensor and where it lands."""
+
+    key: str  # checkpoint key
+    shape: tuple[int, ...]  # its global shape
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+    dest: torch.Tensor  # view of the target's local tensor, shaped `size` (1-D for `flat`)
+    flat: tuple[int, int] | None = None  # the box's row-major elements [begin, end) only
+    buf: torch.Tensor | None = None  # where the engine writes: dest itself when it can
+    scale: tuple | None = None  # FP8 dequantisation: (key, shape, offset, size, dtype name)
+    scale_buf: torch.Tensor | None = None
+
+
+@dataclass
+class _Plan:
+    reads: list[_Read]
+    # The engine's targets of whole tensors read straight into themselves,
+    # planned by _plan_whole without a _Read each (None: none planned).
+    whole: _C.WholeTargets | None
+    missing: list[str]  # state keys
+    used: set[str]  # checkpoint tensor keys some target reads
+    notes: list[str]  # for the KeyMismatchError message
+
+
+def _plan(flat: Flat, asked: _C.AskedTensors | None, keys: _keys.KeyMap, source: _C.OpenedSource,
+          dequantize_fp8: bool, convert: bool) -> _Plan:
+    """This rank's reads for the state's tensors, and what did not match;
+    `asked` (_boxes.ask(flat.tensors)) or None turns the fast path on or off."""
+    plan = _Plan([], None, [], set(), [])
+    whole = asked is not None and not keys.renamed
+    rest = _plan_whole(flat.tensors, asked, source, plan) if whole else flat.tensors
+    if rest or flat.sharded:
+        keys.materialize()
+    box = Boxes()
+    targets = [(leaf.key, box(leaf.key, leaf.tensor), None) for leaf in rest]
+    for key, sharded in flat.sharded.items():
+        targets += [(key, Box(p.local, sharded.shape, p.offset, p.size), p.flat)
+                    for p in sharded.parts]
+    for key, b, flat_range in targets:
+        if b.local.is_meta:
+            raise InvalidStateError(f"tensor {key!r} is on the meta device: it has no memory "
+                                    f"to load into (materialize the model first, e.g. "
+                                    f"module.to_empty(device=...))")
+        src, note = keys.resolve(key, b.shape)
+        if src is None:
+            if key not in plan.missing:
+                plan.missing.append(key)
+                if note:
+                    plan.notes.append(note)
+            continue
+        _plan_target(plan, keys, src, key, b, flat_range, dequantize_fp8, convert)
+    return plan
+
+
+def _plan_target(plan: _Plan, keys: _keys.KeyMap, src: _keys.Source, key: str, b: Box,
+                 flat_range: tuple[int, int] | None, dequantize_fp8: bool,
+                 convert: bool) -> None:
+    """The reads of one target box (or flat range of a box) from `src`."""
+    name = dtype_name(key, b.local)
+    scales = {}
+    for k in src.keys:
+        plan.used.add(k)
+        scale = _keys.fp8_scale(keys.saved, k, b.local.dtype) if dequantize_fp8 else None
+        if scale is not None:
+            plan.used.add(scale)
+            scales[k] = scale
+        elif k != key and keys.saved[k][0] != name and not convert:
+            raise DTypeMismatchError(
+                f"{src.label}: dtype mismatch: checkpoint has {keys.saved[k][0]}, target has "
+                f"{name} (allow conversion with convert_dtypes)", "INVALID_ARGUMENT")
+    if isinstance(src, _keys.Direct) and scales and keys.saved[src.keys[0]][1] != b.shape:
+        raise ShapeMismatchError(
+            f"{src.label}: shape mismatch: checkpoint has {list(keys.saved[src.keys[0]][1])}, "
+            f"target has {list(b.shape)}", "INVALID_ARGUMENT")
+    if flat_range is not None:
+        if not isinstance(src, _keys.Direct) or scales:
+            raise InvalidStateError(f"tensor {key!r}: a flat range loads only from a saved "
+                                    f"tensor of its own shape (no expert merge or FP8 scales)")
+        if flat_range[0] == flat_range[1] and math.prod(b.shape) != 0:
+            return  # an empty range of a non-empty tensor reads nothing
+        try:
+            dest = b.local.view(-1)
+        except RuntimeError:
+            raise InvalidStateError(f"tensor {key!r}: a flat range loads into a tensor that "
+                                    f"can be viewed as 1-D (a contiguous one)") from None
+        plan.reads.append(_Read(src.keys[0], b.shape, b.offset, b.size, dest, flat_range))
+        return
+    for p in src.pieces(b.offset, b.size):
+        # A direct target keeps its own shape: the engine checks it against the saved one.
+        shape = b.shape if isinstance(src, _keys.Direct) else keys.saved[p.key][1]
+        if math.prod(p.size) == 0 and math.prod(shape) != 0:
+            continue  # an empty box of a non-empty tensor reads nothing
+        r = _Read(p.key, shape, p.offset, p.size, b.local[p.index] if p.index else b.local)
+        scale = scales.get(p.key)
+        if scale is not None:
+            so, ss = _keys.scale_box(p.offset, p.size)
+            sdtype, sshape = keys.saved[scale]
+            r.scale = (scale, sshape, so, ss, sdtype)
+        plan.reads.append(r)
+
+
+def _plan_whole(leaves: list[TensorLeaf], asked: _C.AskedTensors, source: _C.OpenedSource,
+                plan: _Plan) -> list:
+    """The common case, planned by the extension (_C.plan_whole) in a
+    fraction of the general path's ~3 us a tensor: a plain dense CPU tensor
+    loaded whole and in place from the checkpoint tensor of its own key,
+    dtype and shape. Plans the read the general path would; returns the
+    leaves it leaves to the general path."""
+    whole, taken, rest = _C.plan_whole(asked, source)
+    plan.whole = whole
+    plan.used.update(taken)
+    return [leaves[i] for i in rest]
+
+
+def _open_and_flatten(path: str, comm: TorchComm | None, state: Any, ask: bool,
+                      skip: Callable[[str], bool] | None = None
+                      ) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
+    """The checkpoint opened (collective), the state walked and, if `ask`,
+    its tensors asked what the fast path needs (ask). With one process the
+    index is read and checked on a thread of its own while this one walks
+    and asks (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it
+    before the walk changes anything (an optimizer's state created), so a
+    checkpoint that cannot be opened leaves the state as it was; with
+    several, every rank opens first, in step. Keys `skip` accepts are
+    left out of the walk's record (not loaded)."""
+    if comm is not None:
+        source, flat = _C.open_source(path, comm), flatten(state, for_load=True)
+        if skip is not None:
+            flat.drop(skip)
+        return source, flat, _boxes.ask(flat.tensors) if ask else None
+    pending = _C.PendingSource(path)
+    flat = flatten(state, for_load=True, before_init=pending.wait)
+    if skip is not None:
+        flat.drop(skip)
+    asked = _boxes.ask(flat.tensors) if ask else None
+    return pending.result(), flat, asked
+
+
+@dataclass
+class _Report:
+    """One rank's view of a load's key matching, before the agreement."""
+
+    missing: list[str]  # state keys the checkpoint lacks (fatal under strict)
+    unexpected: list[str]  # saved keys no target wants (fatal under strict when every rank agrees)
+    notes: list[str]  # for the KeyMismatchError message
+    # Reported, never fatal: optimizer state of parameters that had none when saved.
+    absent_state: list[str]
+    # Per-rank values this rank has no saved value for, and saved ranks'
+    # values no rank loads: fatal unless per_rank_strict=False.
+    per_rank_missing: list[str]
+    per_rank_unused: list[str]
+
+
+def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSource,
+                  desc: dict, rename: _keys.Rename, experts: Sequence[_keys.ExpertGroup],
+                  dequantize_fp8: bool, options: LoadOptions,
+                  skip: Callable[[str], bool] | None,
+                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict]:
+    """This rank's side of a load, before any collective: the checkpoint's
+    keys mapped, this rank's reads planned, and its report (a _Report as a
+    dict) of missing and unexpected keys."""
+    keys = _keys.KeyMap(desc["tensors"], rename, experts)
+    values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
+    excluded = set(values.pop(RESERVED_KEY, {}).get("excluded_frozen", ()))
+    pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
+               if b.startswith(PICKLE_PREFIX)}
+    per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
+                if b.startswith(PER_RANK_PREFIX)}
+    plan = _plan(flat, asked, keys, source, dequantize_fp8,
+                 bool(options.convert_dtypes))
+    missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
+    # plan.used holds saved keys only: as many as saved means every one was used.
+    unused = ([k for k in keys.saved if k not in plan.used]
+              if len(plan.used) < len(keys.saved) else [])
+    unexpected = []
+    if unused or values or pickled or per_rank:
+        wanted = ({leaf.key for leaf in flat.tensors} | set(flat.values) | set(flat.sharded)
+                  | set(flat.per_rank))
+        unexpected = sorted({keys.name(k) for k in unused if keys.name(k) not in wanted}
+                            | {k for k in [*values, *pickled, *per_rank] if k not in wanted})
+    if skip is not None:
+        unexpected = [k for k in unexpected if not skip(k)]
+    absent = _absent_param_state(flat, missing, [*map(keys.name, keys.saved), *values])
+    absent |= excluded.intersection(missing)
+    report = _Report([k for k in missing if k not in absent], unexpected, plan.notes,
+                     sorted(absent),
+                     [f"{k}[rank {rank}]" for k in flat.per_rank if rank not in per_rank.get(k, ())],
+                     [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
+                      if r >= world])
+    return keys, plan, report.__dict__
+
+
+def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set[str]:
+    """The missing keys that are an optimizer's state for a parameter with
+    no saved state at all (ids under OPTIM.state. that no saved key has): an
+    optimizer saved before every parameter had state (unrouted MoE experts
+    got no gradient), which torch's own load_state_dict accepts."""
+    if not flat.optimizers or not missing:
+        return set()
+    absent = set()
+    for prefix in flat.optimizers:
+        head = f"{prefix}.state." if prefix else "state."
+        have = {k[len(head):].split(".", 1)[0] for k in saved if k.startswith(head)}
+        absent |= {k for k in missing
+                   if k.startswith(head) and k[len(head):].split(".", 1)[0] not in have}
+    return absent
+
+
+def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list[str],
+               keys: _keys.KeyMap) -> KeyMismatchError:
+    """KeyMismatchError (state-side names), its message naming checkpoint keys
+    where they differ."""
+    err = KeyMismatchError(missing, unexpected, path)
+    renamed = [f"{k!r} is {keys.to_ckpt[k]!r}" for k in unexpected[:8]
+               if k in keys.to_ckpt and keys.to_ckpt[k] != k]
+    extra = notes[:4] + ([f"renamed checkpoint keys: {', '.join(renamed)}"] if renamed else [])
+    if extra:
+        err.args = (err.args[0] + "; " + "; ".join(extra),)
+    return err
+
+
+@without_gc
+def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
+         process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
+         rename: _keys.Rename = None, experts: Sequence[_keys.ExpertGroup] = (),
+         dequantize_fp8: bool = True, skip_keys: Sequence[str | re.Pattern] = (),
+         per_rank_strict: bool = True, options: LoadOptions | None = None,
+         **kwargs: Any) -> LoadResult:
+    """Loads a checkpoint into `state_dict` in place, resharding as needed:
+    each tensor (or DTensor shard) gets its part of the saved tensor, values
+    are replaced by the saved ones, stateful objects get load_state_dict.
+    `path`: a checkpoint directory, a root of step checkpoints (its latest),
+    a .safetensors file or a Hugging Face model directory. Collective.
+
+    strict=True raises KeyMismatchError (before changing anything) when a
+    key is missing from the checkpoint or a saved key is wanted by no rank;
+    strict=False loads what matches and reports both lists. An optimizer's
+    state for a parameter that had none when saved (an unrouted MoE expert)
+    is reported in missing_keys but is no error, as with torch's
+    load_state_dict: that parameter is left without state.
+    skip_keys: state keys left as they are and saved keys ignored, strict
+      or not: a str skips the keys it prefixes, an re.Pattern the keys it
+      matches (re.search), e.g. ["lm_head."] (NeMo's skip_task_head_prefixes).
+    per_rank_strict: shardsafe.PerRank values: rank r loads saved rank r's.
+      A rank the checkpoint has none for (a larger world), or saved ranks
+      no rank loads (a smaller one), raise KeyMismatchError naming
+      "KEY[rank R]"; with False those keep their value, and are reported in
+      missing_keys / unexpected_keys.
+    Engine options (verify_checksums, convert_dtypes, share_reads, ...:
+    shardsafe.LoadOptions) as keywords or as `options`.
+
+    Hugging Face checkpoints (details in shardsafe.hf):
+    rename: ordered (pattern, replacement) regex rules (re.sub semantics,
+      \\1 backrefs, each applied to the result of the previous one) or a
+      callable, mapping each checkpoint key to its state key; e.g.
+      [(r"^model\\.", ""), (r"\\.self_attn\\.q_proj\\.weight$", ".attn.wq")].
+      Two checkpoint keys mapping to one name are an error. missing_keys and
+      unexpected_keys are state-side names.
+    experts: shardsafe.hf.ExpertGroup rules filling grouped [E, ...] state
+      tensors from per-expert checkpoint tensors (or per-expert state
+      tensors from a grouped one), e.g. shardsafe.hf.QWEN2_MOE_EXPERTS;
+      each rank reads only the experts and rows of its box.
+    dequantize_fp8: an F8_E4M3 checkpoint tensor with `<key>_scale_inv`
+      128x128 block scales, loaded into a BF16/F16/F32/F64 target, is
+      dequantised (this rank's box only); the scales count as loaded.
+    """
+    comm = resolve(process_group)
+    options = LoadOptions.of(options, kwargs)
+    skip = _skipper(skip_keys)
+    flat = plan = desc = keys = source = None
+    error, report = None, None
+    try:
+        # Collective: rank 0 reads the index once; the engine load reuses it.
+        # The fast path's questions are asked while the index is read (no use with a rename).
+        source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
+                                                ask=rename is None, skip=skip)
+        desc = _C.describe_source(source)
+        keys, plan, report = _prepare_load(
+            flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
+            comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
+    except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
+        error = e
+    reports = agree(comm, error, report)
+    missing = sorted({k for r in reports for k in r["missing"]})
+    unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
+    pr_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
+    pr_unused = reports[0]["per_rank_unused"]  # the same on every rank
+    if strict and (missing or unexpected) or per_rank_strict and (pr_missing or pr_unused):
+        notes = sorted({n for r in reports for n in r["notes"]})
+        if pr_missing or pr_unused:
+            notes.append("per-rank values load by rank; per_rank_strict=False keeps the "
+                         "values of ranks the checkpoint has none for")
+        raise _key_error(missing + pr_missing, unexpected + pr_unused, desc["path"], notes, keys)
+
+    result = _read(plan, source, comm, options)
+    blobs = result["blobs"]
+    if keys.renamed:
+        blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
+                  if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
+    values = keys.rename_values(json.loads(result["values"]) or {})
+    values.pop(RESERVED_KEY, None)
+    saved_values = {k: from_json(v, None) for k, v in values.items()}
+    if skip is not None:
+        values = {k: v for k, v in values.items() if not skip(k)}
+    absent = sorted({k for r in reports for k in r["absent_state"]})
+    _finish(state_dict, flat, values, blobs, unsafe_pickle, absent)
+    return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
+                      sorted(unexpected + pr_unused), json.loads(result["metadata"]),
+                      result["bytes_read"], result["seconds"], result["bytes_shared"],
+                      saved_values)
+
+
+def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | None:
+    """load's skip_keys as a predicate on keys (None: skip nothing)."""
+    if isinstance(skip_keys, (str, re.Pattern)):
+        skip_keys = [skip_keys]
+    prefixes = tuple(s for s in skip_keys if isinstance(s, str))
+    patterns = [s for s in skip_keys if isinstance(s, re.Pattern)]
+    if len(prefixes) + len(patterns) != len(skip_keys):
+        raise InvalidStateError("skip_keys: expected key prefixes (str) or re.Pattern objects")
+    if not skip_keys:
+        return None
+    return lambda key: key.startswith(prefixes) or any(p.search(key) for p in patterns)
+
+
+def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
+          options: LoadOptions) -> dict:
+    """Runs the engine load into the plan's direct targets and each read's
+    buffer: the target itself when it can take the data in place, else
+    staging (then copied in), or FP8 temporaries (then dequantised in)."""
+    fp8 = [r for r in plan.reads if r.scale is not None]
+    staged = []
+    for r in plan.reads:
+        if r.scale is None:
+            if in_place(r.dest):
+                r.buf = r.dest
+            else:
+                staged.append(r)  # device, strided, or lazily conjugated/negated
+    with STAGING.borrow([r.dest for r in staged]) as hosts:
+        return _read_into(plan, staged, fp8, hosts, source, comm, options)
+
+
+def _load_specs(reads: list[_Read]) -> list[tuple]:
+    """The engine's targets: each read's buffer, and FP8 reads' scale buffers."""
+    specs = []
+    for r in reads:
+        if r.scale is not None:
+            key, sshape, so, ss, sdtype = r.scale
+            r.buf = torch.empty(r.size, dtype=TORCH_DTYPES["F8_E4M3"])
+            r.scale_buf = torch.empty(ss, dtype=TORCH_DTYPES[sdtype])
+            specs.append((key, sdtype, sshape, so, ss, r.scale_buf.data_ptr()))
+        spec = (r.key, DTYPE_NAMES[r.buf.dtype], r.shape, r.offset, r.size, r.buf.data_ptr())
+        specs.append(spec if r.flat is None else spec + (r.flat,))
+    return specs
+
+
+def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
+               hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
+               options: LoadOptions) -> dict:
+    for r, h in zip(staged, hosts):
+        r.buf = h
+    result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(), plan.whole)
+    with torch.no_grad():
+        for r in staged:
+            r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")
+        for r in fp8:
+            r.dest.copy_(_keys.dequantize(r.buf, r.scale_buf, r.offset).to(r.dest.dtype))
+            r.buf = r.scale_buf = None
+    if any(r.dest.device.type == "cuda" for r in staged):
+        torch.cuda.synchronize()
+    return result
+
+
+def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool,
+            absent_state: list[str]) -> None:
+    """Puts the saved values (and per-rank values) into the state, drops the
+    optimizer state of parameters that had none when saved (`absent_state`,
+    keys under OPTIM.state.ID.) and hands state dicts back."""
+    if not flat.values and not flat.state_dicts and not flat.per_rank:
+        return  # tensors only, all filled in place: nothing to hand back
+    for prefix, optim in flat.optimizers.items():
+        head = f"{prefix}.state." if prefix else "state."
+        ids = {k[len(head):].split(".", 1)[0] for k in absent_state if k.startswith(head)}
+        param_state = flat.state_dicts[optim].get("state", {})
+        for pid in [p for p in param_state if str(p) in ids]:
+            del param_state[pid]
+
+    def value(key: str, old: Any) -> Any:
+        if isinstance(old, PerRank):
+            blob = blobs.get(PER_RANK_PREFIX + key) if key in flat.per_rank else None
+            if blob is not None:  # absent (per_rank_strict=False) or skipped: kept
+                old.value = decode_per_rank(blob, old.value, key)
+            return old
+        try:
+            return decode_value(key, old, values, blobs, unsafe_pickle)
+        except KeyError:
+            return old  # missing (strict=False) or skipped: left as it was
+
+    rebuild(state, flat, lambda key, t: None, value)
+
+

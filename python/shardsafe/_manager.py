@@ -1,0 +1,115 @@
+"""CheckpointManager: step-tagged checkpoints under one root."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import torch.distributed as dist
+
+from . import _C
+from ._comm import resolve
+from ._engine import PerProcess, future
+from ._load import LoadResult, load
+from ._options import SaveOptions
+from ._save import prepared
+from .errors import CheckpointNotFoundError
+
+class CheckpointManager:
+    """Checkpoints under ROOT/TAG, one per step, with a `latest` pointer and
+    retention of the newest `keep_last` (0 keeps all). `tag_format` names a
+    step's checkpoint: one "{step}" or "{step:0Nd}" in a tag, e.g.
+    "global_step{step}" (DeepSpeed); the step is also recorded at commit,
+    so latest_step() works for any format. Which checkpoint is newest is the
+    order of commits, never file times or names (docs/format.md §1).
+
+        mgr = shardsafe.CheckpointManager("/ckpt", keep_last=3)
+        mgr.async_save(step, {"model": model, "optim": optim, "step": step})
+        ...
+        step = mgr.latest_step()  # None for an empty root
+        mgr.load({"model": model, "optim": optim, "step": 0})
+
+    A manager owns its async saves' staging memory and threads; dropping it
+    (or release_async_save) frees them once its save in flight is durable.
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
+                 process_group: dist.ProcessGroup | None = None,
+                 tag_format: str = "step-{step:08d}"):
+        self.root = root = os.path.abspath(os.fspath(root))
+        # (the factory holds the root, not self: a pending Future holds the
+        # engine holder, and must not hold the manager too)
+        self._engine = PerProcess(lambda: _C.CheckpointManager(root, keep_last, tag_format),
+                                   _C.CheckpointManager.wait_async)
+        self._engine.get()  # a bad root fails here
+        self._group = process_group
+
+    @property
+    def _m(self) -> _C.CheckpointManager:
+        return self._engine.get()
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.root, self._m.tag_of(step))
+
+    def save(self, step: int, state: Any, *, metadata: Any = None, unsafe_pickle: bool = False,
+             files: Mapping[str, Any] | None = None, options: SaveOptions | None = None,
+             **kwargs: Any) -> dict:
+        """Saves as step `step`, moves `latest`, applies retention (which
+        never removes the newest commit nor the one `latest` names).
+        update_latest=False commits without moving `latest` (DeepSpeed's
+        save_latest=False): that checkpoint is not taken as the latest while
+        `latest` names another. Other options as shardsafe.save."""
+        comm = resolve(self._group)
+        options = SaveOptions.of(options, kwargs)
+        args = prepared(state, comm, metadata, unsafe_pickle, files, options)
+        return self._m.save(step, args.call)
+
+    def async_save(self, step: int, state: Any, *, metadata: Any = None,
+                   unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
+                   options: SaveOptions | None = None, **kwargs: Any) -> Future:
+        """save in the background; the Future's result is the checkpoint path."""
+        comm = resolve(self._group)
+        options = SaveOptions.of(options, kwargs)
+        args = prepared(state, comm, metadata, unsafe_pickle, files, options)
+        handle = self._m.async_save(step, args.call)
+        return future(handle, self.path(step), self._engine)
+
+    def reserve_async_save(self, state: Any, *, metadata: Any = None,
+                           unsafe_pickle: bool = False,
+                           files: Mapping[str, Any] | None = None,
+                           options: SaveOptions | None = None, **kwargs: Any) -> int:
+        """Allocates the staging memory of this manager's async saves of
+        `state` now (see shardsafe.reserve_async_save); the bytes held."""
+        comm = resolve(self._group)
+        options = SaveOptions.of(options, kwargs)
+        args = prepared(state, comm, metadata, unsafe_pickle, files, options)
+        return self._m.reserve_async(args.call)
+
+    def release_async_save(self) -> None:
+        """Frees this manager's staging memory and threads once its save in
+        flight is durable, raising that save's failure (as
+        shardsafe.release_async_save); the next async_save allocates again."""
+        self._engine.release()
+
+    def wait(self) -> None:
+        """Waits for the async save in flight; raises its failure."""
+        self._m.wait_async()
+
+    def latest_step(self) -> int | None:
+        return self._m.latest_step()
+
+    def load(self, state: Any, step: int | None = None, **kwargs: Any) -> LoadResult:
+        """Loads step `step`, or the latest; keyword arguments as load()."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
+        return load(state, self.path(step), process_group=self._group, **kwargs)
+
+    def list(self) -> list[dict]:
+        return self._m.list()
+
+    def prune(self, keep: int) -> list[str]:
+        return self._m.prune(keep)

@@ -1,0 +1,106 @@
+"""The options of a save and of a load, typed and documented in one place.
+
+Every save and load function takes them as keyword arguments
+(``shardsafe.save(state, path, overwrite=True)``) or as one object
+(``options=shardsafe.SaveOptions(overwrite=True)``); an unknown name is an
+error listing the valid ones. ``None`` leaves an engine setting at the
+engine's default (include/shardsafe/checkpoint.h), so the defaults live in
+one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import InvalidStateError
+
+_T = TypeVar("_T")
+
+
+def _of(cls: type[_T], options: _T | None, kwargs: dict[str, Any]) -> _T:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise InvalidStateError(f"unknown option(s) {', '.join(unknown)}; {cls.__name__} has: "
+                                f"{', '.join(sorted(names))}")
+    base = options if options is not None else cls()
+    return dataclasses.replace(base, **kwargs) if kwargs else base
+
+
+def _engine_dict(options: Any, python_only: set[str]) -> dict[str, Any]:
+    """The options the engine takes: set (not None), not handled in Python."""
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+            if f.name not in python_only and getattr(options, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """How a save writes (every field optional; None: the engine's default).
+
+    overwrite: replace an existing checkpoint at the path (default False).
+    verify_replicas: ranks that pass the same key and slice must hold the
+      same bytes; each holder that does not write it checksums its copy and
+      a difference fails the save naming the key and two ranks (default
+      True; False for callers that guarantee their replicas).
+    update_latest: CheckpointManager saves move `latest` (default True);
+      False commits without moving it (DeepSpeed's save_latest=False).
+    exclude_frozen_parameters: leave out parameters of the state's modules
+      that do not require gradients; recorded, so a strict load knows.
+    max_file_bytes: payload cap per data file (2 GiB).
+    direct_io: O_DIRECT data files (True; buffered where unsupported).
+    io_threads: files written in parallel per rank (4).
+    io_buffer_bytes, io_depth: each file in flight holds io_depth + 1
+      buffers of io_buffer_bytes (16 MiB, 3).
+    """
+
+    overwrite: bool | None = None
+    verify_replicas: bool | None = None
+    update_latest: bool | None = None
+    exclude_frozen_parameters: bool = False
+    max_file_bytes: int | None = None
+    direct_io: bool | None = None
+    io_threads: int | None = None
+    io_buffer_bytes: int | None = None
+    io_depth: int | None = None
+
+    @classmethod
+    def of(cls, options: SaveOptions | None, kwargs: dict[str, Any]) -> SaveOptions:
+        return _of(cls, options, kwargs)
+
+    def engine(self) -> dict[str, Any]:
+        return _engine_dict(self, {"exclude_frozen_parameters"})
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a load reads (every field optional; None: the engine's default).
+
+    verify_checksums: verify every chunk read whole (True).
+    convert_dtypes: allow dtype conversion on load (False; docs/format.md §5).
+    io_threads: parallel reads per rank (4).
+    scratch_bytes: bound on staging memory per thread (64 MiB).
+    direct_io: O_DIRECT for cold data (True).
+    share_reads: when other ranks on its machine read at least half of the
+      bytes a rank reads of a file (a resharded load), the disk reads them
+      once: one rank reads with O_DIRECT into a small shared-memory ring the
+      others copy from (True; the same on every rank).
+    shared_memory: shared reads through /dev/shm rings (True), else through
+      the page cache.
+    """
+
+    verify_checksums: bool | None = None
+    convert_dtypes: bool | None = None
+    io_threads: int | None = None
+    scratch_bytes: int | None = None
+    direct_io: bool | None = None
+    share_reads: bool | None = None
+    shared_memory: bool | None = None
+
+    @classmethod
+    def of(cls, options: LoadOptions | None, kwargs: dict[str, Any]) -> LoadOptions:
+        return _of(cls, options, kwargs)
+
+    def engine(self) -> dict[str, Any]:
+        return _engine_dict(self, set())
