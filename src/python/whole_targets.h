@@ -2,7 +2,7 @@
 // saved whole as it lies in memory, or loaded whole, in place, from the
 // checkpoint tensor of its own key, dtype and shape.
 //
-// python/shardsafe/_api.py plans every other tensor (DTensor shards, device
+// python/shardsafe/_save.py and _load.py plan every other tensor (DTensor shards, device
 // or strided tensors, lazy conj/neg views, renamed or grouped keys, dtype
 // conversion, FP8 dequantisation). For the common case it spent ~2 us a
 // tensor in the interpreter and the spec tuples it built cost ~0.4 us more
