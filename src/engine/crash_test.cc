@@ -166,11 +166,12 @@ TEST_F(CrashTest, KilledSaveLeavesOnlyCompleteCheckpoints) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ", one save takes " +
                std::to_string(static_cast<int>(save_ms)) + " ms");
   std::mt19937 rng(seed);
-  constexpr int kIterations = 12;
+  // A fixed number of kills, however slow the machine: the test counts
+  // outcomes, never what happens within a time.
+  constexpr int kIterations = 8;
   constexpr int kMaxDelayUs = 300'000;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   int kills = 0, mid_save = 0;
-  for (int it = 0; it < kIterations && std::chrono::steady_clock::now() < deadline; ++it) {
+  for (int it = 0; it < kIterations; ++it) {
     // Stratified: iteration i kills within its own slice of 0-300 ms.
     std::uniform_int_distribution<int> pick(it * kMaxDelayUs / kIterations,
                                             (it + 1) * kMaxDelayUs / kIterations);
@@ -251,7 +252,7 @@ TEST_F(CrashTest, KilledSaveLeavesOnlyCompleteCheckpoints) {
   }
   RecordProperty("kills", kills);
   RecordProperty("kills_leaving_a_partial_save", mid_save);
-  EXPECT_GE(kills, 4);
+  EXPECT_EQ(kills, kIterations);
 }
 
 }  // namespace
