@@ -24,9 +24,9 @@
 // copy.
 //
 // At most one save is in flight per saver: a new Save first waits for the
-// previous one. A background failure commits nothing; it is reported by the
-// handle and, on every rank, by the next Save call (which then starts
-// nothing).
+// previous one. A background failure commits nothing and is reported once,
+// by its handle (and by WaitForPending); the next Save is attempted as
+// usual, and removes what the failed one left.
 #pragma once
 
 #include <chrono>
@@ -67,7 +67,8 @@ class AsyncSaver {
   // `keep_last` > 0, removes older checkpoints (CheckpointManager rules).
   // `step` is recorded in the commit record.
   // Returns once this rank's data is staged. Errors as Save (the plan is
-  // checked before returning), plus the failure of the previous save.
+  // checked before returning); a failure of the previous save is its
+  // handle's to report, not this call's.
   // options.overwrite is not supported (InvalidArgument).
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
                                                 const std::string& tag, Comm& comm,

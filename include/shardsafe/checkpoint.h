@@ -256,7 +256,7 @@ class CheckpointManager {
                          SaveOptions options);
   // The same in the background (shardsafe/async_save.h): returns once this
   // rank's state is staged; `latest` and retention follow the commit. A
-  // failure of the previous async save is returned here, on every rank.
+  // failed async save is reported by its handle only (shardsafe/async_save.h).
   Result<std::shared_ptr<AsyncSaveHandle>> AsyncSave(int64_t step, const SaveState& state,
                                                      Comm& comm, SaveOptions options);
   // Collective: allocates the async saves' staging memory for `state` now

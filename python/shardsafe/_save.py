@@ -168,8 +168,8 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     the caller may change its tensors right away. Writing, syncing and the
     commit run in the background; the returned Future's result is the path
     once the checkpoint is durable (or the exception). One save is in flight
-    per process: a new call first waits for the previous one, and a previous
-    background failure is raised here."""
+    per process: a new call first waits for the previous one (whose failure
+    is its own Future's, not this call's)."""
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)

@@ -240,8 +240,9 @@ def _divergent_async(rank, world, root):
     fut = shardsafe.async_save({"w": w, "same": torch.ones(8)}, os.path.join(root, "async"))
     with pytest.raises(shardsafe.ShardsafeError, match=r'"w": ranks 0 and 1 hold different'):
         fut.result(timeout=300)
-    # Replicas that agree pass.
-    shardsafe.save({"w": torch.ones(256)}, os.path.join(root, "ok"))
+    # The next save is attempted as usual (the failure was the Future's to
+    # report), and replicas that agree pass.
+    shardsafe.async_save({"w": torch.ones(256)}, os.path.join(root, "ok")).result(timeout=300)
     # A caller that guarantees its replicas may skip the check.
     shardsafe.save({"w": torch.ones(256)}, os.path.join(root, "unchecked"),
                    verify_replicas=False)

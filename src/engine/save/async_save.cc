@@ -2,8 +2,8 @@
 // background thread and the step-3 collective replaced by files.
 //
 // Foreground (collective, on the caller's thread):
-//   a. wait for this saver's previous save; a failure of it is sent through
-//      the planning all-gather, so every rank fails this call alike;
+//   a. wait for this saver's previous save (a failure of it is its handle's
+//      to report);
 //   b. plan and create the temporary directory (PlanAndPrepare);
 //   c. copy this rank's file images (header + chunks + blobs) into the
 //      staging arena, computing each entry's CRC-32C during the copy;
@@ -314,17 +314,14 @@ class AsyncSaver::Impl {
   size_t staging_bytes() const { return staging_.capacity(); }
 
  private:
-  // Step a: waits for the save in flight; its failure, naming it.
-  Status Previous() {
-    Status previous = WaitForPending();
-    if (previous.ok()) return previous;
-    return previous.WithContext("previous async save of " + pending_tag_);
-  }
+  // Step a: waits for the save in flight. Its failure is its handle's to
+  // report: this call goes ahead (and its prepare step removes what the
+  // failed save left).
+  void WaitForPrevious() { WaitForPending().IgnoreError(); }
   AsyncSaveOptions options_;
   StagingArena staging_;
   std::thread worker_;
   std::shared_ptr<Handle> pending_;
-  std::string pending_tag_;
 };
 
 Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
@@ -334,8 +331,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   const auto start = std::chrono::steady_clock::now();
   if (options.overwrite) return InvalidArgumentError("async save cannot overwrite a checkpoint");
   // a. The previous save's failure fails this call on every rank. b.
+  WaitForPrevious();
   SS_ASSIGN_OR_RETURN(PreparedSave prepared,
-                      PlanAndPrepare(state, root, tag, comm, options, Previous()));
+                      PlanAndPrepare(state, root, tag, comm, options));
   // The job is shared: the foreground stages and checksums (c) while the
   // background writes (d), whichever ends first.
   auto job = std::make_shared<Job>();
@@ -371,7 +369,6 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->start = start;
   auto handle = std::make_shared<Handle>();
   pending_ = handle;
-  pending_tag_ = tag;
   worker_ = std::thread([job, handle] {
     LowerThreadPriority();
     std::vector<std::string> warnings;
@@ -410,8 +407,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
 Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
                                  const SaveOptions& options) {
   // A tag no save uses: a rank calling Save meanwhile fails the planning.
+  WaitForPrevious();
   SS_ASSIGN_OR_RETURN(SavePlan plan,
-                      GatherAndPlan(state, "(staging reservation)", comm, options, Previous()));
+                      GatherAndPlan(state, "(staging reservation)", comm, options));
   std::vector<StagedFile> files;
   std::vector<FileImage> images;
   SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state,

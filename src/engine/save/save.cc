@@ -66,8 +66,8 @@ Status CheckAgreement(const std::vector<Announcement>& announced) {
 }  // namespace
 
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
-                               Comm& comm, const SaveOptions& options, const Status& pending) {
-  Status local = pending.ok() ? CheckLocalState(state, options) : pending;
+                               Comm& comm, const SaveOptions& options) {
+  const Status local = CheckLocalState(state, options);
   SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state)));
   std::vector<Announcement> announced(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
@@ -81,12 +81,12 @@ Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destin
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options, const Status& pending) {
+                                    const SaveOptions& options) {
   FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
   SS_RETURN_IF_ERROR(ValidateTag(tag));
   PreparedSave prepared;
   SS_ASSIGN_OR_RETURN(prepared.plan,
-                      GatherAndPlan(state, JoinPath(root, tag), comm, options, pending));
+                      GatherAndPlan(state, JoinPath(root, tag), comm, options));
   // Step 1: rank 0 prepares the temporary directory; everyone learns it.
   Result<std::string> tmp = std::string();
   if (comm.rank() == 0) {
@@ -154,7 +154,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     if (options.progress) options.progress({phase, done, total});
   };
   report("plan", 0, 0);
-  SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options, {}));
+  SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
   const SavePlan& plan = prepared.plan;
   const std::string& tmp_dir = prepared.tmp_dir;
 

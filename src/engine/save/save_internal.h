@@ -18,17 +18,16 @@ struct PreparedSave {
 // Protocol step 0 (collective): gather every rank's holdings and plan,
 // identically on every rank. Every rank must save to the same
 // `destination` (the checkpoint's path) and pass only global values equal
-// to rank 0's. `pending`: as for PlanAndPrepare. Touches no file.
+// to rank 0's. Touches no file.
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination, Comm& comm,
-                               const SaveOptions& options, const Status& pending);
+                               const SaveOptions& options);
 
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
 // every rank's holdings, plan identically everywhere, and have rank 0
-// create the temporary directory. `pending` is a failure this rank must
-// still report (its previous async save's): it fails the call on every rank.
+// create the temporary directory.
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options, const Status& pending);
+                                    const SaveOptions& options);
 
 // Steps 4-6 on rank 0: checks the replicas and builds the index from every
 // rank's encoded report (save_messages.h), and commits. Returns the
