@@ -24,7 +24,7 @@ void PrintHuman(const DiffReport& r) {
   for (const auto& t : r.tensors) {
     if (t.status == "equal") continue;
     ++differing;
-    std::printf("%-13s %s", t.status.c_str(), t.key.c_str());
+    std::printf("%-13s %s", t.status.c_str(), Printable(t.key).c_str());
     if (t.status == "differs") {
       std::printf("  (%llu of %llu elements", static_cast<unsigned long long>(t.differing_elements),
                   static_cast<unsigned long long>(t.elements));

@@ -108,10 +108,12 @@ void Report(const Args& a, const ExportHfStats& s) {
   std::cout << "exported " << s.tensors << " tensors (" << FormatBytes(s.bytes) << ", "
             << s.total_parameters << " parameters) from " << s.source << " to " << a.out << " in "
             << s.seconds << " s (" << FormatRate(s.bytes, s.seconds) << ")\n";
-  for (const std::string& f : s.files) std::cout << "  " << f << "\n";
-  for (const std::string& f : s.copied) std::cout << "  " << f << " (saved with the checkpoint)\n";
+  for (const std::string& f : s.files) std::cout << "  " << Printable(f) << "\n";
+  for (const std::string& f : s.copied) {
+    std::cout << "  " << Printable(f) << " (saved with the checkpoint)\n";
+  }
   std::cout << s.chunks_verified << " source checksums verified\n";
-  for (const std::string& w : s.warnings) std::cout << "warning: " << w << "\n";
+  for (const std::string& w : s.warnings) std::cout << "warning: " << Printable(w) << "\n";
 }
 
 }  // namespace

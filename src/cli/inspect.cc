@@ -27,7 +27,7 @@ void PrintChunks(const CheckpointSource& src, const IndexTensor& t) {
   for (const IndexChunk& c : t.chunks) {
     char crc[16] = "-";
     if (c.crc32c) std::snprintf(crc, sizeof crc, "%08x", *c.crc32c);
-    std::cout << "    " << SliceToString(c.slice) << "  " << src.index.files[c.file].name << " @"
+    std::cout << "    " << SliceToString(c.slice) << "  " << Printable(src.index.files[c.file].name) << " @"
               << c.at << "  " << FormatBytes(c.bytes) << "  crc32c " << crc << "\n";
   }
 }
@@ -37,15 +37,15 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
   uint64_t file_bytes = 0, tensor_bytes = 0;
   for (const IndexFile& f : ix.files) file_bytes += f.bytes;
   for (const auto& [k, t] : ix.tensors) tensor_bytes += TensorBytes(t);
-  std::cout << "path      " << src.path << "\n"
+  std::cout << "path      " << Printable(src.path) << "\n"
             << "kind      " << (src.native ? "shardsafe checkpoint (format v1)" : "safetensors (no index, no checksums)") << "\n";
   if (src.native) {
-    std::cout << "tag       " << ix.tag << "\n"
+    std::cout << "tag       " << Printable(ix.tag) << "\n"
               << "saved by  " << ix.world_size << " rank(s), layout " << ix.layout.dump() << "\n";
     if (!ix.metadata.is_null()) std::cout << "metadata  " << ix.metadata.dump() << "\n";
     if (!ix.values.empty()) std::cout << "values    " << ix.values.dump() << "\n";
     for (const auto& [name, b] : ix.blobs) {
-      std::cout << "blob      " << name << (b.per_rank ? " (per rank, " : " (global, ")
+      std::cout << "blob      " << Printable(name) << (b.per_rank ? " (per rank, " : " (global, ")
                 << b.chunks.size() << " chunk(s))\n";
     }
   }
@@ -53,7 +53,7 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
             << "tensors   " << ix.tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
   std::printf("%-48s %-8s %-20s %7s %12s\n", "TENSOR", "DTYPE", "SHAPE", "CHUNKS", "BYTES");
   for (const auto& [key, t] : ix.tensors) {
-    std::printf("%-48s %-8s %-20s %7zu %12s\n", key.c_str(), std::string(DTypeName(t.dtype)).c_str(),
+    std::printf("%-48s %-8s %-20s %7zu %12s\n", Printable(key).c_str(), std::string(DTypeName(t.dtype)).c_str(),
                 ShapeToString(t.shape).c_str(), t.chunks.size(), FormatBytes(TensorBytes(t)).c_str());
     std::fflush(stdout);
     if (chunks) PrintChunks(src, t);

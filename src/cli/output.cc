@@ -25,8 +25,26 @@ std::string FormatRate(uint64_t bytes, double seconds) {
   return FormatBytes(static_cast<uint64_t>(bytes / seconds)) + "/s";
 }
 
+std::string Printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x20 || b == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", b);
+      out += buf;
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 int Fail(std::string_view message) {
-  std::cerr << "shardsafe: error: " << message << "\n";
+  std::cerr << "shardsafe: error: " << Printable(message) << "\n";
   return kExitError;
 }
 

@@ -19,7 +19,15 @@ inline constexpr int kExitError = 2;
 std::string FormatBytes(uint64_t bytes);  // "1.69 GB" (decimal units)
 std::string FormatRate(uint64_t bytes, double seconds);  // "2.41 GB/s"
 
-// Prints "shardsafe: error: <message>" to stderr and returns kExitError.
+// `text` safe for a terminal: control characters (bytes below 0x20, and
+// 0x7f) as \xNN, and a backslash as \\, so a key or file name from a
+// checkpoint cannot move the cursor, clear the screen or forge a line of
+// output. Human output passes every name it prints through this; --json
+// output is escaped by JSON itself.
+std::string Printable(std::string_view text);
+
+// Prints "shardsafe: error: <message>" to stderr (Printable) and returns
+// kExitError.
 int Fail(const Status& status);
 int Fail(std::string_view message);
 

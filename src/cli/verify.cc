@@ -27,13 +27,13 @@ void AddVerify(CLI::App& app, int* exit_code) {
                  {"bytes_checked", r.bytes_checked}});
       return;
     }
-    for (const std::string& f : r.faults) std::cout << "FAULT  " << f << "\n";
+    for (const std::string& f : r.faults) std::cout << "FAULT  " << Printable(f) << "\n";
     if (r.ok()) {
-      std::cout << "OK  " << r.path << ": " << r.files << " files, " << r.tensors << " tensors, "
+      std::cout << "OK  " << Printable(r.path) << ": " << r.files << " files, " << r.tensors << " tensors, "
                 << r.chunks_verified << " checksums verified (" << FormatBytes(r.bytes_checked)
                 << ")" << (r.native ? "" : "; foreign file: headers and coverage only") << "\n";
     } else {
-      std::cout << "FAILED  " << r.path << ": " << r.faults.size() << " problem(s)\n";
+      std::cout << "FAILED  " << Printable(r.path) << ": " << r.faults.size() << " problem(s)\n";
     }
   });
 }

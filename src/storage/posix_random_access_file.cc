@@ -341,7 +341,9 @@ Status PosixRandomAccessFile::Truncated(uint64_t offset, size_t n) const {
 
 Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::string& path,
                                                                    const ReadOptions& options) {
-  int fd = OpenForRead(path, 0);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; only
+  // regular files are read (a FIFO as a data file or index hung every reader).
+  int fd = OpenForRead(path, O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, "open", path);
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -349,10 +351,12 @@ Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::st
     close(fd);
     return s;
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return InvalidArgumentError("open " + path + ": is a directory");
+    return InvalidArgumentError("open " + path + ": " +
+                                (S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file"));
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   // No O_DIRECT (tmpfs: EINVAL) just means every read goes through fd.
   int direct_fd = options.direct ? OpenForRead(path, O_DIRECT) : -1;
   return std::unique_ptr<RandomAccessFile>(

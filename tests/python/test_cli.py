@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -522,3 +524,61 @@ def test_help_lists_import(run):
     assert proc.returncode == EXIT_OK, describe(proc)
     for cmd in ("inspect", "verify", "ls", "prune", "diff", "demo", "import", "export-hf"):
         assert cmd in proc.stdout
+
+
+def test_names_with_control_characters_cannot_drive_the_terminal(run, tmp_path):
+    # A key that would clear the screen and forge a line of verify's output.
+    hostile = "w\x1b[2J\rOK  /etc: 0 problems\x07"
+    src = tmp_path / "hostile.safetensors"
+    save_file({hostile: torch.ones(2), "b": torch.zeros(1)}, str(src))
+    ckpt = tmp_path / "ckpt"
+    assert run("import", src, ckpt).returncode == EXIT_OK
+    other = tmp_path / "other.safetensors"
+    save_file({hostile: torch.zeros(2), "b": torch.zeros(1)}, str(other))
+    for args in (("inspect", src), ("inspect", ckpt, "--chunks"), ("diff", ckpt, other)):
+        proc = run(*args)
+        out = proc.stdout + proc.stderr
+        assert not any(ord(c) < 0x20 and c not in "\n" for c in out), (args, repr(out))
+        assert "w\\x1b[2J\\x0dOK  /etc: 0 problems\\x07" in out, (args, out)
+    # --json keeps the key intact (JSON escapes it).
+    def strings(x):
+        if isinstance(x, dict):
+            return [*x, *(s for v in x.values() for s in strings(v))]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    assert hostile in strings(run.json("inspect", ckpt))
+
+
+def test_fifos_in_a_checkpoint_are_errors_not_hangs(run, tmp_path):
+    # Opening a FIFO for reading waits for a writer that never comes: every
+    # reader must refuse anything that is not a regular file instead.
+    root = tmp_path / "root"
+    shardsafe.CheckpointManager(root).save(1, {"w": torch.ones(4)})
+    ckpt = root / "step-00000001"
+    data = next(ckpt.glob("data-*.safetensors"))
+    data.unlink()
+    os.mkfifo(data)
+    assert run("inspect", ckpt, timeout=120).returncode == EXIT_OK  # reads the index only
+    for args in (("verify", ckpt), ("export-hf", ckpt, tmp_path / "out")):
+        proc = run(*args, timeout=120)
+        assert proc.returncode in (EXIT_PROBLEMS, EXIT_ERROR), (args, describe(proc))
+        assert "not a regular file" in proc.stdout + proc.stderr, (args, describe(proc))
+    # shardsafe.load too, in a process of its own (a hang must fail, not stall the suite).
+    code = ("import sys, torch, shardsafe\n"
+            "try:\n"
+            "    shardsafe.load({'w': torch.zeros(4)}, sys.argv[1])\n"
+            "except shardsafe.ShardsafeError as e:\n"
+            "    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(ckpt)], capture_output=True, text=True,
+                          timeout=300)
+    assert "not a regular file" in proc.stdout, describe(proc)
+    (ckpt / "shardsafe.json").unlink()
+    os.mkfifo(ckpt / "shardsafe.json")
+    proc = run("inspect", ckpt, timeout=120)
+    assert proc.returncode == EXIT_ERROR and "not a regular file" in proc.stderr, describe(proc)
+    os.unlink(root / "latest")
+    os.mkfifo(root / "latest")
+    proc = run("ls", root, timeout=120)
+    assert proc.returncode == EXIT_OK, describe(proc)  # a `latest` that cannot be read names nothing

@@ -131,6 +131,15 @@ Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& 
                 const IndexBlobChunk& chunk, std::string* out) {
   const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
   SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  // The index's sizes are claims: checked against the file before any
+  // memory is taken for them (a hostile index could ask for terabytes).
+  uint64_t end = 0;
+  if (__builtin_add_overflow(chunk.at, chunk.bytes, &end) || end > file->size()) {
+    return DataLossError("blob \"" + name + "\" in " + path + ": bytes [" +
+                         std::to_string(chunk.at) + ", +" + std::to_string(chunk.bytes) +
+                         ") claimed by the index, but the file has " +
+                         std::to_string(file->size()) + " bytes");
+  }
   out->resize(chunk.bytes);
   SS_RETURN_IF_ERROR(file->ReadAt(chunk.at, out->data(), chunk.bytes));
   if (chunk.crc32c && Crc32c(out->data(), out->size()) != *chunk.crc32c) {
