@@ -75,6 +75,13 @@ Status Loss(const Where& where, const std::string& message) {
   return DataLossError(Join(where.str(), message));
 }
 
+// A tensor or blob name with a NUL byte would be cut short wherever it
+// becomes a C string (a file system path, a C API): refused whole.
+Status CheckKey(const char* kind, std::string_view name) {
+  if (name.find('\0') == std::string_view::npos) return Status();
+  return Loss(Where(kind, name), "the name holds a NUL byte");
+}
+
 const char* TypeName(Type t) {
   switch (t) {
     case Type::ARRAY: return "array";
@@ -498,6 +505,7 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
   SS_ASSIGN_OR_RETURN(dom::element tensors, TypedField(root, "tensors", "", Type::OBJECT));
   // Keys come sorted from our writer: each goes in at the end, unsearched.
   for (dom::key_value_pair t : ObjectOf(tensors)) {
+    SS_RETURN_IF_ERROR(CheckKey("tensor", t.key));
     SS_ASSIGN_OR_RETURN(IndexTensor tensor, ParseTensor(t.value, index.files, {"tensor", t.key}));
     index.tensors.emplace_hint(index.tensors.end(), t.key, std::move(tensor));
   }
@@ -505,6 +513,7 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
   index.values = ToJson(values);
   SS_ASSIGN_OR_RETURN(dom::element blobs, TypedField(root, "blobs", "", Type::OBJECT));
   for (dom::key_value_pair b : ObjectOf(blobs)) {
+    SS_RETURN_IF_ERROR(CheckKey("blob", b.key));
     SS_ASSIGN_OR_RETURN(IndexBlob blob,
                         ParseBlob(b.value, index.files, index.world_size, {"blob", b.key}));
     index.blobs.emplace_hint(index.blobs.end(), b.key, std::move(blob));

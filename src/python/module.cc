@@ -322,7 +322,9 @@ nb::dict ToDict(const LoadResult& r) {
   d["metadata"] = r.metadata.dump();
   d["saved_world_size"] = r.saved_world_size;
   nb::dict blobs;
-  for (const auto& [name, data] : r.blobs) blobs[name.c_str()] = nb::bytes(data.data(), data.size());
+  for (const auto& [name, data] : r.blobs) {
+    blobs[nb::str(name.data(), name.size())] = nb::bytes(data.data(), data.size());
+  }
   d["blobs"] = blobs;
   d["missing"] = r.missing;
   d["unexpected"] = r.unexpected;

@@ -48,7 +48,7 @@ nb::tuple Entry(DTypeNames& names, const IndexTensor& t) {
 nb::dict TensorsDict(const IndexTensors& tensors) {
   nb::dict d;
   DTypeNames names;
-  for (const auto& [key, t] : tensors) d[key.c_str()] = Entry(names, t);
+  for (const auto& [key, t] : tensors) d[nb::str(key.data(), key.size())] = Entry(names, t);
   return d;
 }
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "storage/posix_file.h"
@@ -73,23 +74,36 @@ Status RemoveContents(int dir_fd, const std::string& path) {
   return status;
 }
 
+// A path with a NUL byte would name another file once it is a C string:
+// refused before any system call.
+Status PathOk(const std::string& path) {
+  if (path.find('\0') == std::string::npos) return Status();
+  std::string shown = path;
+  std::replace(shown.begin(), shown.end(), '\0', '?');
+  return InvalidArgumentError(shown + ": the path holds a NUL byte");
+}
+
 class PosixFileSystem final : public FileSystem {
  public:
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const WriteOptions& options) override {
+    SS_RETURN_IF_ERROR(PathOk(path));
     return NewPosixWritableFile(path, options);
   }
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path, const ReadOptions& options) override {
+    SS_RETURN_IF_ERROR(PathOk(path));
     return NewPosixRandomAccessFile(path, options);
   }
   Result<FileInfo> Stat(const std::string& path) override;
   Result<std::vector<DirEntry>> ListDir(const std::string& path) override;
   Status CreateDir(const std::string& path) override {
+    SS_RETURN_IF_ERROR(PathOk(path));
     if (mkdir(path.c_str(), 0755) != 0) return ErrnoError(errno, "create directory", path);
     return Status();
   }
   Status RemoveFile(const std::string& path) override {
+    SS_RETURN_IF_ERROR(PathOk(path));
     if (unlink(path.c_str()) != 0) return ErrnoError(errno, "remove", path);
     return Status();
   }
@@ -110,6 +124,7 @@ class FlockLock final : public FileLock {
 };
 
 Result<FileInfo> PosixFileSystem::Stat(const std::string& path) {
+  SS_RETURN_IF_ERROR(PathOk(path));
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoError(errno, "stat", path);
   FileInfo info;
@@ -121,6 +136,7 @@ Result<FileInfo> PosixFileSystem::Stat(const std::string& path) {
 }
 
 Result<std::vector<DirEntry>> PosixFileSystem::ListDir(const std::string& path) {
+  SS_RETURN_IF_ERROR(PathOk(path));
   DIR* dir = opendir(path.c_str());
   if (dir == nullptr) return ErrnoError(errno, "list directory", path);
   std::vector<DirEntry> entries;
@@ -140,6 +156,7 @@ Result<std::vector<DirEntry>> PosixFileSystem::ListDir(const std::string& path) 
 }
 
 Status PosixFileSystem::RemoveAll(const std::string& path) {
+  SS_RETURN_IF_ERROR(PathOk(path));
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) {
     return errno == ENOENT ? Status() : ErrnoError(errno, "stat", path);
@@ -158,6 +175,8 @@ Status PosixFileSystem::RemoveAll(const std::string& path) {
 }
 
 Status PosixFileSystem::Rename(const std::string& from, const std::string& to) {
+  SS_RETURN_IF_ERROR(PathOk(from));
+  SS_RETURN_IF_ERROR(PathOk(to));
   const std::string what = from + " to";
   if (renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
     return Status();
@@ -174,6 +193,8 @@ Status PosixFileSystem::Rename(const std::string& from, const std::string& to) {
 }
 
 Status PosixFileSystem::RenameExchange(const std::string& a, const std::string& b) {
+  SS_RETURN_IF_ERROR(PathOk(a));
+  SS_RETURN_IF_ERROR(PathOk(b));
   if (renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) return Status();
   if (errno == EINVAL || errno == ENOSYS) {
     return UnimplementedError("atomic exchange of " + a + " and " + b + " is not supported");
@@ -182,6 +203,7 @@ Status PosixFileSystem::RenameExchange(const std::string& a, const std::string& 
 }
 
 Status PosixFileSystem::SyncDir(const std::string& path) {
+  SS_RETURN_IF_ERROR(PathOk(path));
   int fd = open(path.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open directory", path);
   FdCloser closer(fd);
@@ -190,6 +212,7 @@ Status PosixFileSystem::SyncDir(const std::string& path) {
 }
 
 Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& path) {
+  SS_RETURN_IF_ERROR(PathOk(path));
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open for locking", path);
   int rc;

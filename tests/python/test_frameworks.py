@@ -437,3 +437,17 @@ def test_a_hostile_blob_size_is_data_loss_naming_the_blob_not_an_allocation(tmp_
                        tmp_path / "h", unsafe_pickle=True)
     proc = run("export-hf", tmp_path / "h", tmp_path / "out")
     assert proc.returncode == 2 and "claimed by the index" in proc.stderr, proc.stderr
+
+
+def test_nul_bytes_in_keys_and_paths_are_refused_never_cut_short(tmp_path):
+    with pytest.raises(shardsafe.InvalidStateError, match="NUL byte"):
+        shardsafe.save({"a\x00b": torch.ones(2)}, tmp_path / "k")
+    with pytest.raises(shardsafe.InvalidStateError, match="NUL byte"):
+        shardsafe.save({"w": torch.ones(2)}, str(tmp_path / "p") + "\x00/elsewhere")
+    assert sorted(os.listdir(tmp_path)) == [], "nothing created at a cut-short path"
+    # A crafted index whose key differs from the wanted one after a NUL.
+    shardsafe.save({"w": torch.ones(2), "wx": torch.ones(2)}, tmp_path / "c")
+    index_path = tmp_path / "c" / "shardsafe.json"
+    index_path.write_text(index_path.read_text().replace('"wx"', '"w\\u0000x"'))
+    with pytest.raises(shardsafe.CorruptCheckpointError, match="NUL byte"):
+        shardsafe.load({"w": torch.zeros(2), "wx": torch.zeros(2)}, tmp_path / "c")

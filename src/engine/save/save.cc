@@ -1,6 +1,7 @@
 // Save: the collective protocol of commit.h, from the caller's state to a
 // committed checkpoint. Every rank runs the same sequence of collectives
 // whatever happens locally, so a failure anywhere reaches every rank.
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <map>
@@ -15,8 +16,17 @@
 namespace shardsafe {
 namespace {
 
+// A name with a NUL byte would be cut short wherever it becomes a C string.
+Status CheckName(const char* kind, const std::string& name) {
+  if (name.find('\0') == std::string::npos) return Status();
+  std::string shown = name;
+  std::replace(shown.begin(), shown.end(), '\0', '?');
+  return InvalidArgumentError(std::string(kind) + " \"" + shown + "\": the name holds a NUL byte");
+}
+
 Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
   for (const TensorShard& t : state.tensors) {
+    SS_RETURN_IF_ERROR(CheckName("tensor", t.key));
     if (t.data == nullptr && t.slice.NumElements() > 0) {
       return InvalidArgumentError("tensor \"" + t.key + "\": null data pointer");
     }
@@ -26,6 +36,7 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
     }
   }
   for (const BlobRef& b : state.blobs) {
+    SS_RETURN_IF_ERROR(CheckName("blob", b.name));
     if (b.data == nullptr && b.size > 0) {
       return InvalidArgumentError("blob \"" + b.name + "\": null data pointer");
     }
