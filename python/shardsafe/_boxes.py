@@ -11,6 +11,7 @@ from . import _C
 from ._state import DTYPE_NAMES, TensorLeaf
 from .errors import InvalidStateError
 
+
 try:
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset

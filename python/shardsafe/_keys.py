@@ -15,6 +15,7 @@ import torch
 from . import _C
 from .errors import InvalidStateError, ShapeMismatchError
 
+
 Rename = Union[Sequence[tuple[str, str]], Mapping[str, str], Callable[[str], str], None]
 
 FP8_BLOCK = 128  # rows and columns per scale value (DeepSeek-V3 "weight_block_size")

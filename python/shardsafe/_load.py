@@ -27,6 +27,7 @@ from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, 
 from .errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
                      ShapeMismatchError, ShardsafeError)
 
+
 @dataclass
 class LoadResult:
     """What load did: the checkpoint it read and the keys that did not match."""

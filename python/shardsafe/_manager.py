@@ -17,6 +17,7 @@ from ._options import SaveOptions
 from ._save import prepared
 from .errors import CheckpointNotFoundError
 
+
 class CheckpointManager:
     """Checkpoints under ROOT/TAG, one per step, with a `latest` pointer and
     retention of the newest `keep_last` (0 keeps all). `tag_format` names a

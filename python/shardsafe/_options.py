@@ -16,27 +16,35 @@ from typing import Any, TypeVar
 
 from .errors import InvalidStateError
 
-_T = TypeVar("_T")
+_T = TypeVar("_T", bound="_Options")
 
 
-def _of(cls: type[_T], options: _T | None, kwargs: dict[str, Any]) -> _T:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise InvalidStateError(f"unknown option(s) {', '.join(unknown)}; {cls.__name__} has: "
-                                f"{', '.join(sorted(names))}")
-    base = options if options is not None else cls()
-    return dataclasses.replace(base, **kwargs) if kwargs else base
+class _Options:
+    """What SaveOptions and LoadOptions share: built from keyword arguments,
+    and turned into the engine's options."""
 
+    _PYTHON_ONLY: frozenset[str] = frozenset()  # handled in Python, not by the engine
 
-def _engine_dict(options: Any, python_only: set[str]) -> dict[str, Any]:
-    """The options the engine takes: set (not None), not handled in Python."""
-    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
-            if f.name not in python_only and getattr(options, f.name) is not None}
+    @classmethod
+    def of(cls: type[_T], options: _T | None, kwargs: dict[str, Any]) -> _T:
+        """`options` (or the defaults) with `kwargs` applied; an unknown name
+        is an error listing the valid ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidStateError(f"unknown option(s) {', '.join(unknown)}; {cls.__name__} "
+                                    f"has: {', '.join(sorted(names))}")
+        base = options if options is not None else cls()
+        return dataclasses.replace(base, **kwargs) if kwargs else base
+
+    def engine(self) -> dict[str, Any]:
+        """The options the engine takes: those set (not None), not Python's."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in self._PYTHON_ONLY and getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True)
-class SaveOptions:
+class SaveOptions(_Options):
     """How a save writes (every field optional; None: the engine's default).
 
     overwrite: replace an existing checkpoint at the path (default False).
@@ -65,16 +73,11 @@ class SaveOptions:
     io_buffer_bytes: int | None = None
     io_depth: int | None = None
 
-    @classmethod
-    def of(cls, options: SaveOptions | None, kwargs: dict[str, Any]) -> SaveOptions:
-        return _of(cls, options, kwargs)
-
-    def engine(self) -> dict[str, Any]:
-        return _engine_dict(self, {"exclude_frozen_parameters"})
+    _PYTHON_ONLY = frozenset({"exclude_frozen_parameters"})
 
 
 @dataclass(frozen=True)
-class LoadOptions:
+class LoadOptions(_Options):
     """How a load reads (every field optional; None: the engine's default).
 
     verify_checksums: verify every chunk read whole (True).
@@ -97,10 +100,3 @@ class LoadOptions:
     direct_io: bool | None = None
     share_reads: bool | None = None
     shared_memory: bool | None = None
-
-    @classmethod
-    def of(cls, options: LoadOptions | None, kwargs: dict[str, Any]) -> LoadOptions:
-        return _of(cls, options, kwargs)
-
-    def engine(self) -> dict[str, Any]:
-        return _engine_dict(self, set())

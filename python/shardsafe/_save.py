@@ -13,15 +13,16 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import _C, _device, _engine
 from ._boxes import Box, Boxes, ask, dtype_name
 from ._comm import TorchComm, agree, resolve
-from . import _C, _device, _engine
 from ._engine import future, saver, without_gc
 from ._options import SaveOptions
 from ._parts import encode_per_rank
 from ._state import (FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten,
                      to_json)
 from .errors import InvalidStateError, ShardsafeError
+
 
 @dataclass
 class _SaveArgs:
