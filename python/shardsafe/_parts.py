@@ -195,7 +195,7 @@ def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
 
     from safetensors.torch import load
 
-    from ._state import from_json
+    from ._state import FLOAT_TAG, from_json
 
     try:
         tensors = load(blob)
@@ -213,6 +213,8 @@ def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
                     like.copy_(t)
                 return like
             return t
+        if isinstance(stored, dict) and set(stored) == {FLOAT_TAG}:
+            return from_json(stored, like)  # a non-finite float
         if isinstance(stored, dict):
             likes = like if isinstance(like, dict) else {}
             return {k: restore(v, likes.get(k)) for k, v in stored.items()}

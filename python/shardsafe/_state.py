@@ -58,7 +58,7 @@ PER_RANK_PREFIX = "rank/"  # per-rank blob names of PerRank values
 # {"excluded_frozen": [keys]}; a state key of this name is refused.
 RESERVED_KEY = "__shardsafe__"
 FILE_PREFIX = "file/"  # blob names of files saved with a checkpoint (config.json, ...)
-_FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
+FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
 
 
 def join(prefix: str, name: Any) -> str:
@@ -245,7 +245,7 @@ def to_json(value: Any, key: str) -> Any:
             raise InvalidStateError(f"value at {key!r}: integer {value} does not fit in 64 bits")
         return int(value)
     if isinstance(value, float):
-        return float(value) if math.isfinite(value) else {_FLOAT_TAG: repr(value)}
+        return float(value) if math.isfinite(value) else {FLOAT_TAG: repr(value)}
     if isinstance(value, (list, tuple)):
         return [to_json(v, join(key, i)) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
@@ -262,8 +262,8 @@ def to_json(value: Any, key: str) -> Any:
 
 def from_json(stored: Any, like: Any) -> Any:
     """Saved JSON data back as Python, shaped after `like` (the target's value)."""
-    if isinstance(stored, dict) and set(stored) == {_FLOAT_TAG}:
-        return float(stored[_FLOAT_TAG])
+    if isinstance(stored, dict) and set(stored) == {FLOAT_TAG}:
+        return float(stored[FLOAT_TAG])
     if isinstance(stored, list):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(stored) else None
         items = [from_json(s, likes[i] if likes is not None else None) for i, s in enumerate(stored)]

@@ -176,7 +176,8 @@ def test_fused_qkv_under_gqa_loads_whole_and_into_another_tp(tmp_path):
 
 def _rng_state(rank: int) -> dict:
     torch.manual_seed(1000 + rank)
-    return {"cpu": torch.get_rng_state(), "loader": {"epoch": 2, "index": 17 + rank}}
+    return {"cpu": torch.get_rng_state(), "loader": {"epoch": 2, "index": 17 + rank},
+            "best_loss": float("inf"), "window": (1.5, rank)}
 
 
 def _per_rank_save(rank, world, root):
@@ -202,6 +203,8 @@ def _per_rank_load_same(rank, world, root):
     assert torch.equal(target.value["cpu"], expected["cpu"])
     assert target.value["cpu"] is cpu, "a tensor of the same shape is filled in place"
     assert target.value["loader"] == expected["loader"]
+    assert target.value["best_loss"] == float("inf")
+    assert target.value["window"] == [1.5, rank]  # a list where the target had no tuple
 
 
 def _per_rank_load_wider(rank, world, root):
