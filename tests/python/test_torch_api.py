@@ -515,11 +515,19 @@ def test_a_forked_child_saves_with_engine_objects_of_its_own(tmp_path):
 
 def _threads() -> int:
     """This process's threads once the async-save futures' helper threads
-    (one per save, gone soon after it) have ended: what remains is the
-    engine's."""
+    (one per save, gone soon after it) have ended and the count is steady
+    (an ended Python thread leaves /proc/self/task a moment later): what
+    remains is the engine's."""
     assert _eventually(lambda: not any(t.name == "shardsafe-async-wait"
                                        for t in threading.enumerate()))
-    return len(os.listdir("/proc/self/task"))
+    count = -1
+    for _ in range(600):  # up to a minute
+        now = len(os.listdir("/proc/self/task"))
+        if now == count:
+            return now
+        count = now
+        time.sleep(0.1)
+    return count
 
 
 def test_a_dropped_manager_frees_its_engine_object(tmp_path):
@@ -539,7 +547,8 @@ def test_a_dropped_manager_frees_its_engine_object(tmp_path):
         gc.collect()
     for i, fut in enumerate(futures):
         assert fut.result(timeout=120) == str(tmp_path / f"r{i}" / f"step-{i:08d}")
-    assert _threads() <= before, f"{_threads() - before} thread(s) left by dropped managers"
+    assert _eventually(lambda: _threads() <= before), \
+        f"{_threads() - before} thread(s) left by dropped managers"
     got = {"w": torch.zeros(1 << 20)}
     shardsafe.CheckpointManager(tmp_path / "r5").load(got)
     assert torch.equal(got["w"], state["w"])
@@ -554,7 +563,8 @@ def test_a_manager_releases_its_engine_object_and_saves_again(tmp_path):
     fut = mgr.async_save(1, state)
     mgr.release_async_save()  # waits for step 1
     assert mgr.latest_step() == 1 and fut.result(timeout=120) == mgr.path(1)
-    assert _threads() < before, "the released engine object's threads are still there"
+    assert _eventually(lambda: _threads() < before), \
+        "the released engine object's threads are still there"
     state["w"].neg_()
     mgr.async_save(2, state).result(timeout=120)
     got = {"w": torch.zeros(1 << 20)}
