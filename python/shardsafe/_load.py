@@ -235,7 +235,8 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
     absent |= excluded.intersection(missing)
     report = _Report([k for k in missing if k not in absent], unexpected, plan.notes,
                      sorted(absent),
-                     [f"{k}[rank {rank}]" for k in flat.per_rank if rank not in per_rank.get(k, ())],
+                     [f"{k}[rank {rank}]" for k in flat.per_rank
+                      if rank not in per_rank.get(k, ())],
                      [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
                       if r >= world])
     return keys, plan, report.__dict__

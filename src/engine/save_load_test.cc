@@ -235,7 +235,8 @@ TEST_F(SaveLoadTest, ValuesThatDifferAndDestinationsThatDifferFailTheSave) {
     if (r == 1) s.values["rank1_only"] = 1;
   });
   for (const Status& st : out) {
-    EXPECT_THAT(st.message(), HasSubstr("value \"rank1_only\" is passed by rank 1 but not by rank 0"));
+    EXPECT_THAT(st.message(),
+                HasSubstr("value \"rank1_only\" is passed by rank 1 but not by rank 0"));
   }
   save_with([&](int r, SaveState&, std::string& path) { path = Path("v" + std::to_string(r)); });
   for (const Status& st : out) {

@@ -181,7 +181,8 @@ Result<TagFormat> TagFormat::Parse(std::string_view format) {
   if (f.prefix_.find('{') != std::string::npos || f.suffix_.find('{') != std::string::npos) {
     return bad("needs exactly one {step}");
   }
-  SS_RETURN_IF_ERROR(ValidateTag(f.Format(0)).WithContext("tag format \"" + std::string(format) + "\""));
+  SS_RETURN_IF_ERROR(
+      ValidateTag(f.Format(0)).WithContext("tag format \"" + std::string(format) + "\""));
   return f;
 }
 

@@ -36,7 +36,10 @@ Result<std::vector<CopyChecksum>> ChecksumCopies(const SavePlan& plan, int rank,
     const uint64_t bytes = plan.chunks[it->chunk].bytes;
     uint32_t crc;
     if (shard.on_device) {
-      if (device == nullptr) return InvalidArgumentError("tensor \"" + shard.key + "\" is on a device, but no SaveOptions::device copies it");
+      if (device == nullptr) {
+        return InvalidArgumentError("tensor \"" + shard.key +
+                                    "\" is on a device, but no SaveOptions::device copies it");
+      }
       SS_ASSIGN_OR_RETURN(crc, DeviceCrc(shard, bytes, *device));
     } else {
       crc = Crc32c(shard.data, bytes);
