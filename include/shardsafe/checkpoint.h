@@ -99,7 +99,7 @@ struct SaveOptions {
   // Save(path) never moves `latest`.
   bool update_latest = true;
   // Check that ranks holding the same slice of a tensor hold the same bytes:
-  // each non-writing holder checksums its copy (CRC-32C, ~20+ GB/s a core)
+  // each non-writing holder checksums its copy (CRC-32C, the rate of base/crc32c.h)
   // and a mismatch fails the save, naming the tensor and ranks. Off only
   // when the caller guarantees its replicas (one holder's copy is saved).
   bool verify_replicas = true;

@@ -194,9 +194,17 @@ std::string TagFormat::Format(int64_t step) const {
 
 Result<CommitRecord> NextCommitRecord(FileSystem& fs, const std::string& root,
                                       std::optional<int64_t> step, bool moves_latest) {
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  // Only the records are read: listing the root would also stat every data
+  // file of every checkpoint, at each commit. A directory holds a record
+  // only once committed (it is written inside the temporary directory).
+  SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
   CommitRecord record;
-  for (const CheckpointInfo& c : list) record.sequence = std::max(record.sequence, c.sequence);
+  for (const DirEntry& e : entries) {
+    if (!e.is_dir || !ValidateTag(e.name).ok()) continue;
+    if (auto r = ReadCommitRecord(fs, JoinPath(root, e.name))) {
+      record.sequence = std::max(record.sequence, r->sequence);
+    }
+  }
   ++record.sequence;
   record.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::system_clock::now().time_since_epoch())
