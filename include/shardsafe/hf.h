@@ -23,11 +23,37 @@
 
 namespace shardsafe {
 
-// One rename rule: every match of `pattern` (RE2 syntax) in a name is
-// replaced by `replacement` (`\1` for groups), as Python's re.sub.
+// One rename rule: every match of `pattern` in a name is replaced by
+// `replacement`, as Python's re.sub does.
+//
+// The one regex dialect of shardsafe's name rules (export and load renames,
+// export include / exclude) is RE2's: Python re syntax without
+// backreferences or lookaround in patterns (https://github.com/google/re2/wiki/Syntax);
+// a replacement names groups as \0 .. \9 (not \g<name>).
 struct RenameRule {
   std::string pattern;
   std::string replacement;
+};
+
+// Ordered rename rules, compiled once; each rule applies to the result of
+// the previous one. Thread-compatible: Apply may be called concurrently.
+class RenameRules {
+ public:
+  // InvalidArgument naming the pattern (bad syntax) or the rule (a
+  // replacement naming a group the pattern lacks).
+  static Result<RenameRules> Create(const std::vector<RenameRule>& rules);
+  RenameRules(RenameRules&&) noexcept;
+  RenameRules& operator=(RenameRules&&) noexcept;
+  ~RenameRules();
+
+  std::string Apply(const std::string& name) const;
+  const std::vector<RenameRule>& rules() const { return rules_; }
+
+ private:
+  struct Compiled;
+  RenameRules() = default;
+  std::vector<RenameRule> rules_;
+  std::vector<Compiled> compiled_;
 };
 
 // Grouped expert tensors <-> per-expert tensors, as transformers 5's
@@ -59,8 +85,8 @@ struct ExportHfOptions {
   std::vector<std::string> exclude;
   std::vector<ExpertRule> experts;  // split grouped tensors, before renaming
   std::vector<RenameRule> rename;   // applied in order to every output name
-  // Instead of `rename` when set (the Python package passes Python's re):
-  // the output name of a name. An error aborts the export.
+  // Instead of `rename` when set (a Python callable, from the Python
+  // package): the output name of a name. An error aborts the export.
   std::function<Result<std::string>(const std::string&)> rename_fn;
   // File names: NAME.safetensors or NAME-0000i-of-0000N.safetensors and
   // NAME.safetensors.index.json. "adapter_model" for PEFT adapters.

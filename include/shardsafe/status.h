@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cassert>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -37,6 +38,18 @@ enum class StatusCode {
 
 std::string_view StatusCodeName(StatusCode code);
 
+// Which failure of its code a status reports, where callers tell them apart
+// (the Python package raises ShapeMismatchError / DTypeMismatchError for
+// these InvalidArgument statuses). Carried through WithContext and between
+// ranks; most statuses have none.
+enum class ErrorDetail : uint8_t {
+  kNone = 0,
+  kShapeMismatch,  // a target's shape differs from the checkpoint's
+  kDTypeMismatch,  // a target's dtype differs and cannot (or may not) be converted
+};
+
+std::string_view ErrorDetailName(ErrorDetail detail);  // "", "SHAPE_MISMATCH", ...
+
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
@@ -48,6 +61,10 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  ErrorDetail detail() const { return detail_; }
+
+  // Returns a copy that reports `detail`.
+  Status WithDetail(ErrorDetail detail) const;
 
   // Returns a copy with "context: " in front of the message. OK stays OK.
   Status WithContext(std::string_view context) const;
@@ -60,12 +77,13 @@ class [[nodiscard]] Status {
   void IgnoreError() const {}
 
   friend bool operator==(const Status& a, const Status& b) {
-    return a.code_ == b.code_ && a.message_ == b.message_;
+    return a.code_ == b.code_ && a.message_ == b.message_ && a.detail_ == b.detail_;
   }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  ErrorDetail detail_ = ErrorDetail::kNone;
 };
 
 // Constructors that read like the code they produce.

@@ -86,27 +86,18 @@ QWEN2_MOE_EXPERTS, MIXTRAL_EXPERTS = (tuple(ExpertGroup(list(s), t, d) for s, t,
 
 
 def renamer(rename: Rename) -> Callable[[str], str]:
-    """The function from checkpoint key to state key for a `rename` argument."""
+    """The function from checkpoint key to state key for a `rename` argument:
+    rules compiled by the engine (one regex dialect, RE2's, for loads and
+    exports: shardsafe.hf), or the caller's callable."""
     if rename is None:
         return lambda key: key
     if callable(rename):
         return rename
     rules = list(rename.items()) if isinstance(rename, Mapping) else list(rename)
-    compiled = []
     for rule in rules:
         if isinstance(rule, str) or len(rule) != 2:
             raise InvalidStateError(f"rename rule {rule!r} is not a (pattern, replacement) pair")
-        try:
-            compiled.append((re.compile(rule[0]), rule[1]))
-        except re.error as e:
-            raise InvalidStateError(f"rename pattern {rule[0]!r}: {e}") from None
-
-    def apply(key: str) -> str:
-        for pattern, replacement in compiled:
-            key = pattern.sub(replacement, key)
-        return key
-
-    return apply
+    return _C.RenameRules([(str(p), str(r)) for p, r in rules])
 
 
 # --------------------------------------------------------------- sources --

@@ -302,8 +302,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     shardsafe.LoadOptions) as keywords or as `options`.
 
     Hugging Face checkpoints (details in shardsafe.hf):
-    rename: ordered (pattern, replacement) regex rules (re.sub semantics,
-      \\1 backrefs, each applied to the result of the previous one) or a
+    rename: ordered (pattern, replacement) regex rules (RE2 patterns, every
+      match replaced as re.sub does, \\1 for groups, each applied to the
+      result of the previous one: shardsafe.hf) or a
       callable, mapping each checkpoint key to its state key; e.g.
       [(r"^model\\.", ""), (r"\\.self_attn\\.q_proj\\.weight$", ".attn.wq")].
       Two checkpoint keys mapping to one name are an error. missing_keys and

@@ -72,18 +72,20 @@ def _some(keys: list[str], limit: int = 8) -> str:
     return f"[{shown}{more}]"
 
 
-def from_status(code: str, message: str) -> ShardsafeError:
-    """The exception for an engine status (called from the C++ extension)."""
-    if code == "NOT_FOUND":
+def from_status(code: str, message: str, detail: str = "") -> ShardsafeError:
+    """The exception for an engine status (called from the C++ extension):
+    chosen by its code and, for the failures a code groups, its detail
+    (shardsafe/status.h ErrorDetail), never by the message text."""
+    if detail == "SHAPE_MISMATCH":
+        cls = ShapeMismatchError
+    elif detail == "DTYPE_MISMATCH":
+        cls = DTypeMismatchError
+    elif code == "NOT_FOUND":
         cls = CheckpointNotFoundError
     elif code == "ALREADY_EXISTS":
         cls = CheckpointExistsError
     elif code == "DATA_LOSS":
         cls = CorruptCheckpointError
-    elif code == "INVALID_ARGUMENT" and "shape mismatch" in message:
-        cls = ShapeMismatchError
-    elif code == "INVALID_ARGUMENT" and ("dtype mismatch" in message or "cannot convert" in message):
-        cls = DTypeMismatchError
     elif code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNIMPLEMENTED"):
         cls = InvalidStateError
     elif code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE"):

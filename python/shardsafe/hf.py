@@ -13,9 +13,12 @@ keys, grouped MoE experts, FP8 block dequantisation; used by
 
 The three steps, in the order they apply to each checkpoint tensor:
 
-1. **rename**: ordered ``(pattern, replacement)`` rules, each applied with
-   Python's ``re.sub`` (every match replaced; ``\1`` / ``\g<name>``
-   backrefs) to the result of the previous one; or a callable ``key -> key``.
+1. **rename**: ordered ``(pattern, replacement)`` rules, each replacing every
+   match of its pattern (as ``re.sub``) in the result of the previous one; or
+   a callable ``key -> key``. Patterns are RE2, the engine's one dialect for
+   name rules (loads, exports, include / exclude): Python ``re`` syntax
+   without backreferences or lookaround; replacements name groups ``\1`` ..
+   ``\9``. A bad pattern is an InvalidStateError naming it.
    The result is the key in the state's namespace. Two checkpoint keys that
    end at the same name are an error naming both. Values saved by shardsafe
    (JSON, pickled blobs) are renamed the same way.
@@ -87,7 +90,7 @@ def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "
     the model part of a training state); `include` / `exclude` are regexes
     searched in those keys. `experts` (ExpertGroup rules, e.g.
     QWEN2_MOE_EXPERTS) split grouped ``[E, ...]`` tensors into per-expert
-    ones; then `rename` (Python re rules, as for load, or a callable) maps
+    ones; then `rename` (RE2 rules, as for load, or a callable) maps
     every name. `dtype` (torch.bfloat16 or "BF16") casts floating tensors.
     Streams with bounded memory; verifies the source's checksums; `out`
     appears atomically. Not collective: call it on one rank. Returns stats

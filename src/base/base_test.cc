@@ -32,6 +32,16 @@ TEST(StatusTest, ContextIsPrependedAndCodeKept) {
   EXPECT_TRUE(Status().WithContext("ignored").ok());
 }
 
+TEST(StatusTest, DetailSurvivesContext) {
+  Status s = InvalidArgumentError("shape mismatch")
+                 .WithDetail(ErrorDetail::kShapeMismatch)
+                 .WithContext("loading x");
+  EXPECT_EQ(s.detail(), ErrorDetail::kShapeMismatch);
+  EXPECT_EQ(ErrorDetailName(s.detail()), "SHAPE_MISMATCH");
+  EXPECT_EQ(InvalidArgumentError("other").detail(), ErrorDetail::kNone);
+  EXPECT_TRUE(Status().WithDetail(ErrorDetail::kDTypeMismatch).ok());
+}
+
 TEST(StatusTest, MacrosPropagateFirstFailure) {
   int out = 0;
   EXPECT_TRUE(Quarter(8, &out).ok());

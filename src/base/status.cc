@@ -21,12 +21,29 @@ std::string_view StatusCodeName(StatusCode code) {
   return "UNKNOWN";
 }
 
+std::string_view ErrorDetailName(ErrorDetail detail) {
+  switch (detail) {
+    case ErrorDetail::kNone: return "";
+    case ErrorDetail::kShapeMismatch: return "SHAPE_MISMATCH";
+    case ErrorDetail::kDTypeMismatch: return "DTYPE_MISMATCH";
+  }
+  return "";
+}
+
 Status Status::WithContext(std::string_view context) const {
   if (ok()) return *this;
   std::string msg(context);
   msg += ": ";
   msg += message_;
-  return Status(code_, std::move(msg));
+  Status s(code_, std::move(msg));
+  s.detail_ = detail_;
+  return s;
+}
+
+Status Status::WithDetail(ErrorDetail detail) const {
+  Status s = *this;
+  if (!ok()) s.detail_ = detail;
+  return s;
 }
 
 std::string Status::ToString() const {

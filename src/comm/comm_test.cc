@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/agree.h"
 #include "gtest/gtest.h"
 #include "shardsafe/comm.h"
 
@@ -148,6 +149,21 @@ TEST(ThreadCommMismatchTest, MismatchedCollectivesAreReportedNotHung) {
               0)
         << ranks << " ranks";
   }
+}
+
+// A failure's code, message and detail reach every rank.
+TEST(AgreeTest, EveryRankGetsTheFailingRanksDetail) {
+  EXPECT_EQ(RunRanks(3,
+                     [](Comm& c) {
+                       Status local = c.rank() != 1 ? Status()
+                                                    : InvalidArgumentError("shape mismatch")
+                                                          .WithDetail(ErrorDetail::kShapeMismatch);
+                       Status s = AgreeOnStatus(c, local);
+                       return s.code() != StatusCode::kInvalidArgument ||
+                              s.detail() != ErrorDetail::kShapeMismatch ||
+                              s.message() != "rank 1: shape mismatch";
+                     }),
+            0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ThreadCommTest, ::testing::Values(1, 2, 4, 8));

@@ -19,6 +19,7 @@ void Writer::Slice(const shardsafe::Slice& s) {
 
 void Writer::Status(const shardsafe::Status& s) {
   U32(static_cast<uint32_t>(s.code()));
+  U8(static_cast<uint8_t>(s.detail()));
   Str(s.message());
 }
 
@@ -82,12 +83,15 @@ Result<shardsafe::Slice> Reader::Slice() {
 
 shardsafe::Status Reader::Status(shardsafe::Status* out) {
   SS_ASSIGN_OR_RETURN(uint32_t code, U32());
+  SS_ASSIGN_OR_RETURN(uint8_t detail, U8());
   SS_ASSIGN_OR_RETURN(std::string msg, Str());
-  if (code > static_cast<uint32_t>(StatusCode::kInternal)) {
+  if (code > static_cast<uint32_t>(StatusCode::kInternal) ||
+      detail > static_cast<uint8_t>(ErrorDetail::kDTypeMismatch)) {
     return InternalError("bad status code in message between ranks");
   }
   *out = code == 0 ? shardsafe::Status()
-                   : shardsafe::Status(static_cast<StatusCode>(code), std::move(msg));
+                   : shardsafe::Status(static_cast<StatusCode>(code), std::move(msg))
+                         .WithDetail(static_cast<ErrorDetail>(detail));
   return shardsafe::Status();
 }
 

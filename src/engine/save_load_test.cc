@@ -366,12 +366,14 @@ TEST_F(SaveLoadTest, MissingShapeAndDtypeMismatchesAreClearErrors) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("[4, 4]"));
   EXPECT_THAT(st.message(), HasSubstr("[4, 5]"));
+  EXPECT_EQ(st.detail(), ErrorDetail::kShapeMismatch);
 
   std::vector<std::vector<OwnedTarget>> dtype(1);
   dtype[0].push_back(MakeTarget("w", DType::kF64, s, Whole(s)));
   st = LoadToRanks(dtype, Path("ck"))[0];
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("dtype mismatch"));
+  EXPECT_EQ(st.detail(), ErrorDetail::kDTypeMismatch);
 }
 
 TEST_F(SaveLoadTest, DtypeConversionOnLoadWhenAllowed) {

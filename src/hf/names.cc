@@ -68,29 +68,49 @@ std::optional<std::string> KeyFilter::Select(const std::string& key) const {
   return rest;
 }
 
-Renamer::Renamer(Renamer&&) noexcept = default;
-Renamer::~Renamer() = default;
+struct RenameRules::Compiled {
+  std::unique_ptr<re2::RE2> re;
+  std::string replacement;
+};
 
-Result<Renamer> Renamer::Create(const ExportHfOptions& options) {
-  Renamer r;
-  r.fn_ = options.rename_fn;
-  for (const RenameRule& rule : options.rename) {
+RenameRules::RenameRules(RenameRules&&) noexcept = default;
+RenameRules& RenameRules::operator=(RenameRules&&) noexcept = default;
+RenameRules::~RenameRules() = default;
+
+Result<RenameRules> RenameRules::Create(const std::vector<RenameRule>& rules) {
+  RenameRules r;
+  for (const RenameRule& rule : rules) {
     SS_ASSIGN_OR_RETURN(auto re, Compile(rule.pattern, "rename"));
     std::string error;
     if (!re->CheckRewriteString(rule.replacement, &error)) {
       return InvalidArgumentError("rename rule \"" + rule.pattern + "\" -> \"" +
                                   rule.replacement + "\": " + error);
     }
-    r.rules_.emplace_back(std::move(re), rule.replacement);
+    r.compiled_.push_back({std::move(re), rule.replacement});
   }
+  r.rules_ = rules;
+  return r;
+}
+
+std::string RenameRules::Apply(const std::string& name) const {
+  std::string out = name;
+  for (const Compiled& rule : compiled_) RE2::GlobalReplace(&out, *rule.re, rule.replacement);
+  return out;
+}
+
+Renamer::Renamer(Renamer&&) noexcept = default;
+Renamer::~Renamer() = default;
+
+Result<Renamer> Renamer::Create(const ExportHfOptions& options) {
+  Renamer r;
+  r.fn_ = options.rename_fn;
+  SS_ASSIGN_OR_RETURN(r.rules_, RenameRules::Create(options.rename));
   return r;
 }
 
 Result<std::string> Renamer::Apply(const std::string& name) const {
   if (fn_) return fn_(name);
-  std::string out = name;
-  for (const auto& [re, replacement] : rules_) RE2::GlobalReplace(&out, *re, replacement);
-  return out;
+  return rules_->Apply(name);
 }
 
 Status ValidateExpertRules(const std::vector<ExpertRule>& rules) {

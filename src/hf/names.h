@@ -1,8 +1,8 @@
 // Names on the way out of a checkpoint: which keys an export takes, how
 // grouped expert tensors split into per-expert ones, and the rename rules.
 //
-// Patterns are RE2 (Python re syntax without backreferences or lookaround);
-// they are compiled once and reported with the offending pattern when bad.
+// Patterns are RE2 (shardsafe/hf.h RenameRule); they are compiled once and
+// reported with the offending pattern when bad.
 // Expert patterns are not regexes: literal dot-separated parts, one of
 // which in each source is `*` (an expert number), matched as whole parts
 // anywhere in a key.
@@ -48,7 +48,7 @@ class Renamer {
 
  private:
   Renamer() = default;
-  std::vector<std::pair<std::unique_ptr<re2::RE2>, std::string>> rules_;
+  std::optional<RenameRules> rules_;
   std::function<Result<std::string>(const std::string&)> fn_;
 };
 

@@ -369,7 +369,9 @@ ExportHfOptions ParseExportOptions(nb::dict d, std::optional<std::string> dtype,
                           .Done();
   if (dtype) o.dtype = Unwrap(ParseDType(*dtype));
   for (const auto& [sources, target, dim] : experts) o.experts.push_back({sources, target, dim});
-  if (!rename.is_none()) {
+  if (nb::isinstance<RenameRules>(rename)) {
+    o.rename = nb::cast<const RenameRules&>(rename).rules();
+  } else if (!rename.is_none()) {
     // Called from ExportHf's planning, on this thread, with the GIL released.
     // Copies of the function (inside the engine, GIL released) copy only the
     // shared_ptr; the last owner is `o`, destroyed with the GIL held.
@@ -433,7 +435,8 @@ void RegisterErrors() {
       std::rethrow_exception(p);
     } catch (const StatusError& e) {
       nb::object make = nb::module_::import_("shardsafe.errors").attr("from_status");
-      nb::object exc = make(std::string(StatusCodeName(e.status.code())), e.status.message());
+      nb::object exc = make(std::string(StatusCodeName(e.status.code())), e.status.message(),
+                            std::string(ErrorDetailName(e.status.detail())));
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
     }
   });
@@ -507,6 +510,23 @@ NB_MODULE(_C, m) {
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
         },
         "targets"_a, "source"_a, "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none());
+
+  // Rename rules in the engine's one dialect (shardsafe/hf.h RenameRule),
+  // for loads as for exports.
+  nb::class_<RenameRules>(m, "RenameRules")
+      .def("__init__",
+           [](RenameRules* self, const std::vector<std::pair<std::string, std::string>>& rules) {
+             std::vector<RenameRule> r;
+             for (const auto& [pattern, replacement] : rules) r.push_back({pattern, replacement});
+             new (self) RenameRules(Unwrap(RenameRules::Create(r)));
+           },
+           "rules"_a)
+      .def("__call__", &RenameRules::Apply, "name"_a)
+      .def_prop_ro("rules", [](const RenameRules& r) {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const RenameRule& rule : r.rules()) out.emplace_back(rule.pattern, rule.replacement);
+        return out;
+      });
 
   m.def("export_hf",
         [](const std::string& source, const std::string& out, nb::dict options,

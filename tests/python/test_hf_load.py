@@ -173,6 +173,33 @@ def test_rename_collision_names_both_checkpoint_keys(tmp_path):
         shardsafe.load({"norm.weight": torch.zeros(32)}, tmp_path / "m", rename=["^model"])
 
 
+def test_rename_rules_are_the_engines_re2_dialect_for_load_and_export(tmp_path):
+    save_llama(tmp_path / "m")
+    # Lookaround is Python re but not RE2: refused by load and export alike,
+    # naming the pattern, before anything is read or written.
+    for call in (lambda r: shardsafe.load({"norm.weight": torch.zeros(32)}, tmp_path / "m",
+                                          rename=r, strict=False),
+                 lambda r: shardsafe.hf.export(tmp_path / "m", tmp_path / "out", rename=r)):
+        with pytest.raises(shardsafe.InvalidStateError,
+                           match=re.escape('rename pattern "(?<=model\\.)norm"')):
+            call([(r"(?<=model\.)norm", "n")])
+    assert not (tmp_path / "out").exists()
+    # The same rules map the same names both ways.
+    rules = [(r"^model\.(norm|embed_tokens)\.", r"\1.")]
+    got = {"norm.weight": torch.zeros(32)}
+    shardsafe.load(got, tmp_path / "m", rename=rules, strict=False)
+    shardsafe.hf.export(tmp_path / "m", tmp_path / "out", rename=rules)
+    assert torch.equal(load_file(str(tmp_path / "out" / "model.safetensors"))["norm.weight"],
+                       got["norm.weight"])
+
+
+def test_error_classes_follow_the_engines_detail_not_the_message():
+    from shardsafe.errors import from_status
+    assert type(from_status("INVALID_ARGUMENT", "x", "SHAPE_MISMATCH")) is shardsafe.ShapeMismatchError
+    assert type(from_status("INVALID_ARGUMENT", "x", "DTYPE_MISMATCH")) is shardsafe.DTypeMismatchError
+    assert type(from_status("INVALID_ARGUMENT", "shape mismatch: a value")) is shardsafe.InvalidStateError
+
+
 def test_rename_applies_to_values_of_shardsafe_checkpoints(tmp_path):
     shardsafe.save({"old": {"w": torch.ones(2), "step": 7}}, tmp_path / "s")
     got = {"new": {"w": torch.zeros(2), "step": 0}}

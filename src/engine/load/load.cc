@@ -31,19 +31,22 @@ Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOp
   if (t.shape != saved.shape) {
     return InvalidArgumentError(who() + ": shape mismatch: checkpoint has " +
                                 ShapeToString(saved.shape) + ", target has " +
-                                ShapeToString(t.shape));
+                                ShapeToString(t.shape))
+        .WithDetail(ErrorDetail::kShapeMismatch);
   }
   if (t.dtype != saved.dtype) {
     if (!options.convert_dtypes) {
       return InvalidArgumentError(who() + ": dtype mismatch: checkpoint has " +
                                   std::string(DTypeName(saved.dtype)) + ", target has " +
                                   std::string(DTypeName(t.dtype)) +
-                                  " (allow conversion with convert_dtypes)");
+                                  " (allow conversion with convert_dtypes)")
+          .WithDetail(ErrorDetail::kDTypeMismatch);
     }
     if (!CanConvert(saved.dtype, t.dtype)) {
       return InvalidArgumentError(who() + ": cannot convert " +
                                   std::string(DTypeName(saved.dtype)) + " to " +
-                                  std::string(DTypeName(t.dtype)));
+                                  std::string(DTypeName(t.dtype)))
+          .WithDetail(ErrorDetail::kDTypeMismatch);
     }
   }
   Status s = ValidateSlice(t.slice, t.shape, t.dtype);
