@@ -454,7 +454,7 @@ SaveSide BuildSave(const Layout& l, Arena& src) {
       }
       side.states[r].tensors.push_back({t.key, t.dtype, t.shape, *s, bufs[owner][i]});
     }
-    side.states[r].values["step"] = 1;
+    side.states[r].values = R"({"step": 1})";
   }
   return side;
 }

@@ -15,12 +15,16 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/test_util.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/mpi_comm.h"
 
 namespace shardsafe {
 namespace {
+
+using Json = nlohmann::json;
 
 using testing::OracleShard;
 using testing::OwnedShard;
@@ -122,10 +126,9 @@ std::unique_ptr<RankState> TrainingState(int rank, int64_t step) {
   for (const auto& s : sh) rs->state.tensors.push_back(s.View());
   rs->state.blobs.push_back({"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true});
   rs->state.blobs.push_back({"sampler", kSampler.data(), kSampler.size(), false});
-  rs->state.values["step"] = step;
-  rs->state.values["config"] = {{"lr", 0.0003}, {"tp", 2}, {"dp", 2}};
-  rs->state.metadata = {{"run", "mpi-test"}};
-  rs->state.layout = {{"tp", 2}, {"dp", 2}};
+  rs->state.values = Json{{"step", step}, {"config", {{"lr", 0.0003}, {"tp", 2}, {"dp", 2}}}}.dump();
+  rs->state.metadata = Json{{"run", "mpi-test"}}.dump();
+  rs->state.layout = Json{{"tp", 2}, {"dp", 2}}.dump();
   return rs;
 }
 
@@ -160,8 +163,9 @@ std::string CheckLoaded(const Result<LoadResult>& res, const std::vector<Target>
     std::string m = Mismatch(t, step);
     if (!m.empty()) err += m + "; ";
   }
-  if (res->values.value("step", int64_t{-1}) != step) err += "values " + res->values.dump() + "; ";
-  if (res->values["config"]["tp"] != 2) err += "config lost; ";
+  const Json values = Json::parse(res->values);
+  if (values.value("step", int64_t{-1}) != step) err += "values " + res->values + "; ";
+  if (values["config"]["tp"] != 2) err += "config lost; ";
   if (res->saved_world_size != 4) err += "saved_world_size " + std::to_string(res->saved_world_size) + "; ";
   auto rng = res->blobs.find("rng");
   if (rng == res->blobs.end() || rng->second != RngBlob(g_rank, step)) err += "per-rank blob; ";
@@ -198,8 +202,9 @@ void Run(const std::string& root) {
     const std::string err = CheckLoaded(res, targets, 0);
     Check(err.empty(), "load in TP=4 / flat / replica layout", err);
     if (res.ok()) {
-      Check(res->layout == Json({{"tp", 2}, {"dp", 2}}) && res->metadata["run"] == "mpi-test",
-            "layout and metadata round-trip", res->layout.dump());
+      Check(Json::parse(res->layout) == Json({{"tp", 2}, {"dp", 2}}) &&
+                Json::parse(res->metadata)["run"] == "mpi-test",
+            "layout and metadata round-trip", res->layout);
     }
   }
   {

@@ -4,7 +4,7 @@
 //   shardsafe::SaveState state;
 //   state.tensors.push_back({"layers.0.wq", DType::kBF16, {4096, 4096},
 //                            {Box{{rank * 2048, 0}, {2048, 4096}}}, ptr});
-//   state.values["step"] = 100;
+//   state.values = R"({"step": 100})";
 //   SS_RETURN_IF_ERROR(shardsafe::Save(state, "/ckpt/step-100", *comm, {}).status());
 //
 // Every call here is collective: all ranks of `comm` call it with their own
@@ -26,8 +26,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "shardsafe/comm.h"
 #include "shardsafe/device_memory.h"
 #include "shardsafe/filesystem.h"
@@ -35,8 +33,6 @@
 #include "shardsafe/types.h"
 
 namespace shardsafe {
-
-using Json = nlohmann::json;
 
 // ---------------------------------------------------------------- saving --
 
@@ -65,15 +61,19 @@ struct BlobRef {
   bool per_rank = false;
 };
 
+// User JSON crosses this API as text (UTF-8, RFC 8259), so any JSON library
+// can build and read it. A save checks and rewrites it in one canonical form
+// (compact, object keys sorted); a load returns that text.
 struct SaveState {
   std::vector<TensorShard> tensors;
   std::vector<BlobRef> blobs;
-  // Global JSON values, saved once (rank 0's). Every value another rank
-  // passes must equal rank 0's under the same key (checked: InvalidArgument
-  // naming the key and ranks otherwise); per-rank data goes in per-rank blobs.
-  Json values = Json::object();
-  Json metadata;                 // user metadata (rank 0's)
-  Json layout;                   // description of the parallel layout (rank 0's)
+  // Global values, a JSON object saved once (rank 0's). Every value another
+  // rank passes must equal rank 0's under the same key (checked:
+  // InvalidArgument naming the key and ranks otherwise); per-rank data goes
+  // in per-rank blobs. Empty: none.
+  std::string values;
+  std::string metadata;  // user metadata, any JSON (rank 0's); empty: none
+  std::string layout;    // description of the parallel layout (rank 0's); empty: none
 };
 
 struct Progress {
@@ -127,7 +127,8 @@ struct SaveStats {
 // Saves `state` as the checkpoint directory `path` (its last component is
 // the tag: a safe name, docs/format.md §1). The directory appears only when
 // complete. Returns OK exactly when the checkpoint is committed. AlreadyExists if `path` exists (unless overwrite); InvalidArgument
-// for a bad tag or layout (dtype/shape disagreement, gaps, overlaps);
+// for a bad tag or layout (dtype/shape disagreement, gaps, overlaps) or
+// text in values / metadata / layout that is not JSON;
 // ResourceExhausted for a full disk; Unavailable for I/O errors.
 Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
                        const SaveOptions& options);
@@ -176,9 +177,11 @@ struct LoadOptions {
 struct LoadResult {
   std::string path;  // the checkpoint directory or file actually loaded
   std::string tag;
-  Json values;    // the saved global JSON values
-  Json metadata;  // the saved user metadata
-  Json layout;    // the saved layout description
+  // As saved, in canonical JSON text (SaveState): values an object ("{}"
+  // when none), metadata and layout "null" when none.
+  std::string values;
+  std::string metadata;
+  std::string layout;
   int saved_world_size = 1;
   // Global blobs, and this rank's per-rank blobs (when the checkpoint has
   // one for this rank number).

@@ -206,12 +206,13 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                   desc: dict, rename: _keys.Rename, experts: Sequence[_keys.ExpertGroup],
                   dequantize_fp8: bool, options: LoadOptions,
                   skip: Callable[[str], bool] | None,
-                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict]:
+                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict, dict]:
     """This rank's side of a load, before any collective: the checkpoint's
-    keys mapped, this rank's reads planned, and its report (a _Report as a
-    dict) of missing and unexpected keys."""
+    keys mapped, this rank's reads planned, its report (a _Report as a
+    dict) of missing and unexpected keys, and the saved values (renamed;
+    parsed here once per load)."""
     keys = _keys.KeyMap(desc["tensors"], rename, experts)
-    values = keys.rename_values(json.loads(desc["values"] or "{}") or {})
+    values = keys.rename_values(json.loads(desc["values"]) or {})
     excluded = set(values.pop(RESERVED_KEY, {}).get("excluded_frozen", ()))
     pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
                if b.startswith(PICKLE_PREFIX)}
@@ -239,7 +240,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                       if rank not in per_rank.get(k, ())],
                      [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
                       if r >= world])
-    return keys, plan, report.__dict__
+    return keys, plan, report.__dict__, values
 
 
 def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set[str]:
@@ -320,7 +321,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     comm = resolve(process_group)
     options = LoadOptions.of(options, kwargs)
     skip = _skipper(skip_keys)
-    flat = plan = desc = keys = source = None
+    flat = plan = desc = keys = source = values = None
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
@@ -328,7 +329,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
         source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
                                                 ask=rename is None, skip=skip)
         desc = _C.describe_source(source)
-        keys, plan, report = _prepare_load(
+        keys, plan, report, values = _prepare_load(
             flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
             comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
@@ -350,15 +351,13 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
-    values = keys.rename_values(json.loads(result["values"]) or {})
-    values.pop(RESERVED_KEY, None)
     saved_values = {k: from_json(v, None) for k, v in values.items()}
     if skip is not None:
         values = {k: v for k, v in values.items() if not skip(k)}
     absent = sorted({k for r in reports for k in r["absent_state"]})
     _finish(state_dict, flat, values, blobs, unsafe_pickle, absent)
     return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
-                      sorted(unexpected + pr_unused), json.loads(result["metadata"]),
+                      sorted(unexpected + pr_unused), json.loads(desc["metadata"]),
                       result["bytes_read"], result["seconds"], result["bytes_shared"],
                       saved_values)
 

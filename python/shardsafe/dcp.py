@@ -419,6 +419,7 @@ class Reader(StorageReader):
         self.options = LoadOptions.of(None, options).engine()
         self._opened: dict | None = None  # described by reset, not yet used by a load
         self._desc: dict | None = None  # the checkpoint of the load in progress
+        self._values: dict = {}  # its saved values (read_metadata)
         self._sources: dict[str, _Value] = {}
         self.reset(path)
 
@@ -446,7 +447,7 @@ class Reader(StorageReader):
         # A root's latest may move between loads: describe it again unless
         # the description from reset is still unused.
         desc, self._opened = self._opened or _C.describe(self.path), None
-        values = json.loads(desc["values"] or "{}") or {}
+        values = self._values = json.loads(desc["values"]) or {}
         planner_data = {}
         if PLANNER_DATA_BLOB in desc["blobs"]:
             blobs = _C.load([], desc["path"], None, self.options)["blobs"]
@@ -481,10 +482,10 @@ class Reader(StorageReader):
                 if r.dest is not r.target:
                     r.target.copy_(r.dest)
                 planner.commit_tensor(r.item, r.target)
-        values = json.loads(result["values"]) or {}
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
-                data = self._value_bytes(item.storage_index.fqn, planner, values, result["blobs"])
+                data = self._value_bytes(item.storage_index.fqn, planner, self._values,
+                                         result["blobs"])
                 planner.load_bytes(item, io.BytesIO(data))
         return _done(None)
 

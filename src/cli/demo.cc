@@ -75,9 +75,10 @@ SaveState StateOf(const SaveSide& side, const DemoOptions& o, int rank, const st
                              DemoSlice(t, tp_rank, o.save_tp, dp_rank, o.save_dp),
                              side.buffers[owner][i].data()});
   }
-  state.values = {{"step", 100}, {"config", {{"lr", 3e-4}, {"layers", o.model.layers}}}};
-  state.layout = {{"tp", o.save_tp}, {"dp", o.save_dp}, {"zero", 1}};
-  state.metadata = {{"producer", "shardsafe demo"}};
+  const Json config = {{"lr", 3e-4}, {"layers", o.model.layers}};
+  state.values = Json{{"step", 100}, {"config", config}}.dump();
+  state.layout = Json{{"tp", o.save_tp}, {"dp", o.save_dp}, {"zero", 1}}.dump();
+  state.metadata = Json{{"producer", "shardsafe demo"}}.dump();
   state.blobs.push_back({"rng", rng.data(), rng.size(), true});
   return state;
 }
@@ -135,7 +136,7 @@ Status LoadRank(const DemoOptions& o, int rank, Comm& comm, Totals* totals, std:
   SS_ASSIGN_OR_RETURN(LoadResult res, manager.Load(req, std::nullopt, comm, opts));
   uint64_t bad = 0;
   for (size_t i = 0; i < tensors.size(); ++i) bad += CheckSlice(tensors[i], slices[i], buffers[i].data());
-  if (res.values["step"] != 100) ++bad;
+  if (Json::parse(res.values)["step"] != 100) ++bad;
   if (rank < o.save_tp * o.save_dp && res.blobs["rng"] != DemoRngState(rank)) ++bad;
   std::lock_guard<std::mutex> lock(*mu);
   totals->needed += res.bytes_needed;

@@ -62,7 +62,7 @@ Result<ImportSummary> Import(const std::string& src_path, const std::string& dst
   if (progress) progress->Finish();
 
   if (src.native) {
-    state.values = loaded.values.is_null() ? Json::object() : loaded.values;
+    state.values = loaded.values;
     state.metadata = loaded.metadata;
     for (const auto& [name, blob] : src.index.blobs) {
       if (blob.per_rank) {

@@ -41,9 +41,9 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
             << "kind      " << (src.native ? "shardsafe checkpoint (format v1)" : "safetensors (no index, no checksums)") << "\n";
   if (src.native) {
     std::cout << "tag       " << Printable(ix.tag) << "\n"
-              << "saved by  " << ix.world_size << " rank(s), layout " << ix.layout.dump() << "\n";
-    if (!ix.metadata.is_null()) std::cout << "metadata  " << ix.metadata.dump() << "\n";
-    if (!ix.values.empty()) std::cout << "values    " << ix.values.dump() << "\n";
+              << "saved by  " << ix.world_size << " rank(s), layout " << ix.layout << "\n";
+    if (ix.metadata != "null") std::cout << "metadata  " << ix.metadata << "\n";
+    if (ix.values != "{}") std::cout << "values    " << ix.values << "\n";
     for (const auto& [name, b] : ix.blobs) {
       std::cout << "blob      " << Printable(name) << (b.per_rank ? " (per rank, " : " (global, ")
                 << b.chunks.size() << " chunk(s))\n";

@@ -7,9 +7,13 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe::cli {
+
+using Json = nlohmann::json;  // --json output
 
 // Exit codes: 0 success, 1 a check found problems (verify, diff), 2 error.
 inline constexpr int kExitOk = 0;

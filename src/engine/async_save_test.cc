@@ -1,3 +1,5 @@
+#include <nlohmann/json.hpp>
+
 #include "shardsafe/async_save.h"
 
 #include <gmock/gmock.h>
@@ -11,6 +13,8 @@
 
 namespace shardsafe {
 namespace {
+
+using Json = nlohmann::json;
 
 using ::testing::HasSubstr;
 using testing::MakeShard;
@@ -40,7 +44,7 @@ std::unique_ptr<RankState> MakeState(int r, int64_t step) {
   s->rng = "rng-" + std::to_string(r) + "-" + std::to_string(step);
   for (auto& sh : s->shards) s->state.tensors.push_back(sh.View());
   s->state.blobs.push_back({"rng", s->rng.data(), s->rng.size(), true});
-  s->state.values["step"] = step;
+  s->state.values = Json{{"step", step}}.dump();
   return s;
 }
 
@@ -59,7 +63,7 @@ class AsyncSaveTest : public ::testing::Test {
       auto res = m.Load(req, step, comm, {});
       ASSERT_TRUE(res.ok()) << res.status().ToString();
       EXPECT_TRUE(MatchesOracle(t));
-      EXPECT_EQ(res->values["step"], expect_step);
+      EXPECT_EQ(Json::parse(res->values)["step"], expect_step);
       EXPECT_EQ(res->blobs["rng"], "rng-" + std::to_string(r) + "-" + std::to_string(expect_step));
     });
   }
@@ -304,7 +308,7 @@ struct WholeState {
   SaveState state;
   explicit WholeState(int64_t step) {
     state.tensors.push_back(w.View());
-    state.values["step"] = step;
+    state.values = Json{{"step", step}}.dump();
   }
 };
 
@@ -340,7 +344,7 @@ TEST_F(AsyncSaveTest, AnotherSaveIntoTheRootLeavesTheSaveInFlightAlone) {
     auto res = Load(req, root_ + "/step-" + std::to_string(step), *comm, {});
     ASSERT_TRUE(res.ok()) << res.status().ToString();
     EXPECT_TRUE(MatchesOracle(t));
-    EXPECT_EQ(res->values["step"], step);
+    EXPECT_EQ(Json::parse(res->values)["step"], step);
   }
 }
 

@@ -17,10 +17,14 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/test_util.h"
 
 namespace shardsafe {
 namespace {
+
+using Json = nlohmann::json;
 
 namespace fs = std::filesystem;
 
@@ -71,7 +75,7 @@ Status SaveStep(const std::string& root, int64_t step) {
   }
   const std::string rng = RngBlob(step);
   state.blobs.push_back({"rng", rng.data(), rng.size(), /*per_rank=*/true});
-  state.values["step"] = step;
+  state.values = Json{{"step", step}}.dump();
   auto comm = MakeSingleProcessComm();
   CheckpointManager m(root, {.keep_last = 2});
   SaveOptions opts;
@@ -100,8 +104,8 @@ Status SaveStep(const std::string& root, int64_t step) {
                                            << " is not step " << step << "'s";
     }
   }
-  if (res->values.value("step", int64_t{-1}) != step) {
-    return ::testing::AssertionFailure() << path << ": values " << res->values.dump();
+  if (Json::parse(res->values).value("step", int64_t{-1}) != step) {
+    return ::testing::AssertionFailure() << path << ": values " << res->values;
   }
   if (res->blobs["rng"] != RngBlob(step)) {
     return ::testing::AssertionFailure() << path << ": blob rng differs";

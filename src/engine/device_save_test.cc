@@ -8,12 +8,16 @@
 #include <map>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/test_util.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/device_memory.h"
 
 namespace shardsafe {
 namespace {
+
+using Json = nlohmann::json;
 
 using ::testing::HasSubstr;
 using testing::MakeShard;
@@ -129,7 +133,7 @@ DeviceState MakeDeviceState(int r) {
     s.state.tensors.push_back(t);
   }
   s.device_bytes = s.shards[0].bytes.size();
-  s.state.values["step"] = 1;
+  s.state.values = R"({"step": 1})";
   return s;
 }
 

@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/test_util.h"
 #include "storage/fault_injection.h"
 
@@ -28,6 +30,8 @@ namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
+
+using Json = nlohmann::json;
 using testing::OracleShard;
 using testing::OwnedShard;
 using testing::RunRanks;
@@ -84,9 +88,8 @@ std::unique_ptr<RankState> MakeRankState(int64_t step, int rank) {
   for (const auto& s : rs->shards) rs->state.tensors.push_back(s.View());
   rs->state.blobs.push_back({"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true});
   rs->state.blobs.push_back({"sampler", rs->sampler.data(), rs->sampler.size(), false});
-  rs->state.values["step"] = step;
-  rs->state.values["config"] = {{"lr", 0.0003}, {"name", "fault"}};
-  rs->state.layout = {{"tp", kRanks}};
+  rs->state.values = Json{{"step", step}, {"config", {{"lr", 0.0003}, {"name", "fault"}}}}.dump();
+  rs->state.layout = Json{{"tp", kRanks}}.dump();
   return rs;
 }
 
@@ -168,7 +171,9 @@ std::vector<Status> SaveStep(const std::string& root, int64_t step, FileSystem* 
       }
     }
     if (res->tag != tag) err += "loaded tag " + res->tag + "; ";
-    if (res->values.value("step", int64_t{-1}) != step) err += "values " + res->values.dump() + "; ";
+    if (Json::parse(res->values).value("step", int64_t{-1}) != step) {
+      err += "values " + res->values + "; ";
+    }
     if (res->blobs["rng"] != RngBlob(step, r)) err += "per-rank blob rng differs; ";
     if (res->blobs["sampler"] != SamplerBlob(step)) err += "global blob sampler differs; ";
     verified[r] = res->chunks_verified;

@@ -4,10 +4,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/test_util.h"
 
 namespace shardsafe {
 namespace {
+
+using Json = nlohmann::json;
 
 class ManagerTest : public ::testing::Test {
  protected:
@@ -19,7 +23,7 @@ class ManagerTest : public ::testing::Test {
     const float data[4] = {1, 2, 3, static_cast<float>(step)};
     SaveState state;
     state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
-    state.values["step"] = step;
+    state.values = Json{{"step", step}}.dump();
     return m.Save(step, state, *comm, options).status();
   }
 
@@ -37,7 +41,7 @@ class ManagerTest : public ::testing::Test {
     auto comm = MakeSingleProcessComm();
     auto res = m.Load({}, step, *comm, {});
     EXPECT_TRUE(res.ok()) << res.status().ToString();
-    return res.ok() ? res->values["step"].get<int64_t>() : -1;
+    return res.ok() ? Json::parse(res->values)["step"].get<int64_t>() : -1;
   }
 
   std::string root_;

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/load/source.h"
 #include "engine/test_util.h"
 #include "format/index.h"
@@ -13,6 +15,7 @@ namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
+using Json = nlohmann::json;
 using testing::FlipByte;
 using testing::MakeShard;
 using testing::MakeTarget;
@@ -50,7 +53,7 @@ class SaveLoadTest : public ::testing::Test {
     RunRanks(static_cast<int>(shards.size()), [&](int r, Comm& comm) {
       SaveState state;
       for (const auto& s : shards[r]) state.tensors.push_back(s.View());
-      state.values["step"] = 7;
+      state.values = R"({"step": 7})";
       out[r] = Save(state, path, comm, options).status();
     });
     return out;
@@ -169,7 +172,7 @@ TEST_F(SaveLoadTest, TensorParallelSaveLoadsIntoOtherSplit) {
   std::vector<LoadResult> results;
   for (const Status& st : LoadToRanks(load, Path("tp"), {}, &results)) ASSERT_TRUE(st.ok()) << st.ToString();
   for (auto& ranks : load) EXPECT_TRUE(MatchesOracle(ranks[0]));
-  EXPECT_EQ(results[0].values["step"], 7);
+  EXPECT_EQ(Json::parse(results[0].values)["step"], 7);
   EXPECT_EQ(results[0].saved_world_size, 4);
 }
 
@@ -221,34 +224,59 @@ TEST_F(SaveLoadTest, ValuesThatDifferAndDestinationsThatDifferFailTheSave) {
   auto save_with = [&](auto edit) {
     RunRanks(3, [&](int r, Comm& comm) {
       SaveState state;
-      state.values["step"] = 7;
+      Json values = {{"step", 7}};
       std::string path = Path("v");
-      edit(r, state, path);
+      edit(r, values, path);
+      state.values = values.dump();
       out[r] = Save(state, path, comm, {}).status();
     });
   };
-  save_with([](int r, SaveState& s, std::string&) { s.values["loader"] = r == 2 ? 5 : 4; });
+  save_with([](int r, Json& values, std::string&) { values["loader"] = r == 2 ? 5 : 4; });
   for (const Status& st : out) {
     EXPECT_THAT(st.message(), HasSubstr("value \"loader\" differs between ranks 0 and 2"));
   }
-  save_with([](int r, SaveState& s, std::string&) {
-    if (r == 1) s.values["rank1_only"] = 1;
+  save_with([](int r, Json& values, std::string&) {
+    if (r == 1) values["rank1_only"] = 1;
   });
   for (const Status& st : out) {
     EXPECT_THAT(st.message(),
                 HasSubstr("value \"rank1_only\" is passed by rank 1 but not by rank 0"));
   }
-  save_with([&](int r, SaveState&, std::string& path) { path = Path("v" + std::to_string(r)); });
+  save_with([&](int r, Json&, std::string& path) { path = Path("v" + std::to_string(r)); });
   for (const Status& st : out) {
     EXPECT_THAT(st.message(), HasSubstr("rank 0 saves to \"" + Path("v0") + "\", rank 1 to \"" +
                                         Path("v1") + "\""));
   }
   EXPECT_TRUE(ListNames(root_).empty());
   // Ranks that pass fewer values than rank 0 lose nothing: allowed.
-  save_with([](int r, SaveState& s, std::string&) {
-    if (r == 0) s.values["only_rank0"] = true;
+  save_with([](int r, Json& values, std::string&) {
+    if (r == 0) values["only_rank0"] = true;
   });
   for (const Status& st : out) EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// User JSON is text at the API: checked on every rank, saved in one
+// canonical form (compact, keys sorted), returned as that text.
+TEST_F(SaveLoadTest, UserJsonIsCheckedAndSavedCanonically) {
+  auto save = [&](const std::string& values, const std::string& metadata, const std::string& tag) {
+    SaveState state;
+    state.values = values;
+    state.metadata = metadata;
+    return Save(state, Path(tag), *MakeSingleProcessComm(), {}).status();
+  };
+  Status st = save(R"({"step": 1)", "", "a");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("values: not valid JSON text"));
+  EXPECT_THAT(save("[1, 2]", "", "a").message(), HasSubstr("values: not a JSON object"));
+  EXPECT_THAT(save("{}", "{'a': 1}", "a").message(), HasSubstr("metadata: not valid JSON text"));
+  EXPECT_TRUE(ListNames(root_).empty());
+
+  ASSERT_TRUE(save(R"( {"z": [1, 2.5], "a": {"y": null, "b": "\u00e9"}} )", "", "b").ok());
+  auto res = Load({}, Path("b"), *MakeSingleProcessComm(), {});
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  EXPECT_EQ(res->values, std::string(R"({"a":{"b":")") + "\xc3\xa9" + R"(","y":null},"z":[1,2.5]})");
+  EXPECT_EQ(res->metadata, "null");
+  EXPECT_EQ(res->layout, "null");
 }
 
 TEST_F(SaveLoadTest, FlatZeroShardsLoadAsBoxesAndBack) {
@@ -642,9 +670,9 @@ TEST_F(SaveLoadTest, ValuesAndBlobsRoundTrip) {
     rng[r] = "rng-state-of-rank-" + std::to_string(r);
     const std::string sampler = "sampler-position";
     SaveState state;
-    state.values = {{"step", 42}, {"config", {{"lr", 0.001}}}};
-    state.metadata = {{"run", "test"}};
-    state.layout = {{"dp", n}};
+    state.values = Json{{"step", 42}, {"config", {{"lr", 0.001}}}}.dump();
+    state.metadata = Json{{"run", "test"}}.dump();
+    state.layout = Json{{"dp", n}}.dump();
     state.blobs.push_back({"rng", rng[r].data(), rng[r].size(), true});
     state.blobs.push_back({"sampler", sampler.data(), sampler.size(), false});
     ASSERT_TRUE(Save(state, Path("obj"), comm, {}).ok());
@@ -652,10 +680,11 @@ TEST_F(SaveLoadTest, ValuesAndBlobsRoundTrip) {
   RunRanks(n, [&](int r, Comm& comm) {
     auto res = Load({}, Path("obj"), comm, {});
     ASSERT_TRUE(res.ok()) << res.status().ToString();
-    EXPECT_EQ(res->values["step"], 42);
-    EXPECT_EQ(res->values["config"]["lr"], 0.001);
-    EXPECT_EQ(res->metadata["run"], "test");
-    EXPECT_EQ(res->layout["dp"], n);
+    const Json values = Json::parse(res->values);
+    EXPECT_EQ(values["step"], 42);
+    EXPECT_EQ(values["config"]["lr"], 0.001);
+    EXPECT_EQ(Json::parse(res->metadata)["run"], "test");
+    EXPECT_EQ(Json::parse(res->layout)["dp"], n);
     EXPECT_EQ(res->blobs["rng"], rng[r]);
     EXPECT_EQ(res->blobs["sampler"], "sampler-position");
   });

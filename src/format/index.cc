@@ -2,14 +2,16 @@
 // ParseIndex lives in index_parse.cc.
 //
 // The index is written as compact text with fields in the order of the
-// format document; user JSON (layout, metadata, values) through nlohmann. Optional fields (a chunk's `flat`
-// and `crc32c`) are omitted when absent, never written as null. Strings that
+// format document; user JSON (layout, metadata, values) as the text the
+// index holds. Optional fields (a chunk's `flat` and `crc32c`) are omitted when absent, never written as null. Strings that
 // are not valid UTF-8 (a caller bug: keys come from Python str or C++ code)
 // are written with U+FFFD in place of the bad bytes rather than throwing.
 #include "format/index.h"
 
 #include <charconv>
 #include <cstdio>
+
+#include <nlohmann/json.hpp>
 
 #include "format/json_text.h"
 
@@ -120,8 +122,8 @@ std::string SerializeIndex(const CheckpointIndex& index) {
   t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(index.version);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
   t.Field("world_size").Num(index.world_size);
-  t.Field("layout").Raw(Dump(ordered_json(index.layout)));
-  t.Field("metadata").Raw(Dump(ordered_json(index.metadata)));
+  t.Field("layout").Raw(index.layout);
+  t.Field("metadata").Raw(index.metadata);
   t.Field("files").Raw("[");
   for (size_t i = 0; i < index.files.size(); ++i) {
     const IndexFile& f = index.files[i];
@@ -131,7 +133,7 @@ std::string SerializeIndex(const CheckpointIndex& index) {
   }
   t.Raw("]").Field("tensors");
   ObjectText(index.tensors, TensorText, t);
-  t.Field("values").Raw(Dump(ordered_json(index.values)));
+  t.Field("values").Raw(index.values);
   t.Field("blobs");
   ObjectText(index.blobs, BlobText, t);
   return t.Raw("}").Take();

@@ -16,8 +16,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "shardsafe/status.h"
 #include "shardsafe/types.h"
 
@@ -68,11 +66,13 @@ struct CheckpointIndex {
   std::string tag;
   int64_t created_unix = 0;
   int world_size = 1;
-  nlohmann::json layout;    // null if none
-  nlohmann::json metadata;  // null if none
+  // User JSON, as compact JSON text (docs/format.md §3): written as given
+  // (the engine canonicalizes it before), read back minified.
+  std::string layout = "null";
+  std::string metadata = "null";
   std::vector<IndexFile> files;
   IndexTensors tensors;
-  nlohmann::json values = nlohmann::json::object();
+  std::string values = "{}";  // a JSON object
   std::map<std::string, IndexBlob> blobs;
 };
 

@@ -13,8 +13,8 @@
 //
 // Why simdjson: a 20,000-tensor index (3 MB) took ~100 ms to parse into an
 // nlohmann DOM and ~60 ms more to free it; simdjson's tape takes ~3 ms and
-// is one allocation. `values`, `layout` and `metadata` (user JSON, small)
-// are copied into nlohmann::json, which the rest of the engine uses.
+// is one allocation. `values`, `layout` and `metadata` (user JSON) are kept
+// as minified text: the engine passes them on without looking inside.
 //
 // Stricter than the list in the document, because the engine relies on it:
 // file names must be unique, file and blob ranks must be < world_size, a
@@ -35,7 +35,6 @@ namespace shardsafe {
 namespace {
 
 namespace dom = simdjson::dom;
-using json = nlohmann::json;
 using Type = dom::element_type;
 
 constexpr size_t kMaxNesting = 256;
@@ -198,33 +197,6 @@ Status CheckUniqueKeys(dom::element e, const JsonPath* at, std::vector<std::stri
     if (IsContainer(field.value)) SS_RETURN_IF_ERROR(CheckUniqueKeys(field.value, &here, scratch));
   }
   return Status();
-}
-
-// User JSON (values, layout, metadata) as nlohmann::json, numbers typed as
-// nlohmann's own parser types them (non-negative integers unsigned).
-json ToJson(dom::element e) {
-  switch (e.type()) {
-    case Type::ARRAY: {
-      json out = json::array();
-      for (dom::element v : ArrayOf(e)) out.push_back(ToJson(v));
-      return out;
-    }
-    case Type::OBJECT: {
-      json out = json::object();
-      for (dom::key_value_pair f : ObjectOf(e)) out.emplace(std::string(f.key), ToJson(f.value));
-      return out;
-    }
-    case Type::INT64: {
-      const int64_t n = e.get_int64().value_unsafe();
-      return n >= 0 ? json(static_cast<uint64_t>(n)) : json(n);
-    }
-    case Type::UINT64: return json(e.get_uint64().value_unsafe());
-    case Type::DOUBLE: return json(e.get_double().value_unsafe());
-    case Type::STRING: return json(std::string(e.get_string().value_unsafe()));
-    case Type::BOOL: return json(e.get_bool().value_unsafe());
-    case Type::NULL_VALUE: break;
-  }
-  return json();
 }
 
 // --- Pass 3: typed fields ------------------------------------------------------
@@ -498,9 +470,9 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
   if (world == 0) return Loss("field \"world_size\"", "must be at least 1");
   index.world_size = static_cast<int>(world);
   SS_ASSIGN_OR_RETURN(dom::element layout, Get(root, "layout", ""));
-  index.layout = ToJson(layout);
+  index.layout = simdjson::minify(layout);
   SS_ASSIGN_OR_RETURN(dom::element metadata, Get(root, "metadata", ""));
-  index.metadata = ToJson(metadata);
+  index.metadata = simdjson::minify(metadata);
   SS_ASSIGN_OR_RETURN(index.files, ParseFiles(root, index.world_size));
   SS_ASSIGN_OR_RETURN(dom::element tensors, TypedField(root, "tensors", "", Type::OBJECT));
   // Keys come sorted from our writer: each goes in at the end, unsearched.
@@ -510,7 +482,7 @@ Result<CheckpointIndex> ParseRoot(dom::element value) {
     index.tensors.emplace_hint(index.tensors.end(), t.key, std::move(tensor));
   }
   SS_ASSIGN_OR_RETURN(dom::element values, TypedField(root, "values", "", Type::OBJECT));
-  index.values = ToJson(values);
+  index.values = simdjson::minify(values);
   SS_ASSIGN_OR_RETURN(dom::element blobs, TypedField(root, "blobs", "", Type::OBJECT));
   for (dom::key_value_pair b : ObjectOf(blobs)) {
     SS_RETURN_IF_ERROR(CheckKey("blob", b.key));

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace shardsafe {
 namespace {
@@ -88,7 +89,7 @@ TEST(IndexTest, ParsesValidIndex) {
   EXPECT_EQ(t.chunks[0].crc32c, std::optional<uint32_t>(7));
   EXPECT_FALSE(t.chunks[1].crc32c.has_value());
   EXPECT_EQ(t.chunks[1].slice.flat, (FlatRange{0, 16}));
-  EXPECT_EQ(r->values["config"]["lr"], 0.0003);
+  EXPECT_EQ(json::parse(r->values)["config"]["lr"], 0.0003);
   EXPECT_TRUE(r->blobs.at("rng").per_rank);
   EXPECT_EQ(r->blobs.at("sampler").chunks[0].at, 50u);
 }
@@ -98,7 +99,7 @@ TEST(IndexTest, RoundTripsThroughText) {
   index.tag = "step-00000007";
   index.created_unix = 1795305600;
   index.world_size = 3;
-  index.metadata = {{"run", "llama"}, {"n", 1}};
+  index.metadata = json{{"n", 1}, {"run", "llama"}}.dump();
   index.files = {{"data-00000-000.safetensors", 1 << 20, 0}, {"data-00002-000.safetensors", 64, 2}};
   IndexTensor& t = index.tensors["w\"\xc3\xa9"];
   t.dtype = DType::kF4;
@@ -106,7 +107,7 @@ TEST(IndexTest, RoundTripsThroughText) {
   t.chunks.push_back({Slice{Box{{0, 0}, {4, 6}}, FlatRange{4, 10}}, 0, 8, 3, 0xFFFFFFFFu});
   t.chunks.push_back({Slice{Box::Whole({4, 6}), std::nullopt}, 1, 8, 12, std::nullopt});
   index.tensors["scalar"] = IndexTensor{DType::kF64, {}, {{Slice{}, 0, 100, 8, 5}}};
-  index.values = {{"step", 7}, {"nested", {{"a", json::array({1, "b", nullptr})}}}};
+  index.values = json{{"step", 7}, {"nested", {{"a", json::array({1, "b", nullptr})}}}}.dump();
   index.blobs["rng"] = IndexBlob{true, {{0, 0, 200, 4, 9}, {2, 1, 20, 4, std::nullopt}}};
 
   const std::string text = SerializeIndex(index);
@@ -114,7 +115,7 @@ TEST(IndexTest, RoundTripsThroughText) {
   ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << text;
   EXPECT_EQ(SerializeIndex(*back), text);
   EXPECT_EQ(back->tag, index.tag);
-  EXPECT_EQ(back->layout, json());
+  EXPECT_EQ(back->layout, "null");
   EXPECT_EQ(back->metadata, index.metadata);
   EXPECT_EQ(back->values, index.values);
   const IndexTensor& t2 = back->tensors.at("w\"\xc3\xa9");

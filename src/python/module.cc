@@ -56,14 +56,6 @@ using Spec = std::variant<BoxSpec, FlatSpec>;
 
 Slice BoxSlice(Shape offset, Shape size) { return Slice{Box{std::move(offset), std::move(size)}, {}}; }
 
-Json ParseJson(const std::string& text, const char* what) {
-  try {
-    return text.empty() ? Json() : Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw StatusError(InvalidArgumentError(std::string(what) + ": not valid JSON: " + e.what()));
-  }
-}
-
 // The engine's tensor (TensorShard for a save, TensorTarget for a load) of
 // one spec (moved out of).
 template <typename Item>
@@ -107,9 +99,8 @@ SaveState MakeState(std::vector<Spec>&& tensors, WholeShards* whole, nb::list bl
     auto [name, data, per_rank] = nb::cast<std::tuple<std::string, nb::bytes, bool>>(item);
     state.blobs.push_back({name, data.c_str(), data.size(), per_rank});
   }
-  state.values = ParseJson(values_json, "values");
-  if (state.values.is_null()) state.values = Json::object();
-  state.metadata = ParseJson(metadata_json, "metadata");
+  state.values = values_json;  // checked by the save
+  state.metadata = metadata_json;
   return state;
 }
 
@@ -318,8 +309,7 @@ nb::dict ToDict(const LoadResult& r) {
   nb::dict d;
   d["path"] = r.path;
   d["tag"] = r.tag;
-  d["values"] = r.values.dump();
-  d["metadata"] = r.metadata.dump();
+  // values and metadata come with the source's description (describe_source).
   d["saved_world_size"] = r.saved_world_size;
   nb::dict blobs;
   for (const auto& [name, data] : r.blobs) {

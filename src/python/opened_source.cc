@@ -154,8 +154,8 @@ nb::dict Fields(const CheckpointSource& source) {
   d["path"] = source.path;
   d["tag"] = source.index.tag;
   d["native"] = source.native;
-  d["values"] = source.index.values.dump();
-  d["metadata"] = source.index.metadata.dump();
+  d["values"] = source.index.values;
+  d["metadata"] = source.index.metadata;
   std::vector<std::string> blobs;
   nb::dict per_rank;  // per-rank blob name -> the ranks that saved one
   for (const auto& [name, blob] : source.index.blobs) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/catalog/checkpoint_dir.h"
 #include "comm/wire.h"
 #include "layout/tiling.h"
@@ -47,7 +49,7 @@ Status AddForeignFile(FileSystem& fs, const std::string& dir, const std::string&
 // to be a plain .safetensors name inside the directory.
 Result<std::map<std::string, std::string>> ReadHfWeightMap(FileSystem& fs, const std::string& path) {
   SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, path, kMaxIndexBytes));
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return DataLossError(path + ": not a JSON object with a \"weight_map\" object");
   }

@@ -114,7 +114,7 @@ struct Job : StagedImages {
   std::string root, tag, tmp_dir;
   std::shared_ptr<FileLock> tmp_lock;  // rank 0: keeps other saves' cleanup away
   int rank = 0, world = 1;
-  SaveState meta;  // values, metadata and layout only (for rank 0's index)
+  UserJson json;  // for rank 0's index
   // Checksums of the replicas this rank holds but does not write, computed
   // by the foreground before it finishes `progress` (replica_check.h).
   std::vector<CopyChecksum> copies;
@@ -230,7 +230,7 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.tmp_dir, RankMarker("done-", r))));
   }
-  auto committed = CommitOnLeader(fs, job.plan, *reports, job.meta, job.root, job.tag,
+  auto committed = CommitOnLeader(fs, job.plan, *reports, job.json, job.root, job.tag,
                                   job.tmp_dir, job.world, job.commit);
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.tmp_dir, committed.status());
@@ -339,9 +339,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   auto job = std::make_shared<Job>();
   job->rank = comm.rank();
   job->world = comm.size();
-  job->meta.values = state.values;
-  job->meta.metadata = state.metadata;
-  job->meta.layout = state.layout;
+  job->json = std::move(prepared.json);
   job->progress = std::make_shared<StagingProgress>();
   // c, first half; a failure is reported through the background (markers).
   std::vector<DeviceMemory::Copy> device_copies;
@@ -408,8 +406,9 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
                                  const SaveOptions& options) {
   // A tag no save uses: a rank calling Save meanwhile fails the planning.
   WaitForPrevious();
+  UserJson json;
   SS_ASSIGN_OR_RETURN(SavePlan plan,
-                      GatherAndPlan(state, "(staging reservation)", comm, options));
+                      GatherAndPlan(state, "(staging reservation)", comm, options, &json));
   std::vector<StagedFile> files;
   std::vector<FileImage> images;
   SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state,

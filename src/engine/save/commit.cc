@@ -66,7 +66,7 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
 
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
-                                   const SaveState& state, const std::string& tag,
+                                   const UserJson& json, const std::string& tag,
                                    int world_size) {
   CheckpointIndex index;
   index.tag = tag;
@@ -74,9 +74,9 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
   index.world_size = world_size;
-  index.layout = state.layout;
-  index.metadata = state.metadata;
-  index.values = state.values.is_null() ? Json::object() : state.values;
+  if (!json.layout.empty()) index.layout = json.layout;
+  if (!json.metadata.empty()) index.metadata = json.metadata;
+  index.values = json.values;
   index.files.resize(plan.files.size());
   for (const PlannedTensor& t : plan.tensors) {
     index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};

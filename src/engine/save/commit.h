@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "engine/save/save_writer.h"
+#include "engine/save/user_json.h"
 #include "format/index.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
@@ -61,7 +62,7 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
 // The index of a save from its plan and what each rank wrote (by rank).
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
-                                   const SaveState& state, const std::string& tag,
+                                   const UserJson& json, const std::string& tag,
                                    int world_size);
 
 // How a save commits (steps 4-6).

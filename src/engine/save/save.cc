@@ -77,9 +77,15 @@ Status CheckAgreement(const std::vector<Announcement>& announced) {
 }  // namespace
 
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
-                               Comm& comm, const SaveOptions& options) {
-  const Status local = CheckLocalState(state, options);
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state)));
+                               Comm& comm, const SaveOptions& options, UserJson* json) {
+  Status local = CheckLocalState(state, options);
+  if (local.ok()) {
+    Result<UserJson> parsed = ParseUserJson(state);
+    local = parsed.status();
+    if (parsed.ok()) *json = std::move(parsed).value();
+  }
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state,
+                                                                          json->fingerprints)));
   std::vector<Announcement> announced(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
     SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
@@ -97,7 +103,7 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   SS_RETURN_IF_ERROR(ValidateTag(tag));
   PreparedSave prepared;
   SS_ASSIGN_OR_RETURN(prepared.plan,
-                      GatherAndPlan(state, JoinPath(root, tag), comm, options));
+                      GatherAndPlan(state, JoinPath(root, tag), comm, options, &prepared.json));
   // Step 1: rank 0 prepares the temporary directory; everyone learns it.
   Result<std::string> tmp = std::string();
   if (comm.rank() == 0) {
@@ -110,7 +116,7 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
 }
 
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const std::string& tmp_dir, int world_size,
                                    const CommitOptions& commit) {
@@ -126,7 +132,7 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
     }
   }
   if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
-  auto index = s.ok() ? BuildIndex(plan, by_rank, state, tag, world_size) : Result<CheckpointIndex>(s);
+  auto index = s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size) : Result<CheckpointIndex>(s);
   std::vector<std::string> warnings;
   s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, commit, &warnings)
                  : index.status();
@@ -193,7 +199,8 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
   Result<std::string> committed = std::string();
   if (leader) {
-    committed = CommitOnLeader(fs, plan, *reports, state, root, tag, tmp_dir, comm.size(), commit);
+    committed = CommitOnLeader(fs, plan, *reports, prepared.json, root, tag, tmp_dir, comm.size(),
+                               commit);
     if (!committed.ok()) AbandonSave(fs, tmp_dir);
   }
   auto outcome = BroadcastOrFail(comm, 0, committed);

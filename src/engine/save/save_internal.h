@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/save/commit.h"
+#include "engine/save/user_json.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
 
@@ -11,6 +12,7 @@ namespace shardsafe {
 
 struct PreparedSave {
   SavePlan plan;
+  UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
   std::string tmp_dir;
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
@@ -18,9 +20,9 @@ struct PreparedSave {
 // Protocol step 0 (collective): gather every rank's holdings and plan,
 // identically on every rank. Every rank must save to the same
 // `destination` (the checkpoint's path) and pass only global values equal
-// to rank 0's. Touches no file.
+// to rank 0's. Touches no file. `json` receives this rank's user JSON.
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination, Comm& comm,
-                               const SaveOptions& options);
+                               const SaveOptions& options, UserJson* json);
 
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
 // every rank's holdings, plan identically everywhere, and have rank 0
@@ -34,7 +36,7 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
 // post-commit warnings, one per line; on failure the temporary directory is
 // left for the caller to remove.
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   const std::vector<std::string>& reports, const SaveState& state,
+                                   const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const std::string& tmp_dir, int world_size,
                                    const CommitOptions& commit);

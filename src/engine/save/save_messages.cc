@@ -1,6 +1,5 @@
 #include "engine/save/save_messages.h"
 
-#include "base/crc32c.h"
 #include "comm/wire.h"
 
 namespace shardsafe {
@@ -28,7 +27,8 @@ Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
 
 }  // namespace
 
-std::string EncodeHoldings(const std::string& destination, const SaveState& state) {
+std::string EncodeHoldings(const std::string& destination, const SaveState& state,
+                           const std::vector<std::pair<std::string, uint64_t>>& values) {
   wire::Writer w;
   w.Str(destination);
   w.U64(state.tensors.size());
@@ -44,14 +44,10 @@ std::string EncodeHoldings(const std::string& destination, const SaveState& stat
     w.U64(b.size);
     w.U8(b.per_rank);
   }
-  const bool has_values = state.values.is_object();
-  w.U64(has_values ? state.values.size() : 0);
-  if (has_values) {
-    for (const auto& [key, value] : state.values.items()) {
-      const std::string text = value.dump();
-      w.Str(key);
-      w.U64(text.size() << 32 | Crc32c(text.data(), text.size()));
-    }
+  w.U64(values.size());
+  for (const auto& [key, fingerprint] : values) {
+    w.Str(key);
+    w.U64(fingerprint);
   }
   return w.Take();
 }

@@ -21,9 +21,10 @@ struct Announcement {
   std::vector<std::pair<std::string, uint64_t>> values;
 };
 
-// `state` as its rank announces it: keys, dtypes, shapes, slices and sizes;
-// no data.
-std::string EncodeHoldings(const std::string& destination, const SaveState& state);
+// `state` as its rank announces it: keys, dtypes, shapes, slices and sizes,
+// and its values' fingerprints (UserJson); no data.
+std::string EncodeHoldings(const std::string& destination, const SaveState& state,
+                           const std::vector<std::pair<std::string, uint64_t>>& values);
 Result<Announcement> DecodeHoldings(std::string_view msg);
 
 // What a rank reports in step 3: the files it wrote, and the checksums of

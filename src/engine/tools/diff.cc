@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/load/convert.h"
 #include "engine/load/load_internal.h"
 
@@ -94,7 +96,9 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, F
   SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSource(fs, a));
   SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSource(fs, b));
   DiffReport report;
-  report.values_equal = sa.index.values == sb.index.values;
+  // Equal as JSON (1 and 1.0, key order), not as text.
+  auto parse = [](const std::string& t) { return nlohmann::json::parse(t, nullptr, false); };
+  report.values_equal = parse(sa.index.values) == parse(sb.index.values);
   for (const auto& [key, t] : sa.index.tensors) {
     if (!sb.index.tensors.count(key)) {
       report.tensors.push_back(Verdict(key, "only in A"));
