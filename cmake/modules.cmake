@@ -1,4 +1,4 @@
-# shardsafe_module(NAME DEPS ... [INCLUDES ...] [TEST_DEPS ...])
+# shardsafe_module(NAME DEPS ... [INCLUDES ...] [TEST_DEPS ...] [SEALED])
 #
 # One static library per module, ss_NAME (a NAME like engine/save gives
 # ss_engine_save), from src/NAME/*.cc (tests, benchmarks and fuzzers
@@ -13,6 +13,12 @@
 # -> src/engine/load, ...), and that tree, not src/, is its include path.
 # Including another module's header ("engine/save/commit.h" from
 # engine/load) fails to compile: tests/CMakeLists.txt checks that it does.
+#
+# A SEALED module (the engine) is seen from above only through the public
+# headers, include/shardsafe/: the modules that depend on it see its
+# dependencies outside it (base, format, ...) but none of its own folders.
+# Its tests, and tests that list it in TEST_DEPS or call
+# shardsafe_test_includes, see inside.
 
 # The modules `target` may see: its own and those of every module in `deps`.
 function(_shardsafe_visible out name deps)
@@ -49,7 +55,7 @@ function(_shardsafe_include_tree out tree visible)
 endfunction()
 
 function(shardsafe_module name)
-  cmake_parse_arguments(M "" "" "DEPS;INCLUDES;TEST_DEPS" ${ARGN})
+  cmake_parse_arguments(M "SEALED" "" "DEPS;INCLUDES;TEST_DEPS" ${ARGN})
   string(REPLACE "/" "_" target ss_${name})
   file(GLOB srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cc)
   list(FILTER srcs EXCLUDE REGEX "(_test|_benchmark|_fuzzer)\\.cc$")
@@ -61,10 +67,26 @@ function(shardsafe_module name)
     set(scope INTERFACE)
   endif()
   _shardsafe_visible(visible ${name} "${M_DEPS}")
-  set_property(GLOBAL PROPERTY SHARDSAFE_VISIBLE_${target} ${visible})
   _shardsafe_include_tree(tree ${target} "${visible}")
-  target_include_directories(${target} ${scope} ${PROJECT_SOURCE_DIR}/include ${tree} ${M_INCLUDES})
-  target_link_libraries(${target} ${scope} ${M_DEPS})
+  if(M_SEALED)
+    # Itself and its dependencies inside it privately; from outside, the
+    # include trees of its dependencies outside it.
+    set(outside ${visible})
+    list(FILTER outside EXCLUDE REGEX "^${name}(/|$)")
+    set_property(GLOBAL PROPERTY SHARDSAFE_VISIBLE_${target} ${outside})
+    target_include_directories(${target} PRIVATE ${tree}
+                               PUBLIC ${PROJECT_SOURCE_DIR}/include ${M_INCLUDES})
+    target_link_libraries(${target} PRIVATE ${M_DEPS})
+    foreach(m IN LISTS outside)
+      string(REPLACE "/" "_" dep ss_${m})
+      target_link_libraries(${target} PUBLIC ${dep})
+    endforeach()
+  else()
+    set_property(GLOBAL PROPERTY SHARDSAFE_VISIBLE_${target} ${visible})
+    target_include_directories(${target} ${scope} ${PROJECT_SOURCE_DIR}/include ${tree}
+                               ${M_INCLUDES})
+    target_link_libraries(${target} ${scope} ${M_DEPS})
+  endif()
   if(SHARDSAFE_TESTS)
     file(GLOB tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*_test.cc)
     if(tests)
@@ -72,6 +94,7 @@ function(shardsafe_module name)
       add_executable(${target}_test ${tests})
       target_link_libraries(${target}_test PRIVATE ${target} ${M_TEST_DEPS} GTest::gtest
                             GTest::gtest_main GTest::gmock)
+      shardsafe_test_includes(${target}_test ${target} ${M_TEST_DEPS})
       include(GoogleTest)
       gtest_discover_tests(${target}_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
     endif()
@@ -85,4 +108,15 @@ function(shardsafe_program_includes target name)
   _shardsafe_visible(visible ${name} "${ARGN}")
   _shardsafe_include_tree(tree ${target} "${visible}")
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${tree})
+endfunction()
+
+# shardsafe_test_includes(TARGET MODULE...): a test sees inside the listed
+# module targets (their own include trees, which may be built later), sealed
+# or not. Other libraries in the list are skipped.
+function(shardsafe_test_includes target)
+  foreach(m IN LISTS ARGN)
+    if(m MATCHES "^ss_")
+      target_include_directories(${target} PRIVATE ${PROJECT_BINARY_DIR}/module_include/${m})
+    endif()
+  endforeach()
 endfunction()

@@ -205,8 +205,18 @@ Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_
 Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
                                      uint64_t max_bytes);
 
-// "a/b" + "c" -> "a/b/c"; the parent of "a/b/c" is "a/b" ("." for "c").
+// "a/b" + "c" -> "a/b/c"; the parent of "a/b/c" is "a/b" ("." for "c");
+// the base name of "a/b/c/" is "c".
 std::string JoinPath(std::string_view dir, std::string_view name);
 std::string ParentDir(std::string_view path);
+std::string BaseName(std::string_view path);
+
+// Creates `path` and its missing parents. FailedPrecondition if it (or a
+// parent) exists and is not a directory.
+Status CreateDirs(FileSystem& fs, const std::string& path);
+
+// 16 random hex digits: the suffix of a temporary name, so that concurrent
+// writers never share one.
+std::string RandomSuffix();
 
 }  // namespace shardsafe

@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "cli/demo_model.h"
 #include "cli/output.h"
-#include "engine/tools/verify.h"
+#include "shardsafe/tools.h"
 
 namespace shardsafe::cli {
 namespace {

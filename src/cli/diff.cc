@@ -4,7 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/tools/diff.h"
+#include "shardsafe/tools.h"
 
 namespace shardsafe::cli {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/load/source.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe::cli {
 namespace {

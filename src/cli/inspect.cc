@@ -5,7 +5,8 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
-#include "engine/load/source.h"
+#include "format/index.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe::cli {
 namespace {

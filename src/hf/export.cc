@@ -16,17 +16,13 @@
 // the next export to the same OUT); OUT is untouched. An error removes it.
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <set>
 
 #include "base/thread_pool.h"
-#include "engine/catalog/checkpoint_dir.h"
-#include "engine/load/load_internal.h"
-#include "engine/load/source.h"
 #include "format/safetensors.h"
 #include "hf/export_plan.h"
-#include "hf/source_reader.h"
 #include "shardsafe/hf.h"
+#include "shardsafe/source.h"
 #include "storage/aligned_buffer.h"
 
 namespace shardsafe {
@@ -36,13 +32,6 @@ constexpr std::string_view kExportTmpPrefix = ".tmp-export-";
 constexpr uint64_t kMaxCopiedFileBytes = uint64_t{1} << 30;
 
 const std::map<std::string, std::string> kHfMetadata = {{"format", "pt"}};
-
-std::string Nonce() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
-  return buf;
-}
 
 struct Job {
   const ExportHfOptions& options;
@@ -312,7 +301,7 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
   }
   SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
   RemoveStaleExports(fs, parent, base).IgnoreError();  // harmless if it fails
-  const std::string tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + Nonce());
+  const std::string tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
   SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
   auto lock = fs.TryLock(tmp);  // held until published or removed
 

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/load/convert.h"
 #include "hf/names.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe {
 namespace {

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "format/index.h"
+#include "shardsafe/index.h"
 #include "shardsafe/hf.h"
 
 namespace shardsafe {

@@ -30,8 +30,6 @@
 #include <vector>
 
 #include "base/thread_pool.h"
-#include "engine/load/load_internal.h"
-#include "engine/load/source.h"
 #include "python/opened_source.h"
 #include "python/py_comm.h"
 #include "python/status_error.h"

@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/load/load_internal.h"
 #include "python/py_comm.h"
 #include "python/status_error.h"
 #include "python/whole_targets.h"
+#include "shardsafe/source.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;

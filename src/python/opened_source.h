@@ -7,7 +7,7 @@
 
 #include <nanobind/nanobind.h>
 
-#include "engine/load/source.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe::python {
 

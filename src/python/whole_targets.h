@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/load/source.h"
 #include "shardsafe/checkpoint.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe::python {
 

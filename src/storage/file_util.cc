@@ -34,16 +34,26 @@ Status WritableFile::AppendFilled(uint64_t bytes, const Filler& fill, uint32_t* 
   return Status();
 }
 
-namespace {
-
 std::string BaseName(std::string_view path) {
   while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  size_t slash = path.rfind('/');
+  const size_t slash = path.rfind('/');
   return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
 }
 
-// 16 random hex digits, so concurrent writers never share a temp file.
-std::string RandomHex() {
+Status CreateDirs(FileSystem& fs, const std::string& path) {
+  auto info = fs.Stat(path);
+  if (info.ok()) {
+    if (info->is_dir) return Status();
+    return FailedPreconditionError(path + " exists and is not a directory");
+  }
+  const std::string parent = ParentDir(path);
+  if (parent != path && parent != "." && parent != "/") SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
+  Status s = fs.CreateDir(path);
+  if (s.code() == StatusCode::kAlreadyExists) return Status();
+  return s;
+}
+
+std::string RandomSuffix() {
   thread_local std::mt19937_64 rng(std::random_device{}());
   static constexpr char kDigits[] = "0123456789abcdef";
   uint64_t x = rng();
@@ -54,6 +64,8 @@ std::string RandomHex() {
   }
   return s;
 }
+
+namespace {
 
 Status WriteAndSync(FileSystem& fs, const std::string& path, std::string_view data) {
   WriteOptions options;
@@ -76,7 +88,7 @@ Status RandomAccessFile::ReadScattered(uint64_t offset, std::span<const Piece> p
 
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
   const std::string parent = ParentDir(path);
-  const std::string tmp = JoinPath(parent, std::string(".").append(BaseName(path)).append(".tmp.").append(RandomHex()));
+  const std::string tmp = JoinPath(parent, std::string(".").append(BaseName(path)).append(".tmp.").append(RandomSuffix()));
   // 1. Write and sync the temporary. 2. Rename it over `path`. Before step 2
   // completes, readers see the old file; after it, the new one.
   Status s = WriteAndSync(fs, tmp, data);

@@ -278,23 +278,4 @@ Status CleanLeftovers(FileSystem& fs, const std::string& root) {
   return first;
 }
 
-Status CreateDirs(FileSystem& fs, const std::string& path) {
-  auto info = fs.Stat(path);
-  if (info.ok()) {
-    if (info->is_dir) return Status();
-    return FailedPreconditionError(path + " exists and is not a directory");
-  }
-  const std::string parent = ParentDir(path);
-  if (parent != path && parent != "." && parent != "/") SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
-  Status s = fs.CreateDir(path);
-  if (s.code() == StatusCode::kAlreadyExists) return Status();
-  return s;
-}
-
-std::string BaseName(std::string_view path) {
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  const size_t slash = path.rfind('/');
-  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
-}
-
 }  // namespace shardsafe

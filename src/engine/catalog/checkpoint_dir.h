@@ -72,10 +72,4 @@ Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::str
 // returned but harmless.
 Status CleanLeftovers(FileSystem& fs, const std::string& root);
 
-// Creates `path` and any missing parents.
-Status CreateDirs(FileSystem& fs, const std::string& path);
-
-// The last component of a path ("a/b/" -> "b").
-std::string BaseName(std::string_view path);
-
 }  // namespace shardsafe

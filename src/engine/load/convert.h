@@ -10,12 +10,10 @@
 
 #include <cstdint>
 
+#include "shardsafe/source.h"  // CanConvert: which conversions exist
 #include "shardsafe/types.h"
 
 namespace shardsafe {
-
-// True if ConvertElements supports from -> to (equal dtypes always are).
-bool CanConvert(DType from, DType to);
 
 // Converts `n` elements. `src` and `dst` need no alignment and must not
 // overlap. Requires CanConvert(from, to).

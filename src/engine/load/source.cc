@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog/checkpoint_dir.h"
+#include "format/index.h"
 #include "comm/wire.h"
 #include "layout/tiling.h"
 

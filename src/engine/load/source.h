@@ -1,31 +1,15 @@
-// What a path names, opened as a CheckpointIndex: a shardsafe checkpoint, a
-// root of checkpoints (its latest), a single .safetensors file, or a
-// Hugging Face model directory (model.safetensors, or shards listed by
-// model.safetensors.index.json, or any *.safetensors files).
-//
-// Foreign files get a synthesized index: one whole-tensor chunk per header
-// entry, no checksums. Every index, native or synthesized, is checked for
-// tiling before it is returned, so a loader can trust the geometry.
+// The engine side of opening a source (shardsafe/source.h): reading
+// safetensors headers, checking an index's tiling, and the message that
+// carries an opened source from rank 0 to the others.
 #pragma once
 
 #include <string>
+#include <string_view>
 
-#include "format/index.h"
 #include "format/safetensors.h"
-#include "shardsafe/filesystem.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe {
-
-struct CheckpointSource {
-  std::string path;      // what was resolved: checkpoint dir or file
-  std::string data_dir;  // directory holding the data files
-  bool native = false;   // a shardsafe checkpoint (has checksums)
-  CheckpointIndex index;
-};
-
-// NotFound if nothing loadable is at `path`; DataLoss for a corrupt index or
-// header (naming the file and rule).
-Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path);
 
 // Reads and validates the header of the safetensors file at `path`.
 Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,

@@ -1,19 +1,11 @@
 #include "engine/save/commit.h"
 
 #include <chrono>
-#include <random>
 
 #include "engine/catalog/checkpoint_dir.h"
 
 namespace shardsafe {
 namespace {
-
-std::string Nonce() {
-  std::random_device rd;
-  char buf[17];
-  snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
-  return buf;
-}
 
 // Writes `text` as the file `path`, fdatasync'ed.
 Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& text) {
@@ -52,7 +44,7 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
   if (!overwrite && fs.Stat(final_dir).ok()) {
     return AlreadyExistsError("checkpoint " + final_dir + " already exists");
   }
-  TmpDir tmp{JoinPath(root, std::string(kTmpPrefix) + tag + "." + Nonce()), nullptr};
+  TmpDir tmp{JoinPath(root, std::string(kTmpPrefix) + tag + "." + RandomSuffix()), nullptr};
   SS_RETURN_IF_ERROR(fs.CreateDir(tmp.path));
   auto lock = fs.TryLock(tmp.path);
   if (lock.ok()) {

@@ -1,4 +1,4 @@
-#include "engine/tools/diff.h"
+#include "shardsafe/tools.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,10 +1,11 @@
-#include "engine/tools/verify.h"
+#include "shardsafe/tools.h"
 
 #include <mutex>
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "engine/load/source.h"
+#include "format/index.h"
 
 namespace shardsafe {
 namespace {

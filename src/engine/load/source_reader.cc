@@ -1,11 +1,14 @@
-#include "hf/source_reader.h"
-
+// SourceReader (shardsafe/source.h): each batch planned by the load planner
+// and run by the load executor; checksums checked across batches by
+// StreamChecksums.
 #include <cstdio>
 #include <map>
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "engine/load/load_executor.h"
+#include "engine/load/stream_checksums.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe {
 namespace {
@@ -16,10 +19,6 @@ constexpr int kReadThreads = 2;
 constexpr uint64_t kScratchBytes = uint64_t{8} << 20;
 constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
 
-}  // namespace
-
-namespace {
-
 std::vector<std::string> FilePaths(const CheckpointSource& src) {
   std::vector<std::string> paths;
   for (const IndexFile& f : src.index.files) paths.push_back(JoinPath(src.data_dir, f.name));
@@ -28,11 +27,43 @@ std::vector<std::string> FilePaths(const CheckpointSource& src) {
 
 }  // namespace
 
+struct SourceReader::Impl {
+  Impl(const CheckpointSource& src, FileSystem& fs, bool verify)
+      : src_(src), fs_(fs), verify_(verify), file_paths_(FilePaths(src)),
+        stream_(src.index, file_paths_) {}
+
+  Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
+  Status VerifyChunk(const std::string& key, uint32_t chunk);
+  Status VerifyRest(const std::set<std::string>& keys, int threads);
+
+  const CheckpointSource& src_;
+  FileSystem& fs_;
+  const bool verify_;
+  const std::vector<std::string> file_paths_;
+  StreamChecksums stream_;
+  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> chunks_verified_again_{0};  // by VerifyRest
+};
+
 SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums)
-    : src_(src), fs_(fs), verify_(verify_checksums), file_paths_(FilePaths(src)),
-      stream_(src.index, file_paths_) {}
+    : impl_(std::make_unique<Impl>(src, fs, verify_checksums)) {}
+SourceReader::~SourceReader() = default;
 
 Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes) {
+  return impl_->Read(pieces, max_read_bytes);
+}
+
+Status SourceReader::VerifyRest(const std::set<std::string>& keys, int threads) {
+  return impl_->VerifyRest(keys, threads);
+}
+
+uint64_t SourceReader::bytes_read() const { return impl_->bytes_read_.load(); }
+
+uint64_t SourceReader::chunks_verified() const {
+  return impl_->stream_.verified_count() + impl_->chunks_verified_again_.load();
+}
+
+Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes) {
   std::vector<SavedTensor> tensors;
   std::vector<Want> wants;
   std::vector<LoadDestination> dests;
@@ -73,7 +104,7 @@ Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read
   return s;
 }
 
-Status SourceReader::VerifyChunk(const std::string& key, uint32_t chunk) {
+Status SourceReader::Impl::VerifyChunk(const std::string& key, uint32_t chunk) {
   const IndexChunk& c = src_.index.tensors.at(key).chunks[chunk];
   const std::string& path = file_paths_[c.file];
   SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, ReadOptions{}));
@@ -96,7 +127,7 @@ Status SourceReader::VerifyChunk(const std::string& key, uint32_t chunk) {
   return Status();
 }
 
-Status SourceReader::VerifyRest(const std::set<std::string>& keys, int threads) {
+Status SourceReader::Impl::VerifyRest(const std::set<std::string>& keys, int threads) {
   if (!verify_) return Status();
   SS_RETURN_IF_ERROR(stream_.status());
   const auto todo = stream_.Unverified(keys);

@@ -1,0 +1,105 @@
+// Reading a checkpoint piece by piece: what a tool needs beyond Load (the
+// CLI's inspect and import, the Python package's load planning, the Hugging
+// Face export). Open what a path names once, look at its index, then load
+// from it, read its blobs, or stream pieces of its tensors.
+//
+//   auto src = shardsafe::OpenSource(*shardsafe::DefaultFileSystem(), "/ckpt/run1");
+//   for (const auto& [key, t] : src->index.tensors) { ... t.dtype, t.shape ... }
+//   auto res = shardsafe::LoadOpenedSource(request, *src, *comm, {});
+//
+// A path names a shardsafe checkpoint, a root of checkpoints (its latest),
+// a single .safetensors file, or a Hugging Face model directory
+// (model.safetensors, shards listed by model.safetensors.index.json, or any
+// *.safetensors files). Foreign files get a synthesized index: one
+// whole-tensor chunk per header entry, no checksums. Every index, native or
+// synthesized, is checked for tiling before it is returned, so a reader can
+// trust its geometry.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+
+#include "shardsafe/checkpoint.h"
+#include "shardsafe/comm.h"
+#include "shardsafe/filesystem.h"
+#include "shardsafe/index.h"
+
+namespace shardsafe {
+
+struct CheckpointSource {
+  std::string path;      // what was resolved: checkpoint dir or file
+  std::string data_dir;  // directory holding the data files
+  bool native = false;   // a shardsafe checkpoint (has checksums)
+  CheckpointIndex index;
+};
+
+// Opens `path` on this process alone. NotFound if nothing loadable is
+// there; DataLoss for a corrupt index or header (naming the file and rule).
+Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path);
+
+// Collective: rank 0 resolves and reads `path` (OpenSource) and sends what
+// it read; every rank returns the same source, or the same error. Other
+// ranks never touch the index file.
+Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
+                                              Comm& comm);
+
+// Collective: Load (shardsafe/checkpoint.h) from a source every rank got
+// from OpenSourceCollective, so a caller that plans from the index does not
+// open it twice. `src.path` is what the result reports.
+Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
+                                    Comm& comm, const LoadOptions& options);
+
+// Reads one blob chunk into *out, verifying its checksum when recorded.
+// DataLoss naming the blob and file (a chunk beyond the file's end
+// included, checked before anything is allocated).
+Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
+                const IndexBlobChunk& chunk, std::string* out);
+
+// True if a load with LoadOptions::convert_dtypes can convert `from` to
+// `to` (docs/format.md §5; equal dtypes always can).
+bool CanConvert(DType from, DType to);
+
+// One piece for SourceReader: a slice of source tensor `*key`, converted to
+// `dtype` (CanConvert), into `dst` (room for slice.NumElements() elements).
+struct SourcePiece {
+  const std::string* key = nullptr;
+  Slice slice;
+  void* dst = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// Reads pieces of a source's tensors, batch by batch, with the load
+// planner and executor (straight into `dst` where the bytes are contiguous,
+// coalesced reads), and verifies checksums from the bytes as they stream
+// through, across batches: a chunk that batches cut in pieces is verified
+// without a second read as long as its pieces arrive in order; VerifyRest
+// reads the others once more, whole.
+//
+// Thread-safe: Read and VerifyRest may be called from several threads.
+class SourceReader {
+ public:
+  // `src` and `fs` must outlive the reader.
+  SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums);
+  ~SourceReader();
+
+  // Reads every piece, in reads of at most `max_read_bytes`. DataLoss
+  // naming file, tensor and chunk on a checksum mismatch or a truncated
+  // file.
+  Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
+
+  // Verifies every checksummed chunk of `keys` that no Read verified, on
+  // `threads` threads. DataLoss as Read.
+  Status VerifyRest(const std::set<std::string>& keys, int threads);
+
+  uint64_t bytes_read() const;
+  uint64_t chunks_verified() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardsafe
