@@ -105,6 +105,11 @@ struct SaveOptions {
   bool verify_replicas = true;
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
+  // A failure this rank met before the call, preparing its part (the Python
+  // package's walk of its state): the call fails on every rank, with this
+  // status named by rank, through its first collective, so that no rank
+  // waits for this one. OK: none.
+  Status local_failure;
   // Copies the shards marked on_device to host memory; required when there
   // are any (InvalidArgument otherwise). An AsyncSaver keeps the one it
   // registered its staging memory with until it unregisters it.
@@ -282,8 +287,8 @@ class CheckpointManager {
   // by an atomic rename before it is deleted. Returns the tags removed.
   Result<std::vector<std::string>> Prune(int keep);
 
-  static std::string StepTag(int64_t step);  // "step-00000100"
-  // The tag of `step` under this manager's tag format.
+  // The tag of `step` under this manager's tag format ("step-00000100" by
+  // default).
   Result<std::string> TagOf(int64_t step) const;
 
  private:

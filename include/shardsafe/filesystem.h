@@ -215,8 +215,8 @@ std::string BaseName(std::string_view path);
 // parent) exists and is not a directory.
 Status CreateDirs(FileSystem& fs, const std::string& path);
 
-// 16 random hex digits: the suffix of a temporary name, so that concurrent
-// writers never share one.
+// 16 random hex digits from the OS (fork-safe): the suffix of a temporary
+// name, so that concurrent writers never share one.
 std::string RandomSuffix();
 
 }  // namespace shardsafe

@@ -65,7 +65,7 @@ class CheckpointManager:
         comm = resolve(self._group)
         options = SaveOptions.of(options, kwargs)
         args = prepared(state, comm, metadata, unsafe_pickle, files, options)
-        return self._m.save(step, args.call)
+        return args.run(lambda call: self._m.save(step, call))
 
     def async_save(self, step: int, state: Any, *, metadata: Any = None,
                    unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
@@ -74,7 +74,7 @@ class CheckpointManager:
         comm = resolve(self._group)
         options = SaveOptions.of(options, kwargs)
         args = prepared(state, comm, metadata, unsafe_pickle, files, options)
-        handle = self._m.async_save(step, args.call)
+        handle = args.run(lambda call: self._m.async_save(step, call))
         return future(handle, self.path(step), self._engine)
 
     def reserve_async_save(self, state: Any, *, metadata: Any = None,
@@ -86,7 +86,7 @@ class CheckpointManager:
         comm = resolve(self._group)
         options = SaveOptions.of(options, kwargs)
         args = prepared(state, comm, metadata, unsafe_pickle, files, options)
-        return self._m.reserve_async(args.call)
+        return args.run(lambda call: self._m.reserve_async(call))
 
     def release_async_save(self) -> None:
         """Frees this manager's staging memory and threads once its save in

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from . import _C, _device, _engine
 from ._boxes import Box, Boxes, ask, dtype_name
-from ._comm import TorchComm, agree, resolve
+from ._comm import TorchComm, resolve
 from ._engine import future, saver, without_gc
 from ._options import SaveOptions
 from ._parts import encode_per_rank
@@ -38,6 +38,19 @@ class _SaveArgs:
     keep: list = field(default_factory=list)  # alive until the engine returns
     # The engine's view of all the above, for the one engine call that runs it.
     call: _C.SaveCall | None = None
+    # What preparing this rank's part raised: `call` then only carries it to
+    # the other ranks, through the engine call's first collective.
+    error: BaseException | None = None
+
+    def run(self, engine_call: Callable[[_C.SaveCall], Any]) -> Any:
+        """engine_call(self.call); on the rank that failed preparing, its own
+        exception (every other rank raises the engine's, naming this rank)."""
+        try:
+            return engine_call(self.call)
+        except ShardsafeError:
+            if self.error is not None:
+                raise self.error from None
+            raise
 
 
 def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
@@ -112,17 +125,19 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
 
 def prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: bool,
               files: Mapping[str, Any] | None, options: SaveOptions) -> _SaveArgs:
-    """_prepare_save and the engine's SaveCall on every rank, then an
-    agreement: a rank that failed fails the call on every rank."""
-    args, error = None, None
+    """_prepare_save and the engine's SaveCall. A rank that fails here gets a
+    call that fails the engine call on every rank (no collective of its own:
+    the engine's first one carries the failure); run it with args.run."""
     try:
         args = _prepare_save(state, metadata, unsafe_pickle, files,
                              options.exclude_frozen_parameters)
         args.call = _C.SaveCall(args.specs, args.blobs, args.values, args.metadata, comm,
                                 options.engine(), args.whole, args.device)
     except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:
-        error = e
-    agree(comm, error)
+        if comm is None:
+            raise
+        args = _SaveArgs(call=_C.SaveCall.failed(
+            comm, f"failed preparing its state: {type(e).__name__}: {e}"), error=e)
     return args
 
 
@@ -157,7 +172,7 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
-    return _C.save(args.call, os.fspath(path))
+    return args.run(lambda call: _C.save(call, os.fspath(path)))
 
 
 @without_gc
@@ -177,7 +192,7 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     path = os.path.abspath(os.fspath(path))
     root, tag = os.path.split(path)
     # The engine has its own staged copy once the call returns.
-    handle = saver().save(args.call, root, tag)
+    handle = args.run(lambda call: saver().save(call, root, tag))
     return future(handle, path)
 
 
@@ -195,7 +210,7 @@ def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | No
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
-    return saver().reserve(args.call)
+    return args.run(lambda call: saver().reserve(call))
 
 
 def release_async_save() -> None:

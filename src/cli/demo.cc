@@ -5,8 +5,6 @@
 // checks every byte, verifies the checkpoint on disk, and prints a summary.
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <iostream>
 #include <mutex>
 #include <thread>
 

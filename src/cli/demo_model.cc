@@ -1,6 +1,5 @@
 #include "cli/demo_model.h"
 
-#include <cstring>
 #include <functional>
 
 namespace shardsafe::cli {

@@ -1,6 +1,5 @@
 // shardsafe diff A B: per-tensor equality, max abs difference for floats.
 #include <cstdio>
-#include <iostream>
 
 #include "cli/commands.h"
 #include "cli/output.h"

@@ -98,7 +98,7 @@ TEST_F(AsyncSaveTest, BackToBackSavesRunInOrderWithRetentionAndReuseStaging) {
     AsyncSaver saver;
     for (int64_t step : {1, 2, 3}) {
       auto state = MakeState(r, step);
-      auto h = saver.Save(state->state, root_, CheckpointManager::StepTag(step), comm, {},
+      auto h = saver.Save(state->state, root_, *CheckpointManager("", {}).TagOf(step), comm, {},
                           /*update_latest=*/true, /*keep_last=*/2);
       ASSERT_TRUE(h.ok()) << h.status().ToString();
       if (step == 1) staging[r] = saver.staging_bytes();

@@ -46,7 +46,7 @@ const Shape kB{30};      // BF16, replicated on every rank
 const Shape kM{9, 7};    // F64, ZeRO flat ranges
 const uint64_t kMCuts[kRanks + 1] = {0, 20, 41, 63};
 
-std::string Tag(int64_t step) { return CheckpointManager::StepTag(step); }
+std::string Tag(int64_t step) { return *CheckpointManager("", {}).TagOf(step); }
 
 // The oracle key of `key` at `step`: every step has its own bytes, so a mix
 // of two steps shows.

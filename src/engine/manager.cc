@@ -1,12 +1,10 @@
 // CheckpointManager: step-tagged checkpoints under one root, the `latest`
-// pointer, and retention. Retention runs on rank 0 after a successful save
-// and only ever removes committed checkpoints older than the newest.
-#include <cstdio>
-
-#include "comm/agree.h"
-#include "shardsafe/async_save.h"
+// pointer, and retention. Retention runs on rank 0 as the last step of a
+// commit (engine/save/commit.h) and never removes the newest checkpoint nor
+// the one `latest` names.
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/save_internal.h"
+#include "shardsafe/async_save.h"
 
 namespace shardsafe {
 
@@ -46,12 +44,6 @@ Result<std::string> CheckpointManager::TagOf(int64_t step) const {
   return format.Format(step);
 }
 
-std::string CheckpointManager::StepTag(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
 Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, Comm& comm,
                                           SaveOptions options) {
   if (step < 0) return InvalidArgumentError("step must be >= 0, got " + std::to_string(step));
@@ -60,21 +52,11 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
   // Saves of one manager happen in order: an async save in flight first
   // finishes (a failure of it is its handle's to report).
   WaitForAsyncSave().IgnoreError();
-  SS_ASSIGN_OR_RETURN(
-      SaveStats stats,
-      SaveToRoot(state, root_, tag, comm, options,
-                 CommitOptions{options.overwrite, options.update_latest, step}));
-  // Retention runs after the commit: a failure there is a warning, not a
-  // failed save. Rank 0 prunes and tells the others what went wrong, if
-  // anything.
-  Result<std::string> pruned = std::string();
-  if (comm.rank() == 0 && options_.keep_last > 0) {
-    Status s = Prune(options_.keep_last).status();
-    if (!s.ok()) pruned = "retention after save: " + s.message();
-  }
-  SS_ASSIGN_OR_RETURN(std::string warning, BroadcastOrFail(comm, 0, pruned));
-  if (!warning.empty()) stats.warnings.push_back(warning);
-  return stats;
+  // Retention is step 7 of the commit, on rank 0: a failure there is a
+  // warning, not a failed save.
+  return SaveToRoot(state, root_, tag, comm, options,
+                    CommitOptions{options.overwrite, options.update_latest, step,
+                                  options_.keep_last});
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() {

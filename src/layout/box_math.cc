@@ -113,8 +113,6 @@ bool Overlaps(const Box& a, const Box& b) {
   return true;
 }
 
-bool BoxLess(const Box& a, const Box& b) { return CompareBoxes(a, b) < 0; }
-
 bool SliceLess(const Slice& a, const Slice& b) {
   if (const int c = CompareBoxes(a.box, b.box)) return c < 0;
   if (a.flat.has_value() != b.flat.has_value()) return !a.flat.has_value();

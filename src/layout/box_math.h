@@ -40,11 +40,8 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 // True if `a` and `b` share at least one element.
 bool Overlaps(const Box& a, const Box& b);
 
-// Row-major order of offsets, then sizes: the order in which the index lists
-// a tensor's chunks.
-bool BoxLess(const Box& a, const Box& b);
-
-// Row-major order of box, then flat begin (a whole box sorts before flat
+// The order in which the index lists a tensor's chunks: row-major order of
+// box offsets, then sizes, then flat begin (a whole box sorts before flat
 // ranges of it), then flat end.
 bool SliceLess(const Slice& a, const Slice& b);
 

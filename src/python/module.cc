@@ -351,9 +351,7 @@ ExportHfOptions ParseExportOptions(nb::dict d, std::optional<std::string> dtype,
                           .Get("weights_name", &ExportHfOptions::weights_name)
                           .Get("overwrite", &ExportHfOptions::overwrite)
                           .Get("verify_checksums", &ExportHfOptions::verify_checksums)
-                          .Get("direct_io", &ExportHfOptions::direct_io)
                           .Get("io_threads", &ExportHfOptions::io_threads)
-                          .Get("batch_bytes", &ExportHfOptions::batch_bytes)
                           .Done();
   if (dtype) o.dtype = Unwrap(ParseDType(*dtype));
   for (const auto& [sources, target, dim] : experts) o.experts.push_back({sources, target, dim});
@@ -394,7 +392,6 @@ nb::dict ToDict(const ExportHfStats& s) {
 class Handle {
  public:
   explicit Handle(std::shared_ptr<AsyncSaveHandle> h) : h_(std::move(h)) {}
-  bool done() const { return h_->Done(); }
   double blocked_seconds() const { return h_->blocked_seconds(); }
   nb::dict wait() {
     Result<SaveStats> r = [&] {
@@ -456,7 +453,18 @@ NB_MODULE(_C, m) {
                                               comm, options, std::move(device)));
            },
            "tensors"_a, "blobs"_a, "values"_a, "metadata"_a, "comm"_a.none(), "options"_a,
-           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none());
+           "whole"_a.none() = nb::none(), "device"_a.none() = nb::none())
+      // The call of a rank that failed preparing its part: it saves nothing
+      // and fails on every rank through the engine's first collective
+      // (SaveOptions::local_failure).
+      .def_static(
+          "failed",
+          [](nb::handle comm, const std::string& message) {
+            SaveCall c{{}, {}, MakeComm(comm), {}, nb::list()};
+            c.options.local_failure = InvalidArgumentError(message);
+            return c;
+          },
+          "comm"_a.none(), "message"_a);
 
   m.def(
       "save",
@@ -538,7 +546,6 @@ NB_MODULE(_C, m) {
   m.def("parse_byte_size", [](const std::string& s) { return Unwrap(ParseByteSize(s)); }, "text"_a);
 
   nb::class_<Handle>(m, "AsyncHandle")
-      .def("done", &Handle::done)
       .def("wait", &Handle::wait)
       .def_prop_ro("blocked_seconds", &Handle::blocked_seconds);
 
@@ -574,7 +581,6 @@ NB_MODULE(_C, m) {
            "root"_a, "keep_last"_a, "tag_format"_a)
       .def("tag_of", [](const CheckpointManager& m, int64_t step) { return Unwrap(m.TagOf(step)); },
            "step"_a)
-      .def_prop_ro("root", &CheckpointManager::root)
       .def("save",
            [](CheckpointManager& m, int64_t step, SaveCall& call) {
              SaveCall& c = call.Use();
@@ -598,15 +604,6 @@ NB_MODULE(_C, m) {
            [](CheckpointManager& m) { CheckReleased([&] { return m.WaitForAsyncSave(); }); })
       .def("latest_step",
            [](CheckpointManager& m) { return Released([&] { return m.LatestStep(); }); })
-      .def("load",
-           [](CheckpointManager& m, std::vector<Spec> targets, std::optional<int64_t> step,
-              nb::handle comm, nb::dict options) {
-             LoadRequest request = MakeRequest(std::move(targets));
-             LoadOptions o = ParseLoadOptions(options);
-             std::unique_ptr<Comm> c = MakeComm(comm);
-             return ToDict(Released([&] { return m.Load(request, step, *c, o); }));
-           },
-           "targets"_a, "step"_a.none(), "comm"_a.none(), "options"_a)
       .def("list",
            [](CheckpointManager& m) {
              std::vector<nb::dict> out;

@@ -54,9 +54,11 @@ Status CreateDirs(FileSystem& fs, const std::string& path) {
 }
 
 std::string RandomSuffix() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
+  // Drawn from the OS each time, not from a seeded generator: a forked
+  // child would repeat its parent's sequence.
+  std::random_device rd;
   static constexpr char kDigits[] = "0123456789abcdef";
-  uint64_t x = rng();
+  uint64_t x = uint64_t{rd()} << 32 | rd();
   std::string s(16, '0');
   for (char& c : s) {
     c = kDigits[x & 15];

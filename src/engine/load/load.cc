@@ -223,13 +223,14 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
 
 Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
                                               Comm& comm) {
-  // Rank 0 opens and validates; the others decode its broadcast.
+  // Rank 0 opens and validates; the others parse the index bytes it read.
   Result<CheckpointSource> local_src = CheckpointSource();
   Result<std::string> opened = std::string();
   if (comm.rank() == 0) {
-    local_src = OpenSource(fs, path);
+    std::string text;
+    local_src = OpenSource(fs, path, comm.size() > 1 ? &text : nullptr);
     opened = !local_src.ok()     ? Result<std::string>(local_src.status())
-             : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src))
+             : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src, text))
                                : Result<std::string>(std::string());
   }
   SS_ASSIGN_OR_RETURN(std::string msg, BroadcastOrFail(comm, 0, opened));

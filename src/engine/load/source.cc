@@ -19,11 +19,25 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir) {
+// Checks that every tensor's chunks tile it (DataLoss naming the tensor).
+Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source) {
+  std::vector<Slice> slices;
+  for (const auto& [key, tensor] : index.tensors) {
+    slices.clear();
+    for (const IndexChunk& c : tensor.chunks) slices.push_back(c.slice);
+    Status s = CheckTiling(key, tensor.shape, slices);
+    if (!s.ok()) return DataLossError(source + ": " + s.message());
+  }
+  return Status();
+}
+
+// `*text` (when set) receives the index bytes read.
+Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text) {
   const std::string index_path = JoinPath(dir, kIndexFileName);
-  SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, index_path, kMaxIndexBytes));
-  SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(text, index_path));
+  SS_ASSIGN_OR_RETURN(std::string read, ReadFileToString(fs, index_path, kMaxIndexBytes));
+  SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
   SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
+  if (text != nullptr) *text = std::move(read);
   return CheckpointSource{dir, dir, true, std::move(index)};
 }
 
@@ -112,8 +126,9 @@ bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
   return true;
 }
 
-Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir) {
-  if (IsCommitted(fs, dir)) return OpenNative(fs, dir);
+Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
+                                       std::string* text) {
+  if (IsCommitted(fs, dir)) return OpenNative(fs, dir, text);
   const std::string hf_index = JoinPath(dir, kHfIndexName);
   if (fs.Stat(hf_index).ok()) {
     SS_ASSIGN_OR_RETURN(auto map, ReadHfWeightMap(fs, hf_index));
@@ -125,7 +140,7 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir) {
     return src;
   }
   SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
-  if (latest) return OpenNative(fs, JoinPath(dir, *latest));
+  if (latest) return OpenNative(fs, JoinPath(dir, *latest), text);
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
   if (LooksLikeUncommittedCheckpoint(names)) {
     return FailedPreconditionError(dir + " holds shardsafe data files but no " +
@@ -154,18 +169,13 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::strin
   return parsed;
 }
 
-Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source) {
-  std::vector<Slice> slices;
-  for (const auto& [key, tensor] : index.tensors) {
-    slices.clear();
-    for (const IndexChunk& c : tensor.chunks) slices.push_back(c.slice);
-    Status s = CheckTiling(key, tensor.shape, slices);
-    if (!s.ok()) return DataLossError(source + ": " + s.message());
-  }
-  return Status();
-}
 
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
+  return OpenSource(fs, path, nullptr);
+}
+
+Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
+                                    std::string* index_text) {
   auto info = fs.Stat(path);
   if (!info.ok()) {
     if (info.status().code() == StatusCode::kNotFound) {
@@ -173,16 +183,20 @@ Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
     }
     return info.status();
   }
-  if (info->is_dir) return OpenDirectory(fs, path);
+  if (info->is_dir) return OpenDirectory(fs, path, index_text);
   return OpenForeign(fs, ParentDir(path), {BaseName(path)}, path);
 }
 
-std::string EncodeSource(const CheckpointSource& source) {
+std::string EncodeSource(const CheckpointSource& source, std::string_view index_text) {
   wire::Writer w;
   w.Str(source.path);
   w.Str(source.data_dir);
   w.U8(source.native);
-  w.Str(SerializeIndex(source.index));
+  if (!index_text.empty()) {
+    w.Str(index_text);
+  } else {
+    w.Str(SerializeIndex(source.index));
+  }
   return w.Take();
 }
 

@@ -1,6 +1,6 @@
 // The engine side of opening a source (shardsafe/source.h): reading
-// safetensors headers, checking an index's tiling, and the message that
-// carries an opened source from rank 0 to the others.
+// safetensors headers, and the message that carries an opened source from
+// rank 0 to the others.
 #pragma once
 
 #include <string>
@@ -15,11 +15,15 @@ namespace shardsafe {
 Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
                                                 uint64_t* file_size);
 
-// Checks that every tensor's chunks tile it (DataLoss naming the tensor).
-Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source);
+// OpenSource, and `*index_text` receives the index bytes it read (a native
+// checkpoint; left empty for a synthesized index).
+Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
+                                    std::string* index_text);
 
-// Encodes a source for a broadcast to other ranks, and decodes it.
-std::string EncodeSource(const CheckpointSource& source);
+// Encodes a source for a broadcast to other ranks: the index bytes rank 0
+// read, `index_text` (a synthesized index, when empty, as SerializeIndex
+// writes it); and decodes it (the receiver parses the index).
+std::string EncodeSource(const CheckpointSource& source, std::string_view index_text);
 Result<CheckpointSource> DecodeSource(std::string_view msg);
 
 }  // namespace shardsafe

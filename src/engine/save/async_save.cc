@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -121,7 +120,6 @@ struct Job : StagedImages {
   SaveOptions options;
   AsyncSaveOptions async_options;
   CommitOptions commit;
-  int keep_last = 0;
   std::chrono::steady_clock::time_point start;
 };
 
@@ -236,13 +234,7 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
     AbortKeepingTheReason(fs, job.tmp_dir, committed.status());
     return committed.status();
   }
-  const std::string& warnings = *committed;
-  std::vector<std::string> lines = SplitLines(warnings);
-  if (job.keep_last > 0) {
-    Status pruned = PruneCheckpoints(fs, job.root, job.keep_last).status();
-    if (!pruned.ok()) lines.push_back("retention after save: " + pruned.message());
-  }
-  return lines;
+  return SplitLines(*committed);
 }
 
 // Step g (ranks other than 0).
@@ -362,8 +354,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device
   job->async_options = options_;
-  job->commit = CommitOptions{.update_latest = update_latest, .step = step};
-  job->keep_last = keep_last;
+  job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last};
   job->start = start;
   auto handle = std::make_shared<Handle>();
   pending_ = handle;
@@ -407,8 +398,9 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
   // A tag no save uses: a rank calling Save meanwhile fails the planning.
   WaitForPrevious();
   UserJson json;
-  SS_ASSIGN_OR_RETURN(SavePlan plan,
-                      GatherAndPlan(state, "(staging reservation)", comm, options, &json));
+  const Status local = CheckLocalState(state, options, &json);
+  SS_ASSIGN_OR_RETURN(SavePlan plan, GatherAndPlan(state, "(staging reservation)", comm, options,
+                                                   local, json));
   std::vector<StagedFile> files;
   std::vector<FileImage> images;
   SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state,

@@ -126,6 +126,10 @@ Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string&
   if (commit.update_latest) {  // step 6
     Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n"), warnings);
   }
+  if (commit.keep_last > 0) {  // step 7
+    Warn(PruneCheckpoints(fs, root, commit.keep_last).status().WithContext("retention after save"),
+         warnings);
+  }
   return Status();
 }
 

@@ -2,10 +2,11 @@
 //
 // Steps (rank 0 runs the directory operations; every rank writes its data):
 //
-//  1. Prepare (rank 0): create ROOT if needed, remove leftovers of earlier
-//     interrupted saves (.tmp-* dirs, .latest.tmp.* files), fail with
-//     AlreadyExists if ROOT/TAG exists (unless overwriting), create
-//     ROOT/.tmp-TAG.NONCE.
+//  1. Prepare (rank 0), once every rank has announced what it holds (so
+//     every rank is done with its previous save): create ROOT if needed,
+//     remove leftovers of earlier interrupted saves (.tmp-* dirs,
+//     .latest.tmp.* files), fail with AlreadyExists if ROOT/TAG exists
+//     (unless overwriting), create ROOT/.tmp-TAG.NONCE.
 //  2. Write (every rank): data files into the temporary directory, each
 //     fdatasync'ed.
 //  3. Agree (collective): every rank reports success and its checksums. If
@@ -21,10 +22,14 @@
 //     removed afterwards.
 //  6. Point (rank 0, manager saves that move it): replace ROOT/latest atomically
 //     (temporary file, fdatasync, rename, fsync ROOT).
+//  7. Retain (rank 0, manager saves with keep_last): remove the oldest
+//     committed checkpoints beyond keep_last (PruneCheckpoints).
+//  Then rank 0 tells every rank the outcome (one broadcast).
 //
 // Save reports success exactly when step 5 happened: a failure in step 5's
-// root fsync or in step 6 comes back as a warning (the checkpoint is
-// committed and loads; a retry would only hit AlreadyExists).
+// root fsync, in steps 6-7 or in telling the other ranks comes back as a
+// warning on rank 0 (the checkpoint is committed and loads; a retry would
+// only hit AlreadyExists).
 //
 // What a crash between two steps leaves behind:
 //  - before 5: a .tmp-* directory that readers never look at and the next
@@ -70,10 +75,11 @@ struct CommitOptions {
   bool overwrite = false;      // step 5 swaps out an existing checkpoint
   bool update_latest = false;  // step 6 runs
   std::optional<int64_t> step; // recorded in the commit record
+  int keep_last = 0;           // step 7 runs when > 0
 };
 
-// Steps 4-6: the commit record (its sequence read from the root's committed
-// checkpoints) and the index, then the rename. A failure before the commit
+// Steps 4-7: the commit record (its sequence read from the root's committed
+// checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit
 // point is returned (nothing is committed); failures after it are appended
 // to `warnings` and the result is OK, because the checkpoint is committed.
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,

@@ -24,7 +24,7 @@ Status CheckName(const char* kind, const std::string& name) {
   return InvalidArgumentError(std::string(kind) + " \"" + shown + "\": the name holds a NUL byte");
 }
 
-Status CheckLocalState(const SaveState& state, const SaveOptions& options) {
+Status CheckShards(const SaveState& state, const SaveOptions& options) {
   for (const TensorShard& t : state.tensors) {
     SS_RETURN_IF_ERROR(CheckName("tensor", t.key));
     if (t.data == nullptr && t.slice.NumElements() > 0) {
@@ -76,16 +76,18 @@ Status CheckAgreement(const std::vector<Announcement>& announced) {
 
 }  // namespace
 
+Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJson* json) {
+  SS_RETURN_IF_ERROR(options.local_failure);
+  SS_RETURN_IF_ERROR(CheckShards(state, options));
+  SS_ASSIGN_OR_RETURN(*json, ParseUserJson(state));
+  return Status();
+}
+
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
-                               Comm& comm, const SaveOptions& options, UserJson* json) {
-  Status local = CheckLocalState(state, options);
-  if (local.ok()) {
-    Result<UserJson> parsed = ParseUserJson(state);
-    local = parsed.status();
-    if (parsed.ok()) *json = std::move(parsed).value();
-  }
+                               Comm& comm, const SaveOptions& options, const Status& local,
+                               const UserJson& json) {
   SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state,
-                                                                          json->fingerprints)));
+                                                                          json.fingerprints)));
   std::vector<Announcement> announced(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
     SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
@@ -100,11 +102,13 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options) {
   FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
-  SS_RETURN_IF_ERROR(ValidateTag(tag));
   PreparedSave prepared;
-  SS_ASSIGN_OR_RETURN(prepared.plan,
-                      GatherAndPlan(state, JoinPath(root, tag), comm, options, &prepared.json));
-  // Step 1: rank 0 prepares the temporary directory; everyone learns it.
+  Status local = ValidateTag(tag);
+  if (local.ok()) local = CheckLocalState(state, options, &prepared.json);
+  SS_ASSIGN_OR_RETURN(prepared.plan, GatherAndPlan(state, JoinPath(root, tag), comm, options,
+                                                   local, prepared.json));
+  // Step 1, once every rank has agreed (nothing is created before): rank 0
+  // prepares the temporary directory; everyone learns it.
   Result<std::string> tmp = std::string();
   if (comm.rank() == 0) {
     Result<TmpDir> dir = PrepareSave(fs, root, tag, options.overwrite);
@@ -204,10 +208,17 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     if (!committed.ok()) AbandonSave(fs, tmp_dir);
   }
   auto outcome = BroadcastOrFail(comm, 0, committed);
-  if (!outcome.ok()) return outcome.status().WithContext("committing " + JoinPath(root, tag));
-
   SaveStats stats = StatsOf(plan, comm.rank());
-  stats.warnings = SplitLines(*outcome);
+  if (outcome.ok()) {
+    stats.warnings = SplitLines(*outcome);
+  } else if (leader && committed.ok()) {
+    // Committed: the save succeeded, whatever happens after the commit.
+    stats.warnings = SplitLines(*committed);
+    stats.warnings.push_back("committed, but telling the other ranks failed: " +
+                             outcome.status().message());
+  } else {
+    return outcome.status().WithContext("committing " + JoinPath(root, tag));
+  }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

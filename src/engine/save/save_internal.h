@@ -17,12 +17,18 @@ struct PreparedSave {
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
 
+// This rank's checks before the first collective: SaveOptions::local_failure,
+// its shards and blobs, and its user JSON (parsed into *json).
+Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJson* json);
+
 // Protocol step 0 (collective): gather every rank's holdings and plan,
-// identically on every rank. Every rank must save to the same
-// `destination` (the checkpoint's path) and pass only global values equal
-// to rank 0's. Touches no file. `json` receives this rank's user JSON.
+// identically on every rank; `local` (this rank's failure so far) fails it
+// on every rank. Every rank must save to the same `destination` (the
+// checkpoint's path) and pass only global values equal to rank 0's. Touches
+// no file.
 Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination, Comm& comm,
-                               const SaveOptions& options, UserJson* json);
+                               const SaveOptions& options, const Status& local,
+                               const UserJson& json);
 
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
 // every rank's holdings, plan identically everywhere, and have rank 0

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/agree.h"
 #include "storage/aligned_buffer.h"
 
 namespace shardsafe {
@@ -157,16 +158,6 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths)
   return Status();
 }
 
-namespace {
-
-// Every rank learns whether every rank's `s` is OK.
-Result<bool> AllOk(Comm& comm, const Status& s) {
-  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, comm.AllGather(s.ok() ? "1" : "0"));
-  return std::all_of(all.begin(), all.end(), [](const std::string& m) { return m == "1"; });
-}
-
-}  // namespace
-
 Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& plan,
                                               const std::vector<uint64_t>& file_sizes,
                                               std::chrono::milliseconds stall_timeout) {
@@ -184,7 +175,9 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
     created = ring.status();
     if (ring.ok()) reads->rings_[plan.produced] = std::move(*ring);
   }
-  SS_ASSIGN_OR_RETURN(bool all_created, AllOk(comm, created));
+  // A ring that some rank could not set up (or a failed agreement) means no
+  // rings: the load reads through the page cache, and the names are removed.
+  const bool all_created = AgreeOnStatus(comm, created).ok();
   Status opened;
   for (size_t i = 0; all_created && opened.ok() && i < plan.rings.size(); ++i) {
     if (static_cast<int>(i) == plan.produced) continue;
@@ -195,10 +188,7 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
       reads->rings_[i] = std::move(*ring);
     }
   }
-  bool all_opened = false;
-  if (all_created) {
-    SS_ASSIGN_OR_RETURN(all_opened, AllOk(comm, opened));
-  }
+  const bool all_opened = all_created && AgreeOnStatus(comm, opened).ok();
   // Every rank has mapped it (or given up): the name is no longer needed.
   if (plan.produced >= 0 && created.ok()) SharedRing::Unlink(plan.rings[plan.produced].name);
   if (!all_opened) return std::unique_ptr<RingReads>();
