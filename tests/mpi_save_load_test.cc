@@ -126,7 +126,8 @@ std::unique_ptr<RankState> TrainingState(int rank, int64_t step) {
   for (const auto& s : sh) rs->state.tensors.push_back(s.View());
   rs->state.blobs.push_back({"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true});
   rs->state.blobs.push_back({"sampler", kSampler.data(), kSampler.size(), false});
-  rs->state.values = Json{{"step", step}, {"config", {{"lr", 0.0003}, {"tp", 2}, {"dp", 2}}}}.dump();
+  const Json config = {{"lr", 0.0003}, {"tp", 2}, {"dp", 2}};
+  rs->state.values = Json{{"step", step}, {"config", config}}.dump();
   rs->state.metadata = Json{{"run", "mpi-test"}}.dump();
   rs->state.layout = Json{{"tp", 2}, {"dp", 2}}.dump();
   return rs;

@@ -274,7 +274,8 @@ TEST_F(SaveLoadTest, UserJsonIsCheckedAndSavedCanonically) {
   ASSERT_TRUE(save(R"( {"z": [1, 2.5], "a": {"y": null, "b": "\u00e9"}} )", "", "b").ok());
   auto res = Load({}, Path("b"), *MakeSingleProcessComm(), {});
   ASSERT_TRUE(res.ok()) << res.status().ToString();
-  EXPECT_EQ(res->values, std::string(R"({"a":{"b":")") + "\xc3\xa9" + R"(","y":null},"z":[1,2.5]})");
+  EXPECT_EQ(res->values,
+            std::string(R"({"a":{"b":")") + "\xc3\xa9" + R"(","y":null},"z":[1,2.5]})");
   EXPECT_EQ(res->metadata, "null");
   EXPECT_EQ(res->layout, "null");
 }

@@ -3,7 +3,8 @@
 //
 // The index is written as compact text with fields in the order of the
 // format document; user JSON (layout, metadata, values) as the text the
-// index holds. Optional fields (a chunk's `flat` and `crc32c`) are omitted when absent, never written as null. Strings that
+// index holds. Optional fields (a chunk's `flat` and `crc32c`) are omitted
+// when absent, never written as null. Strings that
 // are not valid UTF-8 (a caller bug: keys come from Python str or C++ code)
 // are written with U+FFFD in place of the bad bytes rather than throwing.
 #include "format/index.h"

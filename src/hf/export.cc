@@ -301,7 +301,8 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
   }
   SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
   RemoveStaleExports(fs, parent, base).IgnoreError();  // harmless if it fails
-  const std::string tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
+  const std::string tmp =
+      JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
   SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
   auto lock = fs.TryLock(tmp);  // held until published or removed
 

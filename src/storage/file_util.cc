@@ -90,7 +90,7 @@ Status RandomAccessFile::ReadScattered(uint64_t offset, std::span<const Piece> p
 
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
   const std::string parent = ParentDir(path);
-  const std::string tmp = JoinPath(parent, std::string(".").append(BaseName(path)).append(".tmp.").append(RandomSuffix()));
+  const std::string tmp = JoinPath(parent, "." + BaseName(path) + ".tmp." + RandomSuffix());
   // 1. Write and sync the temporary. 2. Rename it over `path`. Before step 2
   // completes, readers see the old file; after it, the new one.
   Status s = WriteAndSync(fs, tmp, data);

@@ -439,6 +439,34 @@ def test_a_hostile_blob_size_is_data_loss_naming_the_blob_not_an_allocation(tmp_
     assert proc.returncode == 2 and "claimed by the index" in proc.stderr, proc.stderr
 
 
+def test_a_chunk_without_a_checksum_is_corrupt_not_unchecked(tmp_path, run):
+    shardsafe.save({"w": torch.ones(4)}, tmp_path / "c", files={"config.json": b"{}"})
+    index_path = tmp_path / "c" / "shardsafe.json"
+    good = index_path.read_text()
+    index = json.loads(good)
+    del index["tensors"]["w"]["chunks"][0]["crc32c"]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=r'tensor "w" chunk .* has no crc32c'):
+        shardsafe.load({"w": torch.zeros(4)}, tmp_path / "c")
+    proc = run("verify", tmp_path / "c")
+    assert proc.returncode != 0 and "has no crc32c" in proc.stdout + proc.stderr, proc.stdout
+    index = json.loads(good)
+    del index["blobs"]["file/config.json"]["chunks"][0]["crc32c"]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=r'blob "file/config.json" .*crc32c'):
+        shardsafe.load({"w": torch.zeros(4)}, tmp_path / "c")
+
+
+def test_the_tag_is_the_directorys_name_not_the_indexs_field(tmp_path):
+    shardsafe.save({"w": torch.ones(4)}, tmp_path / "step-1")
+    index_path = tmp_path / "step-1" / "shardsafe.json"
+    index = json.loads(index_path.read_text())
+    index["tag"] = "../../etc"
+    index_path.write_text(json.dumps(index))
+    assert shardsafe.load({"w": torch.zeros(4)}, tmp_path / "step-1").tag == "step-1"
+    assert shardsafe.describe(tmp_path / "step-1")["tag"] == "step-1"
+
+
 def test_nul_bytes_in_keys_and_paths_are_refused_never_cut_short(tmp_path):
     with pytest.raises(shardsafe.InvalidStateError, match="NUL byte"):
         shardsafe.save({"a\x00b": torch.ones(2)}, tmp_path / "k")

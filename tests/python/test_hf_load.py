@@ -195,9 +195,10 @@ def test_rename_rules_are_the_engines_re2_dialect_for_load_and_export(tmp_path):
 
 def test_error_classes_follow_the_engines_detail_not_the_message():
     from shardsafe.errors import from_status
-    assert type(from_status("INVALID_ARGUMENT", "x", "SHAPE_MISMATCH")) is shardsafe.ShapeMismatchError
-    assert type(from_status("INVALID_ARGUMENT", "x", "DTYPE_MISMATCH")) is shardsafe.DTypeMismatchError
-    assert type(from_status("INVALID_ARGUMENT", "shape mismatch: a value")) is shardsafe.InvalidStateError
+    cls = lambda *status: type(from_status(*status))  # noqa: E731
+    assert cls("INVALID_ARGUMENT", "x", "SHAPE_MISMATCH") is shardsafe.ShapeMismatchError
+    assert cls("INVALID_ARGUMENT", "x", "DTYPE_MISMATCH") is shardsafe.DTypeMismatchError
+    assert cls("INVALID_ARGUMENT", "shape mismatch: a value") is shardsafe.InvalidStateError
 
 
 def test_rename_applies_to_values_of_shardsafe_checkpoints(tmp_path):

@@ -31,12 +31,39 @@ Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source)
   return Status();
 }
 
-// `*text` (when set) receives the index bytes read.
+// A shardsafe checkpoint records a checksum for every chunk and blob chunk
+// (only foreign files have none): one without is DataLoss, not a chunk
+// left unchecked.
+Status CheckChecksumsRecorded(const CheckpointIndex& index, const std::string& source) {
+  for (const auto& [key, tensor] : index.tensors) {
+    for (const IndexChunk& c : tensor.chunks) {
+      if (!c.crc32c) {
+        return DataLossError(source + ": tensor \"" + key + "\" chunk " +
+                             SliceToString(c.slice) + " has no crc32c");
+      }
+    }
+  }
+  for (const auto& [name, blob] : index.blobs) {
+    for (const IndexBlobChunk& c : blob.chunks) {
+      if (!c.crc32c) {
+        return DataLossError(source + ": blob \"" + name + "\" (rank " +
+                             std::to_string(c.rank) + ") has no crc32c");
+      }
+    }
+  }
+  return Status();
+}
+
+// `*text` (when set) receives the index bytes read. The tag is the
+// directory's name (what a root lists and `latest` names), not the index's
+// field.
 Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text) {
   const std::string index_path = JoinPath(dir, kIndexFileName);
   SS_ASSIGN_OR_RETURN(std::string read, ReadFileToString(fs, index_path, kMaxIndexBytes));
   SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
   SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
+  SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, index_path));
+  index.tag = BaseName(dir);
   if (text != nullptr) *text = std::move(read);
   return CheckpointSource{dir, dir, true, std::move(index)};
 }
@@ -209,6 +236,7 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   src.native = native != 0;
   SS_ASSIGN_OR_RETURN(std::string text, r.Str());
   SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
+  if (src.native) src.index.tag = BaseName(src.path);  // as OpenNative
   return src;
 }
 

@@ -136,7 +136,8 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
     }
   }
   if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
-  auto index = s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size) : Result<CheckpointIndex>(s);
+  auto index =
+      s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size) : Result<CheckpointIndex>(s);
   std::vector<std::string> warnings;
   s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, commit, &warnings)
                  : index.status();
