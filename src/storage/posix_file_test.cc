@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -139,6 +140,26 @@ TEST_P(PosixFileRoundTripTest, SyncMidStreamThenKeepAppending) {
   ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->Close().ok());
   ExpectContent(path, data);
+}
+
+// Sync, then Close: the file is synced, then untouched (commit.h relies on
+// it). A change made behind the file's back after Sync stays.
+TEST_P(PosixFileRoundTripTest, CloseAfterSyncWritesNothing) {
+  const std::string path = dir_.File("synced");
+  const std::string data = RandomBytes(70001, 4);
+  auto file = DefaultFileSystem()->NewWritableFile(path, Options(64 << 10));
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Append(data.data(), data.size()).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  std::string marked = data;
+  marked.back() ^= 0x5a;
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(data.size() - 1));
+    f.put(marked.back());
+  }
+  ASSERT_TRUE((*file)->Close().ok());
+  ExpectContent(path, marked);
 }
 
 TEST_P(PosixFileRoundTripTest, SizeHintLargerThanDataLeavesTrueSize) {

@@ -172,6 +172,7 @@ class DirectWritableFile final : public PosixWritableFile {
   int current_ = -1;                    // buffer being filled, or -1
   size_t fill_ = 0;                     // bytes in the current buffer
   uint64_t current_offset_ = 0;         // file offset of the current buffer
+  uint64_t tail_written_at_ = UINT64_MAX;  // size_ when WriteTail last wrote the tail
   std::unique_ptr<ThreadPool> io_;      // started with the first full buffer
 
   std::mutex mu_;
@@ -322,8 +323,10 @@ Status DirectWritableFile::Drain() {
 
 // Writes the partly filled buffer, padded to 4 KiB, then trims the padding.
 // The buffer stays current: later appends keep filling it and rewrite it.
+// Nothing appended since the last call: nothing to write (so Close after
+// Sync leaves the synced file untouched).
 Status DirectWritableFile::WriteTail() {
-  if (current_ < 0 || fill_ == 0) return Status();
+  if (current_ < 0 || fill_ == 0 || tail_written_at_ == size_) return Status();
   char* data = buffers_[current_].data();
   const size_t padded = AlignUp(fill_);
   std::memset(data + fill_, 0, padded - fill_);
@@ -331,6 +334,7 @@ Status DirectWritableFile::WriteTail() {
   if (padded != fill_ && ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
     return Fail(ErrnoError(errno, "ftruncate", path_));
   }
+  tail_written_at_ = size_;
   return Status();
 }
 
