@@ -457,6 +457,18 @@ def test_a_chunk_without_a_checksum_is_corrupt_not_unchecked(tmp_path, run):
         shardsafe.load({"w": torch.zeros(4)}, tmp_path / "c")
 
 
+def test_verify_and_load_judge_a_data_file_of_another_size_alike(tmp_path, run):
+    shardsafe.save({"w": torch.ones(4)}, tmp_path / "g")
+    (data,) = (tmp_path / "g").glob("data-*.safetensors")
+    with open(data, "ab") as f:
+        f.write(b"\0" * 100)  # the tensor itself is intact
+    with pytest.raises(shardsafe.CorruptCheckpointError,
+                       match=re.escape(f"{data}: size ") + r"\d+ bytes, index records \d+"):
+        shardsafe.load({"w": torch.zeros(4)}, tmp_path / "g")
+    proc = run("verify", tmp_path / "g")
+    assert proc.returncode == 1 and f"FAULT  {data}: " in proc.stdout, proc.stdout
+
+
 def test_the_tag_is_the_directorys_name_not_the_indexs_field(tmp_path):
     shardsafe.save({"w": torch.ones(4)}, tmp_path / "step-1")
     index_path = tmp_path / "step-1" / "shardsafe.json"

@@ -70,6 +70,7 @@ Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource&
   Matched m;
   for (const IndexFile& f : src.index.files) {
     m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
+    if (src.native) m.sources.file_bytes.push_back(f.bytes);
   }
   // Saved tensor -> its index in m.tensors (keys point into the index).
   std::unordered_map<std::string_view, uint32_t> tensor_ids;

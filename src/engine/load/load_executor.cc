@@ -28,8 +28,14 @@ class FileCache {
     std::lock_guard<std::mutex> lock(mu_);
     if (!files_[index]) {
       const bool buffered = index < sources_.buffered.size() && sources_.buffered[index];
-      SS_ASSIGN_OR_RETURN(files_[index], fs_.NewRandomAccessFile(sources_.file_paths[index],
-                                                                 ReadOptions{direct_ && !buffered}));
+      const std::string& path = sources_.file_paths[index];
+      SS_ASSIGN_OR_RETURN(auto file,
+                          fs_.NewRandomAccessFile(path, ReadOptions{direct_ && !buffered}));
+      if (index < sources_.file_bytes.size() && file->size() != sources_.file_bytes[index]) {
+        return DataLossError(path + ": size " + std::to_string(file->size()) +
+                             " bytes, index records " + std::to_string(sources_.file_bytes[index]));
+      }
+      files_[index] = std::move(file);
     }
     return files_[index].get();
   }

@@ -26,6 +26,9 @@ struct LoadDestination {
 // error messages.
 struct LoadSources {
   std::vector<std::string> file_paths;  // by data file index
+  // The size the index records for each data file (empty: not checked): a
+  // file of another size is DataLoss when opened, as `verify` judges it.
+  std::vector<uint64_t> file_bytes;
   std::vector<std::string> tensor_keys; // by SavedTensor index
   // Expected checksum per (tensor, chunk); nullopt where none is recorded.
   std::vector<std::vector<std::optional<uint32_t>>> crcs;
