@@ -432,11 +432,17 @@ def test_a_hostile_blob_size_is_data_loss_naming_the_blob_not_an_allocation(tmp_
     assert chunk["at"] > max(c["at"] for c in index["tensors"]["w"]["chunks"])
     chunk["bytes"] = claim
     index_path.write_text(json.dumps(index))
-    with pytest.raises(shardsafe.CorruptCheckpointError, match=r'blob "file/config.json" in '
-                       r'.*claimed by the index, but the file has \d+ bytes'):
+    # The file's size is checked against the index before any read.
+    message = r"data-00000-000.safetensors: size \d+ bytes, index records 2199023255552"
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=message):
         shardsafe.load({"w": torch.zeros(4)}, tmp_path / "h")
+    # Blobs first (an export copies the saved files before any tensor), or
+    # alone: the blob's claim against the file.
     proc = run("export-hf", tmp_path / "h", tmp_path / "out")
     assert proc.returncode == 2 and "claimed by the index" in proc.stderr, proc.stderr
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=r'blob "file/config.json" in '
+                       r'.*claimed by the index, but the file has \d+ bytes'):
+        shardsafe.load({}, tmp_path / "h", strict=False)
 
 
 def test_a_chunk_without_a_checksum_is_corrupt_not_unchecked(tmp_path, run):

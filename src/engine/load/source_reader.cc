@@ -69,6 +69,9 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   std::vector<LoadDestination> dests;
   LoadSources sources;
   sources.file_paths = file_paths_;
+  if (src_.native) {
+    for (const IndexFile& f : src_.index.files) sources.file_bytes.push_back(f.bytes);
+  }
   std::map<const std::string*, uint32_t> ids;
   for (const SourcePiece& p : pieces) {
     auto [it, added] = ids.emplace(p.key, static_cast<uint32_t>(tensors.size()));
