@@ -49,15 +49,9 @@ class AsyncSaveHandle {
   virtual double blocked_seconds() const = 0;
 };
 
-struct AsyncSaveOptions {
-  // How long a rank's background thread waits for the other ranks (their
-  // completion markers, or rank 0's commit) before failing the save.
-  std::chrono::seconds peer_timeout{3600};
-};
-
 class AsyncSaver {
  public:
-  explicit AsyncSaver(AsyncSaveOptions options = {});
+  AsyncSaver();
   ~AsyncSaver();  // waits for the save in flight
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
@@ -69,7 +63,8 @@ class AsyncSaver {
   // Returns once this rank's data is staged. Errors as Save (the plan is
   // checked before returning); a failure of the previous save is its
   // handle's to report, not this call's.
-  // options.overwrite is not supported (InvalidArgument).
+  // options.overwrite is not supported (InvalidArgument); a rank's
+  // background waits options.peer_timeout for the others.
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
                                                 const std::string& tag, Comm& comm,
                                                 const SaveOptions& options,

@@ -17,6 +17,7 @@
 // they use different Comm objects.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -103,6 +104,11 @@ struct SaveOptions {
   // and a mismatch fails the save, naming the tensor and ranks. Off only
   // when the caller guarantees its replicas (one holder's copy is saved).
   bool verify_replicas = true;
+  // Async saves: how long a rank's background thread waits for the other
+  // ranks (their completion markers, or rank 0's commit) once its own part
+  // is written, before failing the save as Unavailable naming what it waited
+  // for. A dead peer costs this long, so minutes, not hours.
+  std::chrono::seconds peer_timeout{600};
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
   // A failure this rank met before the call, preparing its part (the Python

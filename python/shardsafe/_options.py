@@ -39,8 +39,15 @@ class _Options:
 
     def engine(self) -> dict[str, Any]:
         """The options the engine takes: those set (not None), not Python's."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in self._PYTHON_ONLY and getattr(self, f.name) is not None}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in self._PYTHON_ONLY and getattr(self, f.name) is not None}
+        if "peer_timeout" in out:  # seconds, as a float for the engine's duration
+            seconds = out["peer_timeout"]
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+                raise InvalidStateError(f"peer_timeout: a positive number of seconds, "
+                                        f"not {seconds!r}")
+            out["peer_timeout"] = float(seconds)
+        return out
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ class SaveOptions(_Options):
     io_threads: files written in parallel per rank (4).
     io_buffer_bytes, io_depth: each file in flight holds io_depth + 1
       buffers of io_buffer_bytes (16 MiB, 3).
+    peer_timeout: async saves: seconds a rank's background waits for the
+      other ranks once its own part is written, before the save fails as a
+      StorageError naming what it waited for (600; a dead peer costs this
+      long).
     """
 
     overwrite: bool | None = None
@@ -72,6 +83,7 @@ class SaveOptions(_Options):
     io_threads: int | None = None
     io_buffer_bytes: int | None = None
     io_depth: int | None = None
+    peer_timeout: float | None = None
 
     _PYTHON_ONLY = frozenset({"exclude_frozen_parameters"})
 

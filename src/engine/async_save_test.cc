@@ -175,6 +175,33 @@ TEST_F(AsyncSaveTest, BackgroundWriteFailureCommitsNothingAndIsReportedOnceByIts
   }
 }
 
+// A rank whose process "dies" once its state is staged (every file
+// operation of its own fails, so it cannot even leave a marker): the others
+// wait SaveOptions::peer_timeout for it, then fail, naming what they waited
+// for. Nothing is committed.
+TEST_F(AsyncSaveTest, ASilentPeerFailsTheSaveAfterThePeerTimeout) {
+  FaultInjectingFileSystem dead(DefaultFileSystem());
+  dead.FailAfter(0, UnavailableError("process died (injected)"));
+  std::vector<Status> waited(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    auto state = MakeState(r, 1);
+    SaveOptions options;
+    options.peer_timeout = std::chrono::seconds(1);
+    if (r == 3) options.fs = &dead;
+    AsyncSaver saver;
+    auto h = saver.Save(state->state, root_, "step-1", comm, options);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    waited[r] = (*h)->Wait().status();
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_FALSE(waited[r].ok()) << r;
+  EXPECT_EQ(waited[0].code(), StatusCode::kUnavailable);
+  EXPECT_THAT(waited[0].message(),
+              HasSubstr("timed out waiting for the other ranks' completion markers"));
+  auto list = ListCheckpoints(root_);
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+}
+
 using WholeTensors = std::vector<std::pair<std::string, Shape>>;  // F32, saved whole
 
 // Async-saves `tensors` (oracle bytes) as root/tag through `fs`, scribbles

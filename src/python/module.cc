@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/chrono.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -145,6 +146,7 @@ SaveOptions ParseSaveOptions(nb::dict d) {
       .Get("overwrite", &SaveOptions::overwrite)
       .Get("verify_replicas", &SaveOptions::verify_replicas)
       .Get("update_latest", &SaveOptions::update_latest)
+      .Get("peer_timeout", &SaveOptions::peer_timeout)
       .Done();
 }
 

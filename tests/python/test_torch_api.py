@@ -366,6 +366,14 @@ def test_async_save_error_at_the_call(tmp_path):
         shardsafe.async_save({"w": torch.ones(2)}, tmp_path / "s").result(timeout=60)
 
 
+def test_the_async_peer_timeout_is_an_option(tmp_path):
+    path = shardsafe.async_save({"w": torch.ones(2)}, tmp_path / "p",
+                                peer_timeout=30).result(timeout=60)
+    assert shardsafe.describe(path)["tensors"]["w"][1] == (2,)
+    with pytest.raises(shardsafe.InvalidStateError, match="peer_timeout: a positive number"):
+        shardsafe.async_save({"w": torch.ones(2)}, tmp_path / "q", peer_timeout="soon")
+
+
 def test_checkpoint_manager_keeps_the_newest_and_loads_latest(tmp_path):
     mgr = shardsafe.CheckpointManager(tmp_path / "root", keep_last=2)
     assert mgr.latest_step() is None

@@ -118,7 +118,6 @@ struct Job : StagedImages {
   // by the foreground before it finishes `progress` (replica_check.h).
   std::vector<CopyChecksum> copies;
   SaveOptions options;
-  AsyncSaveOptions async_options;
   CommitOptions commit;
   std::chrono::steady_clock::time_point start;
 };
@@ -166,7 +165,7 @@ template <typename Fn>
 auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready) ->
     typename decltype(ready())::value_type {
   auto pause = std::chrono::milliseconds(1);
-  const auto deadline = std::chrono::steady_clock::now() + job.async_options.peer_timeout;
+  const auto deadline = std::chrono::steady_clock::now() + job.options.peer_timeout;
   for (;;) {
     auto r = ready();
     if (r.has_value()) return *std::move(r);
@@ -285,7 +284,7 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
 
 class AsyncSaver::Impl {
  public:
-  explicit Impl(AsyncSaveOptions options) : options_(options) {}
+  Impl() = default;
   ~Impl() { WaitForPending().IgnoreError(); }
 
   Result<std::shared_ptr<AsyncSaveHandle>> Save(const SaveState& state, const std::string& root,
@@ -310,7 +309,6 @@ class AsyncSaver::Impl {
   // report: this call goes ahead (and its prepare step removes what the
   // failed save left).
   void WaitForPrevious() { WaitForPending().IgnoreError(); }
-  AsyncSaveOptions options_;
   StagingArena staging_;
   std::thread worker_;
   std::shared_ptr<Handle> pending_;
@@ -353,7 +351,6 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device
-  job->async_options = options_;
   job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last};
   job->start = start;
   auto handle = std::make_shared<Handle>();
@@ -414,7 +411,7 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
   return Status();
 }
 
-AsyncSaver::AsyncSaver(AsyncSaveOptions options) : impl_(std::make_unique<Impl>(options)) {}
+AsyncSaver::AsyncSaver() : impl_(std::make_unique<Impl>()) {}
 AsyncSaver::~AsyncSaver() = default;
 
 Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Save(const SaveState& state,
