@@ -8,13 +8,33 @@ device for nccl.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .errors import ShardsafeError
+from .errors import ShardsafeError, StorageError
+
+
+def _collective(op: str) -> Callable:
+    """A TorchComm method whose torch.distributed failure (a dead peer, a
+    timeout) becomes a one-line StorageError naming the collective and rank."""
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: "TorchComm", *args: Any) -> Any:
+            try:
+                return method(self, *args)
+            except ShardsafeError:
+                raise
+            except Exception as e:  # noqa: BLE001 - torch raises RuntimeError subclasses
+                first = str(e).strip().split("\n", 1)[0]
+                raise StorageError(f"torch.distributed {op} failed on rank {self.rank} of "
+                                   f"{self.size} (a peer may have died or timed out): "
+                                   f"{type(e).__name__}: {first}", "UNAVAILABLE") from None
+        return call
+    return wrap
 
 
 class TorchComm:
@@ -34,6 +54,7 @@ class TorchComm:
             t[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return t.to(self.device)
 
+    @_collective("all_gather")
     def all_gather(self, data: bytes) -> list[bytes]:
         size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
         sizes = [torch.empty_like(size) for _ in range(self.size)]
@@ -44,6 +65,7 @@ class TorchComm:
         dist.all_gather(parts, mine, group=self.group)
         return [p[:n].cpu().numpy().tobytes() for p, n in zip(parts, lengths)]
 
+    @_collective("broadcast")
     def broadcast(self, data: bytes, root: int) -> bytes:
         src = dist.get_global_rank(self.group, root)
         size = torch.tensor([len(data) if self.rank == root else 0], dtype=torch.int64,
@@ -54,6 +76,7 @@ class TorchComm:
         dist.broadcast(buf, src=src, group=self.group)
         return buf[:n].cpu().numpy().tobytes()
 
+    @_collective("barrier")
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 

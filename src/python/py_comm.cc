@@ -7,8 +7,14 @@ namespace nb = nanobind;
 namespace shardsafe::python {
 namespace {
 
+// One line: the exception's message up to its first newline (what() would
+// add the traceback). TorchComm's own errors already name the collective.
 Status PythonFailure(std::string_view op, const nb::python_error& e) {
-  return UnavailableError("torch.distributed " + std::string(op) + " failed: " + e.what());
+  std::string message = nb::str(e.value()).c_str();
+  message = message.substr(0, message.find('\n'));
+  const std::string prefix = "torch.distributed " + std::string(op);
+  if (message.rfind(prefix, 0) == 0) return UnavailableError(message);
+  return UnavailableError(prefix + " failed: " + message);
 }
 
 std::string ToString(nb::handle bytes) {

@@ -11,6 +11,7 @@ import gc
 import json
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -578,3 +579,24 @@ def test_a_manager_releases_its_engine_object_and_saves_again(tmp_path):
     got = {"w": torch.zeros(1 << 20)}
     mgr.load(got)
     assert torch.equal(got["w"], state["w"]) and mgr.latest_step() == 2
+
+
+def test_a_torch_distributed_failure_is_a_one_line_shardsafe_error(monkeypatch):
+    from shardsafe._comm import TorchComm
+    comm = object.__new__(TorchComm)  # as over a 4-rank group, without one
+    comm.group, comm.rank, comm.size, comm.device = None, 1, 4, torch.device("cpu")
+
+    def dead_peer(*args, **kwargs):
+        raise RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:4242\nException raised "
+                           "from recvFromPeer at ...")
+
+    monkeypatch.setattr(torch.distributed, "all_gather", dead_peer)
+    monkeypatch.setattr(torch.distributed, "broadcast", dead_peer)
+    for call in (lambda: comm.all_gather(b"x"), lambda: comm.broadcast(b"x", 0)):
+        with pytest.raises(shardsafe.StorageError) as info:
+            call()
+        message = str(info.value)
+        assert "\n" not in message
+        assert re.match(r"torch\.distributed (all_gather|broadcast) failed on rank 1 of 4 \(a peer "
+                        r"may have died or timed out\): RuntimeError: \[gloo\] Connection closed "
+                        r"by peer \[10\.0\.0\.2\]:4242$", message), message
