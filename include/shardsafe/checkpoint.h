@@ -215,7 +215,9 @@ struct LoadResult {
 // NotFound (no checkpoint there; missing keys unless allow_partial, listing
 // them), InvalidArgument (shape mismatch naming the key and both shapes;
 // dtype mismatch without convert_dtypes), DataLoss (corrupt or truncated
-// file, checksum mismatch: names the file, tensor and chunk).
+// file, checksum mismatch: names the file, tensor and chunk). A load that
+// fails after it began reading adds the keys of this rank's targets it may
+// have partly overwritten; one refused before that changed none.
 Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
                         const LoadOptions& options);
 

@@ -403,6 +403,8 @@ TEST_F(SaveLoadTest, MissingShapeAndDtypeMismatchesAreClearErrors) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("dtype mismatch"));
   EXPECT_EQ(st.detail(), ErrorDetail::kDTypeMismatch);
+  // Refused before any read: no target was touched, and none is named.
+  EXPECT_THAT(st.message(), ::testing::Not(HasSubstr("may be partly overwritten")));
 }
 
 TEST_F(SaveLoadTest, DtypeConversionOnLoadWhenAllowed) {
@@ -502,6 +504,8 @@ TEST_F(SaveLoadTest, CorruptByteInCachedDataIsFoundInEveryStep) {
       Status st = LoadToRanks(load, ck)[0];
       EXPECT_EQ(st.code(), StatusCode::kDataLoss) << l.tensors << " " << from_end;
       EXPECT_THAT(st.message(), HasSubstr("checksum mismatch"));
+      // A load that failed midway names the targets it may have changed.
+      EXPECT_THAT(st.message(), HasSubstr("; this rank's targets may be partly overwritten: w0"));
       FlipByte(file, size - from_end, 0x10);
     }
     results.clear();

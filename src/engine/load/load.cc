@@ -185,9 +185,11 @@ Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blob
 constexpr std::chrono::milliseconds kRingStallTimeout = std::chrono::minutes(5);
 
 // Runs this rank's part of a collective load: the shared-reads collective,
-// then the local load.
+// then the local load. `*written` receives the keys of the checkpoint
+// tensors whose targets the load began to fill (empty if it never read).
 Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
-                 FileSystem& fs, const LoadOptions& options, LoadResult* result) {
+                 FileSystem& fs, const LoadOptions& options, LoadResult* result,
+                 std::vector<std::string>* written) {
   Result<Prepared> prepared = Prepare(request, src, options, result);
   std::unique_ptr<RingReads> rings;
   if (options.share_reads) {  // the same on every rank: the plan is collective
@@ -210,7 +212,16 @@ Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& 
     result->bytes_shared = shared.bytes_shared;
   }
   if (!prepared.ok()) return prepared.status();
+  *written = prepared->m.sources.tensor_keys;
   return Execute(*prepared, src, comm.rank(), fs, options, result);
+}
+
+// A failed load says which of this rank's targets it may have changed.
+Status NameTouchedTargets(const Status& s, const std::vector<std::string>& written) {
+  if (s.ok() || written.empty()) return s;
+  return Status(s.code(), s.message() + "; this rank's targets may be partly overwritten: " +
+                              ListKeys(written))
+      .WithDetail(s.detail());
 }
 
 }  // namespace
@@ -250,8 +261,10 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
   result.metadata = src.index.metadata;
   result.layout = src.index.layout;
   result.saved_world_size = src.index.world_size;
-  Status local = LoadLocal(request, src, comm, fs, options, &result);
-  SS_RETURN_IF_ERROR(AgreeOnStatus(comm, local).WithContext("loading " + src.path));
+  std::vector<std::string> written;
+  Status local = LoadLocal(request, src, comm, fs, options, &result, &written);
+  SS_RETURN_IF_ERROR(
+      NameTouchedTargets(AgreeOnStatus(comm, local).WithContext("loading " + src.path), written));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
