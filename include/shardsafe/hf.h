@@ -15,11 +15,16 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "shardsafe/checkpoint.h"
+
+namespace re2 {
+class RE2;
+}
 
 namespace shardsafe {
 
@@ -50,10 +55,9 @@ class RenameRules {
   const std::vector<RenameRule>& rules() const { return rules_; }
 
  private:
-  struct Compiled;
   RenameRules() = default;
   std::vector<RenameRule> rules_;
-  std::vector<Compiled> compiled_;
+  std::vector<std::unique_ptr<re2::RE2>> compiled_;  // compiled_[i]: rules_[i].pattern
 };
 
 // Grouped expert tensors <-> per-expert tensors, as transformers 5's

@@ -16,7 +16,6 @@
 // trust its geometry.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <set>
 #include <span>

@@ -68,11 +68,6 @@ std::optional<std::string> KeyFilter::Select(const std::string& key) const {
   return rest;
 }
 
-struct RenameRules::Compiled {
-  std::unique_ptr<re2::RE2> re;
-  std::string replacement;
-};
-
 RenameRules::RenameRules(RenameRules&&) noexcept = default;
 RenameRules& RenameRules::operator=(RenameRules&&) noexcept = default;
 RenameRules::~RenameRules() = default;
@@ -86,7 +81,7 @@ Result<RenameRules> RenameRules::Create(const std::vector<RenameRule>& rules) {
       return InvalidArgumentError("rename rule \"" + rule.pattern + "\" -> \"" +
                                   rule.replacement + "\": " + error);
     }
-    r.compiled_.push_back({std::move(re), rule.replacement});
+    r.compiled_.push_back(std::move(re));
   }
   r.rules_ = rules;
   return r;
@@ -94,7 +89,9 @@ Result<RenameRules> RenameRules::Create(const std::vector<RenameRule>& rules) {
 
 std::string RenameRules::Apply(const std::string& name) const {
   std::string out = name;
-  for (const Compiled& rule : compiled_) RE2::GlobalReplace(&out, *rule.re, rule.replacement);
+  for (size_t i = 0; i < compiled_.size(); ++i) {
+    RE2::GlobalReplace(&out, *compiled_[i], rules_[i].replacement);
+  }
   return out;
 }
 

@@ -16,10 +16,6 @@
 
 #include "shardsafe/hf.h"
 
-namespace re2 {
-class RE2;
-}
-
 namespace shardsafe {
 
 // The prefix / include / exclude selection of ExportHfOptions.

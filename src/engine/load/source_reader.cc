@@ -1,6 +1,7 @@
 // SourceReader (shardsafe/source.h): each batch planned by the load planner
 // and run by the load executor; checksums checked across batches by
 // StreamChecksums.
+#include <atomic>
 #include <cstdio>
 #include <map>
 
