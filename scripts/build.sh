@@ -3,7 +3,7 @@
 #   scripts/build.sh            release build in build/ (with MPI)
 #   scripts/build.sh asan       ASan+UBSan build in build-asan/ (no MPI)
 #   scripts/build.sh tsan       TSan build in build-tsan/ (thread pool, comm, storage tests)
-#   scripts/build.sh fuzz       clang libFuzzer targets in build-fuzz/
+#   scripts/build.sh fuzz       clang-16 libFuzzer targets in build-fuzz/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour=${1:-release}
@@ -21,8 +21,12 @@ case "$flavour" in
       -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_SANITIZE=thread >/dev/null
     ninja -C build-tsan -j"$jobs" ss_base_test ss_comm_test ss_storage_test ;;
   fuzz)
-    cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSHARDSAFE_FUZZ=ON \
+    # A build-fuzz/ configured with another compiler (clang 14) starts afresh.
+    grep -qs 'CMAKE_CXX_COMPILER:[A-Z]*=.*clang++-16$' build-fuzz/CMakeCache.txt ||
+      rm -rf build-fuzz/CMakeCache.txt build-fuzz/CMakeFiles
+    cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++-16 -DSHARDSAFE_FUZZ=ON \
       -DSHARDSAFE_TESTS=OFF -DSHARDSAFE_BENCH=OFF -DSHARDSAFE_MPI=OFF >/dev/null
-    ninja -C build-fuzz -j"$jobs" safetensors_header_fuzzer index_fuzzer ;;
+    ninja -C build-fuzz -j"$jobs" safetensors_header_fuzzer index_fuzzer checkpoint_dir_fuzzer \
+      checkpoint_dir_seeds ;;
   *) echo "unknown flavour: $flavour" >&2; exit 2 ;;
 esac
