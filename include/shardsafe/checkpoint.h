@@ -266,8 +266,8 @@ class CheckpointManager {
 
   // Saves as ROOT/TAG (the tag format's name for `step`), points `latest`
   // at it (unless options.update_latest is false), then removes the oldest
-  // checkpoints beyond keep_last (never the newest committed one, nor the
-  // one `latest` names). InvalidArgument for a bad tag format.
+  // checkpoints beyond keep_last (as Prune). InvalidArgument for a bad tag
+  // format.
   Result<SaveStats> Save(int64_t step, const SaveState& state, Comm& comm,
                          SaveOptions options);
   // The same in the background (shardsafe/async_save.h): returns once this
@@ -291,8 +291,10 @@ class CheckpointManager {
                           LoadOptions options);
   Result<std::vector<CheckpointInfo>> List();
   // Removes the oldest committed checkpoints (in commit order) until `keep`
-  // remain (keep >= 1), but never the newest one nor the one `latest` names. Each is hidden
-  // by an atomic rename before it is deleted. Returns the tags removed.
+  // remain (keep >= 1), but never the newest one, the one `latest` names,
+  // nor one a load in progress holds (CheckpointSource::pin; a later prune
+  // removes it). Each is hidden by an atomic rename before it is deleted.
+  // Returns the tags removed.
   Result<std::vector<std::string>> Prune(int keep);
 
   // The tag of `step` under this manager's tag format ("step-00000100" by

@@ -95,6 +95,12 @@ struct ReadOptions {
   // Read with O_DIRECT where the request is aligned (offset, length and
   // destination on 4 KiB); other requests use buffered reads.
   bool direct = false;
+  // When not empty, a directory the file must lie inside once every
+  // symbolic link on its path is resolved: a link leading out of it is
+  // InvalidArgument, naming the path and where it leads. Readers of a
+  // checkpoint or model directory set it, so a planted link cannot make
+  // them read (or copy out) a file from elsewhere.
+  std::string within;
 };
 
 // A file read at arbitrary offsets. ReadAt may be called concurrently from
@@ -141,6 +147,10 @@ class FileLock {
   virtual ~FileLock() = default;
 };
 
+// An exclusive lock excludes every other lock; shared locks exclude only
+// exclusive ones.
+enum class LockMode { kExclusive, kShared };
+
 struct FileInfo {
   uint64_t size = 0;
   bool is_dir = false;
@@ -170,7 +180,8 @@ class FileSystem {
   // Creates one directory. AlreadyExists if it exists.
   virtual Status CreateDir(const std::string& path) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
-  // Removes a directory and everything below it. OK if it does not exist.
+  // Removes a directory and everything below it. OK if it does not exist,
+  // or if another process removes some of it at the same time.
   virtual Status RemoveAll(const std::string& path) = 0;
   // Atomically renames `from` to `to`. A file target is replaced; a directory
   // target must not exist (AlreadyExists).
@@ -183,12 +194,16 @@ class FileSystem {
   }
   // Makes the entries of directory `path` (creates, renames) durable.
   virtual Status SyncDir(const std::string& path) = 0;
-  // Takes an exclusive advisory lock on the existing file or directory
-  // `path` without waiting: FailedPrecondition if someone holds it,
-  // NotFound if the path is missing, Unimplemented where the file system
-  // has no locks. Saves hold one on their temporary directory so that
-  // another save's cleanup of leftovers never removes a save in progress.
-  virtual Result<std::unique_ptr<FileLock>> TryLock(const std::string& path) {
+  // Takes an advisory lock on the existing file or directory `path` without
+  // waiting: FailedPrecondition if a conflicting lock is held, NotFound if
+  // the path is missing, or no longer names what was locked once the lock
+  // is held (it was renamed or removed meanwhile), Unimplemented where the
+  // file system has no locks. Uses (docs/design.md, "Locks"): a save holds
+  // its temporary directory exclusively, so that another save's cleanup
+  // never removes a save in progress; a root's directory operations hold
+  // the root exclusively; a load holds the index it reads shared, so that
+  // retention never removes a checkpoint being loaded.
+  virtual Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) {
     return UnimplementedError("locking " + path + " is not supported");
   }
 };
@@ -203,7 +218,7 @@ Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_
 
 // Reads a whole file. ResourceExhausted if it is larger than `max_bytes`.
 Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
-                                     uint64_t max_bytes);
+                                     uint64_t max_bytes, const ReadOptions& options = {});
 
 // "a/b" + "c" -> "a/b/c"; the parent of "a/b/c" is "a/b" ("." for "c");
 // the base name of "a/b/c/" is "c".

@@ -33,7 +33,18 @@ struct CheckpointSource {
   std::string data_dir;  // directory holding the data files
   bool native = false;   // a shardsafe checkpoint (has checksums)
   CheckpointIndex index;
+  // A native checkpoint's index, locked shared while the source lives
+  // (where the file system has locks; on the rank that opened it): retention
+  // and prune leave a checkpoint alone while a load holds it.
+  std::shared_ptr<FileLock> pin;
 };
+
+// How every file of `src` is opened for reading: confined
+// (ReadOptions::within) to the checkpoint or model directory it came from,
+// or for a Hugging Face cache snapshot (CACHE/models--ORG--NAME/snapshots/
+// REV, whose files link to ../../blobs) to that cached repository. A single
+// .safetensors file the caller named is not confined.
+ReadOptions SourceReadOptions(const CheckpointSource& src, bool direct = false);
 
 // Opens `path` on this process alone. NotFound if nothing loadable is
 // there; DataLoss for a corrupt index or header (naming the file and rule).

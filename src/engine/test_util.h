@@ -118,8 +118,8 @@ class ForwardingFileSystem : public FileSystem {
     return base_->RenameExchange(a, b);
   }
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::unique_ptr<FileLock>> TryLock(const std::string& p) override {
-    return base_->TryLock(p);
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& p, LockMode mode) override {
+    return base_->TryLock(p, mode);
   }
 
  protected:

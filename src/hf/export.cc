@@ -225,7 +225,8 @@ Result<std::map<std::string, std::string>> SavedFiles(FileSystem& fs, const Chec
       continue;
     }
     SS_ASSIGN_OR_RETURN(files[e.name],
-                        ReadFileToString(fs, JoinPath(src.path, e.name), kMaxCopiedFileBytes));
+                        ReadFileToString(fs, JoinPath(src.path, e.name), kMaxCopiedFileBytes,
+                                         SourceReadOptions(src)));
   }
   return files;
 }
@@ -236,7 +237,7 @@ Status RemoveStaleExports(FileSystem& fs, const std::string& parent, const std::
   for (const DirEntry& e : entries) {
     if (!e.is_dir || !e.name.starts_with(prefix)) continue;
     const std::string path = JoinPath(parent, e.name);
-    auto lock = fs.TryLock(path);  // an export in progress holds it
+    auto lock = fs.TryLock(path, LockMode::kExclusive);  // an export in progress holds it
     if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) continue;
     SS_RETURN_IF_ERROR(fs.RemoveAll(path));
   }
@@ -304,7 +305,7 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
   const std::string tmp =
       JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
   SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
-  auto lock = fs.TryLock(tmp);  // held until published or removed
+  auto lock = fs.TryLock(tmp, LockMode::kExclusive);  // held until published or removed
 
   SourceReader reader(src, fs, options.verify_checksums);
   Job job{options, src, plan, fs, reader, tmp};

@@ -104,9 +104,7 @@ TEST(BoxMathTest, TinyFlatRangeOfHugeBoxSkipsRows) {
   const Slice src{Box{{0, 0}, {rows, 1024}}, FlatRange{mid + 10, mid + 2000}};
   const Slice dst{Box{{0, 0}, {rows, 8}}, {}};
   std::vector<ElementRun> runs;
-  const auto start = std::chrono::steady_clock::now();
-  CommonRuns(src, dst, &runs);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50));
+  CommonRuns(src, dst, &runs);  // a walk over every one of the 2^40 rows would never return
   ASSERT_EQ(runs.size(), 1u);  // row rows/2 gives nothing (starts at col 10); next row 8 elems
   EXPECT_EQ(runs[0], (ElementRun{1014, (rows / 2 + 1) * 8, 8}));
 }

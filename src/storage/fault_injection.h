@@ -78,8 +78,8 @@ class FaultInjectingFileSystem final : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override;
   Status RenameExchange(const std::string& a, const std::string& b) override;
   Status SyncDir(const std::string& path) override;
-  Result<std::unique_ptr<FileLock>> TryLock(const std::string& path) override {
-    return base_->TryLock(path);
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) override {
+    return base_->TryLock(path, mode);
   }
 
  private:

@@ -104,8 +104,8 @@ Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_
 }
 
 Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
-                                     uint64_t max_bytes) {
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+                                     uint64_t max_bytes, const ReadOptions& options) {
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, options));
   const uint64_t size = file->size();
   if (size > max_bytes) {
     return ResourceExhaustedError("reading " + path + ": file has " + std::to_string(size) +

@@ -60,6 +60,7 @@ Status RemoveContents(int dir_fd, const std::string& path) {
     const std::string child = JoinPath(path, e->d_name);
     if (IsDirEntry(dir_fd, *e)) {
       int child_fd = openat(dir_fd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (child_fd < 0 && errno == ENOENT) continue;  // removed by someone else meanwhile
       Status s = child_fd < 0 ? ErrnoError(errno, "open directory", child)
                               : RemoveContents(child_fd, child);
       if (s.ok() && unlinkat(dir_fd, e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
@@ -111,7 +112,7 @@ class PosixFileSystem final : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override;
   Status RenameExchange(const std::string& a, const std::string& b) override;
   Status SyncDir(const std::string& path) override;
-  Result<std::unique_ptr<FileLock>> TryLock(const std::string& path) override;
+  Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) override;
 };
 
 class FlockLock final : public FileLock {
@@ -166,7 +167,7 @@ Status PosixFileSystem::RemoveAll(const std::string& path) {
     return Status();
   }
   int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(errno, "open directory", path);
+  if (fd < 0) return errno == ENOENT ? Status() : ErrnoError(errno, "open directory", path);
   SS_RETURN_IF_ERROR(RemoveContents(fd, path));
   if (rmdir(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoError(errno, "remove directory", path);
@@ -211,21 +212,28 @@ Status PosixFileSystem::SyncDir(const std::string& path) {
   return Status();
 }
 
-Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& path) {
+Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& path,
+                                                           LockMode mode) {
   SS_RETURN_IF_ERROR(PathOk(path));
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "open for locking", path);
+  std::unique_ptr<FileLock> lock(new FlockLock(fd));  // closes fd on every path
   int rc;
   do {
-    rc = flock(fd, LOCK_EX | LOCK_NB);
+    rc = flock(fd, (mode == LockMode::kShared ? LOCK_SH : LOCK_EX) | LOCK_NB);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
-    const int err = errno;
-    close(fd);
-    if (err == EWOULDBLOCK) return FailedPreconditionError(path + " is locked (in use)");
-    return ErrnoError(err, "lock", path);
+    if (errno == EWOULDBLOCK) return FailedPreconditionError(path + " is locked (in use)");
+    return ErrnoError(errno, "lock", path);
   }
-  return std::unique_ptr<FileLock>(new FlockLock(fd));
+  // Locked what the path named at open: it must still name it.
+  struct stat held, now;
+  if (fstat(fd, &held) != 0) return ErrnoError(errno, "stat", path);
+  if (stat(path.c_str(), &now) != 0) return ErrnoError(errno, "stat", path);
+  if (held.st_dev != now.st_dev || held.st_ino != now.st_ino) {
+    return NotFoundError(path + " was replaced while it was being locked");
+  }
+  return lock;
 }
 
 }  // namespace

@@ -158,6 +158,34 @@ TEST_F(PosixFileSystemTest, ReadFileToStringEnforcesTheLimit) {
   EXPECT_EQ(ReadFileToString(fs_, dir_.File("nope"), 99).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(PosixFileSystemTest, ReadsWithinADirectoryNeverFollowALinkOutOfIt) {
+  ASSERT_TRUE(fs_.CreateDir(dir_.File("ckpt")).ok());
+  ASSERT_TRUE(fs_.CreateDir(dir_.File("ckpt/sub")).ok());
+  Put(dir_.File("secret"), "outside");
+  Put(dir_.File("ckpt/sub/inner"), "inside");
+  ASSERT_EQ(symlink("../secret", dir_.File("ckpt/out").c_str()), 0);
+  ASSERT_EQ(symlink("sub/inner", dir_.File("ckpt/in").c_str()), 0);
+  ASSERT_EQ(symlink(dir_.File("ckpt").c_str(), dir_.File("alias").c_str()), 0);
+  const ReadOptions within{.direct = false, .within = dir_.File("ckpt")};
+  auto out = ReadFileToString(fs_, dir_.File("ckpt/out"), 100, within);
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("a symbolic link leading outside"), std::string::npos)
+      << out.status().message();
+  EXPECT_NE(out.status().message().find("ckpt/out"), std::string::npos);
+  // A link that stays inside is followed; so is a link in the directory's own path.
+  EXPECT_EQ(*ReadFileToString(fs_, dir_.File("ckpt/in"), 100, within), "inside");
+  const ReadOptions via_alias{.direct = false, .within = dir_.File("alias")};
+  EXPECT_EQ(*ReadFileToString(fs_, dir_.File("alias/sub/inner"), 100, via_alias), "inside");
+  EXPECT_FALSE(ReadFileToString(fs_, dir_.File("alias/out"), 100, via_alias).ok());
+  // A prefix of the name is not the directory: ckpt2 is outside ckpt.
+  ASSERT_TRUE(fs_.CreateDir(dir_.File("ckpt2")).ok());
+  Put(dir_.File("ckpt2/f"), "x");
+  ASSERT_EQ(symlink("../ckpt2/f", dir_.File("ckpt/sibling").c_str()), 0);
+  EXPECT_FALSE(ReadFileToString(fs_, dir_.File("ckpt/sibling"), 100, within).ok());
+  // Unconfined reads follow links as before.
+  EXPECT_EQ(Get(dir_.File("ckpt/out")), "outside");
+}
+
 TEST(PathTest, JoinPath) {
   EXPECT_EQ(JoinPath("a/b", "c"), "a/b/c");
   EXPECT_EQ(JoinPath("a/b/", "c"), "a/b/c");

@@ -90,7 +90,7 @@ class PosixFileRoundTripTest : public ::testing::TestWithParam<Mode> {
 
   // `path` opened for reading as this mode reads (direct or buffered).
   std::unique_ptr<RandomAccessFile> OpenReader(const std::string& path) {
-    auto file = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{GetParam().direct});
+    auto file = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{.direct = GetParam().direct, .within = ""});
     EXPECT_TRUE(file.ok()) << file.status().ToString();
     return file.ok() ? std::move(*file) : nullptr;
   }

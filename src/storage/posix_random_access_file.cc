@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <system_error>
@@ -91,6 +92,29 @@ bool NothingCached(int fd, uint64_t offset, size_t n) {
   const size_t head = std::min<uint64_t>(n, page - offset % page);
   if (CachedPages(fd, offset, head) != 0) return false;
   return head == n || CachedPages(fd, offset + head, n - head) == 0;
+}
+
+// Where a path leads once every symbolic link is resolved; empty if that
+// cannot be told.
+std::string Resolved(const char* path) {
+  char buf[PATH_MAX];
+  return realpath(path, buf) != nullptr ? std::string(buf) : std::string();
+}
+
+// The open file `fd` (opened as `path`) must lie inside directory `within`
+// (ReadOptions::within). The check is of the descriptor's own path, so a
+// link swapped in after the open cannot slip past it.
+Status CheckWithin(int fd, const std::string& path, const std::string& within) {
+  if (within.empty()) return Status();
+  std::string file = Resolved(("/proc/self/fd/" + std::to_string(fd)).c_str());
+  if (file.empty()) file = Resolved(path.c_str());  // no /proc
+  const std::string dir = Resolved(within.c_str());
+  if (dir.empty()) return ErrnoError(errno, "resolve", within);
+  const bool inside = dir == "/" || (file.size() > dir.size() && file.compare(0, dir.size(), dir) == 0 &&
+                                     file[dir.size()] == '/');
+  if (inside) return Status();
+  return InvalidArgumentError("open " + path + ": a symbolic link leading outside " + within +
+                              " (to " + (file.empty() ? std::string("?") : file) + ")");
 }
 
 class PosixRandomAccessFile final : public RandomAccessFile {
@@ -355,6 +379,10 @@ Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::st
     close(fd);
     return InvalidArgumentError("open " + path + ": " +
                                 (S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file"));
+  }
+  if (Status s = CheckWithin(fd, path, options.within); !s.ok()) {
+    close(fd);
+    return s;
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   // No O_DIRECT (tmpfs: EINVAL) just means every read goes through fd.

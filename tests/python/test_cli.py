@@ -582,3 +582,57 @@ def test_fifos_in_a_checkpoint_are_errors_not_hangs(run, tmp_path):
     os.mkfifo(root / "latest")
     proc = run("ls", root, timeout=120)
     assert proc.returncode == EXIT_OK, describe(proc)  # a `latest` that cannot be read names nothing
+
+
+def test_symlinks_never_lead_out_of_a_checkpoint_or_model_directory(run, tmp_path):
+    # A planted link must not make a reader read, or export-hf copy out, a
+    # file from outside the directory it was given.
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"secret": "do not copy"}')
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"w": torch.ones(2)}, str(model / "model.safetensors"))
+    (model / "config.json").symlink_to(secret)
+    proc = run("export-hf", model, tmp_path / "out")
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert "config.json: a symbolic link leading outside" in proc.stderr, describe(proc)
+    assert not any("do not copy" in p.read_text(errors="replace")
+                   for p in tmp_path.glob("out*/**/*") if p.is_file())
+
+    root = tmp_path / "root"
+    shardsafe.CheckpointManager(root).save(1, {"w": torch.ones(4)})
+    ckpt = root / "step-00000001"
+    data = next(ckpt.glob("data-*.safetensors"))
+    outside = tmp_path / data.name
+    data.rename(outside)
+    data.symlink_to(outside)
+    proc = run("verify", ckpt)
+    assert proc.returncode in (EXIT_PROBLEMS, EXIT_ERROR), describe(proc)
+    assert "a symbolic link leading outside" in proc.stdout + proc.stderr, describe(proc)
+    with pytest.raises(shardsafe.ShardsafeError, match="symbolic link leading outside"):
+        shardsafe.load({"w": torch.zeros(4)}, ckpt)
+    index = ckpt / "shardsafe.json"
+    index.rename(tmp_path / "shardsafe.json")
+    index.symlink_to(tmp_path / "shardsafe.json")
+    proc = run("inspect", ckpt)
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert "a symbolic link leading outside" in proc.stderr, describe(proc)
+
+
+def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(run, tmp_path):
+    # The hub cache keeps files in models--ORG--NAME/blobs and links them
+    # from snapshots/REV/: links inside the cached repository are followed.
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    save_file({"w": torch.arange(4.0)}, str(repo / "blobs" / "aaaa"))
+    (repo / "blobs" / "bbbb").write_text('{"model_type": "tiny"}')
+    (snapshot / "model.safetensors").symlink_to("../../blobs/aaaa")
+    (snapshot / "config.json").symlink_to("../../blobs/bbbb")
+    out = {"w": torch.zeros(4)}
+    shardsafe.load(out, snapshot)
+    assert torch.equal(out["w"], torch.arange(4.0))
+    proc = run("export-hf", snapshot, tmp_path / "out")
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert (tmp_path / "out" / "config.json").read_text() == '{"model_type": "tiny"}'

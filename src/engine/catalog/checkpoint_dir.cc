@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -52,7 +53,7 @@ struct LatestPointer {
 
 std::optional<LatestPointer> ReadLatestFile(FileSystem& fs, const std::string& root) {
   const std::string path = JoinPath(root, kLatestFileName);
-  auto text = ReadFileToString(fs, path, 4096);
+  auto text = ReadFileToString(fs, path, 4096, ReadOptions{.within = root});
   if (!text.ok()) return std::nullopt;
   std::string tag = *text;
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r')) tag.pop_back();
@@ -223,7 +224,7 @@ std::string SerializeCommitRecord(const CommitRecord& record) {
 }
 
 std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& dir) {
-  auto text = ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096);
+  auto text = ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096, ReadOptions{.within = dir});
   if (!text.ok()) return std::nullopt;
   const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("sequence") || !j["sequence"].is_number_unsigned() ||
@@ -238,44 +239,103 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
   return r;
 }
 
-Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
-                                                  int keep) {
-  if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
-  std::vector<std::string> removed;
-  int to_remove = static_cast<int>(list.size()) - keep;
-  for (size_t i = 0; i + 1 < list.size(); ++i) {  // oldest first; never the newest
-    const CheckpointInfo& c = list[i];
-    if (to_remove <= 0) break;
-    if (c.is_latest) continue;  // nor the one `latest` names
-    // Hide it first (one atomic rename), so a crash mid-removal never leaves
-    // a half-deleted directory that still looks committed.
-    const std::string hidden = JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag);
-    SS_RETURN_IF_ERROR(fs.Rename(c.path, hidden));
-    SS_RETURN_IF_ERROR(fs.RemoveAll(hidden));
-    removed.push_back(c.tag);
-    --to_remove;
+Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root) {
+  const auto deadline = std::chrono::steady_clock::now() + kRootLockWait;
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    auto lock = fs.TryLock(root, LockMode::kExclusive);
+    if (lock.ok()) return lock;
+    if (lock.status().code() == StatusCode::kUnimplemented) return std::unique_ptr<FileLock>();
+    if (lock.status().code() != StatusCode::kFailedPrecondition) return lock.status();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return FailedPreconditionError(root + " stayed locked by another process for " +
+                                     std::to_string(kRootLockWait.count()) +
+                                     " s (a save, prune or retention there does not finish)");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
-  SS_RETURN_IF_ERROR(fs.SyncDir(root));
-  return removed;
 }
 
-Status CleanLeftovers(FileSystem& fs, const std::string& root) {
-  SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
+std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir) {
+  // In use: a save holds the directory, or a load its index (FailedPrecondition).
+  const auto in_use = [](const Status& s) { return s.code() == StatusCode::kFailedPrecondition; };
+  ClaimedDir claimed{dir, nullptr, nullptr};
+  auto lock = fs.TryLock(dir, LockMode::kExclusive);
+  if (!lock.ok() && in_use(lock.status())) return std::nullopt;
+  if (lock.ok()) claimed.lock = std::move(*lock);
+  auto index_lock = fs.TryLock(JoinPath(dir, kIndexFileName), LockMode::kExclusive);
+  if (!index_lock.ok() && in_use(index_lock.status())) return std::nullopt;
+  if (index_lock.ok()) claimed.index_lock = std::move(*index_lock);
+  return claimed;
+}
+
+Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs) {
   Status first;
-  for (const DirEntry& e : entries) {
-    const std::string path = JoinPath(root, e.name);
-    Status s;
-    if (e.is_dir && StartsWith(e.name, kTmpPrefix)) {
-      // A save in progress holds a lock on its directory: leave it alone.
-      auto lock = fs.TryLock(path);
-      if (!lock.ok() && lock.status().code() == StatusCode::kFailedPrecondition) continue;
-      s = fs.RemoveAll(path);
-    }
-    if (!e.is_dir && StartsWith(e.name, ".latest.tmp.")) s = fs.RemoveFile(path);
+  for (ClaimedDir& d : dirs) {
+    Status s = fs.RemoveAll(d.path);
     if (first.ok()) first = s;
   }
   return first;
+}
+
+Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
+                                                   int keep, std::vector<std::string>* tags) {
+  if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  std::vector<ClaimedDir> hidden;
+  int to_remove = static_cast<int>(list.size()) - keep;
+  for (size_t i = 0; i + 1 < list.size() && to_remove > 0; ++i) {  // oldest first; never the newest
+    const CheckpointInfo& c = list[i];
+    if (c.is_latest) continue;  // nor the one `latest` names
+    std::optional<ClaimedDir> claimed = ClaimDir(fs, c.path);
+    if (!claimed) continue;  // a load is reading it
+    // Hidden by one atomic rename, so a crash mid-removal never leaves a
+    // half-deleted directory that still looks committed. The locks follow
+    // the directory.
+    claimed->path = JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
+    SS_RETURN_IF_ERROR(fs.Rename(c.path, claimed->path));
+    hidden.push_back(std::move(*claimed));
+    tags->push_back(c.tag);
+    --to_remove;
+  }
+  if (!hidden.empty()) SS_RETURN_IF_ERROR(fs.SyncDir(root));
+  return hidden;
+}
+
+Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
+                                                  int keep) {
+  std::vector<std::string> tags;
+  std::vector<ClaimedDir> hidden;
+  {
+    SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
+    SS_ASSIGN_OR_RETURN(hidden, HideOldCheckpoints(fs, root, keep, &tags));
+  }
+  SS_RETURN_IF_ERROR(RemoveClaimed(fs, std::move(hidden)));
+  return tags;
+}
+
+std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root) {
+  std::vector<ClaimedDir> claimed;
+  auto entries = fs.ListDir(root);
+  if (!entries.ok()) return claimed;
+  for (const DirEntry& e : *entries) {
+    const std::string path = JoinPath(root, e.name);
+    if (e.is_dir && StartsWith(e.name, kTmpPrefix)) {
+      if (auto c = ClaimDir(fs, path)) claimed.push_back(std::move(*c));
+    }
+    if (!e.is_dir && StartsWith(e.name, ".latest.tmp.")) fs.RemoveFile(path).IgnoreError();
+  }
+  return claimed;
+}
+
+Status CleanLeftovers(FileSystem& fs, const std::string& root) {
+  std::vector<ClaimedDir> claimed;
+  {
+    SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
+    claimed = ClaimLeftovers(fs, root);
+  }
+  return RemoveClaimed(fs, std::move(claimed));
 }
 
 }  // namespace shardsafe

@@ -3,6 +3,8 @@
 // leftovers of interrupted saves.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,17 +61,52 @@ bool IsCommitted(FileSystem& fs, const std::string& dir);
 // nullopt if the root holds none. NotFound if `root` does not exist.
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root);
 
-// Removes the oldest committed checkpoints under `root` (commit order)
-// until `keep` remain (keep >= 1, else InvalidArgument), but never the
-// newest one nor the latest one. Each is hidden by an atomic rename before
-// it is deleted. Returns the tags removed.
+// The lock on a root's names (docs/design.md, "Locks"): held while a
+// process creates, renames or removes a name directly under `root` (a
+// temporary directory or file, the commit rename, `latest`, retention), so
+// that one process's cleanup never removes another's fresh temporary name
+// and commit sequences stay unique. Held for directory operations only,
+// never while data is written or deleted. Waits while another process
+// holds it, up to kRootLockWait (then FailedPrecondition); null where the
+// file system has no locks.
+inline constexpr std::chrono::seconds kRootLockWait{300};
+Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root);
+
+// A directory to delete, held exclusively (null where the file system has
+// no locks) so no other cleanup touches it, and removed outside the root's
+// lock by RemoveClaimed.
+struct ClaimedDir {
+  std::string path;
+  std::unique_ptr<FileLock> lock;
+  std::unique_ptr<FileLock> index_lock;
+};
+Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs);
+
+// Claims `dir` for deletion: nullopt while it is in use, i.e. a save holds
+// the directory or a load holds its index (FileSystem::TryLock).
+std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir);
+
+// With the root locked: hides the oldest committed checkpoints under
+// `root` (commit order) until `keep` remain (keep >= 1, else
+// InvalidArgument), but never the newest one, the latest one, nor one a
+// load is reading (it stays until a later prune finds it unused); each is
+// hidden by an atomic rename to a temporary name. Returns them, claimed,
+// with their tags in `*tags`.
+Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
+                                                   int keep, std::vector<std::string>* tags);
+
+// HideOldCheckpoints under the root's lock, then deletes what it hid.
+// Returns the tags removed.
 Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
                                                   int keep);
 
-// Removes `.tmp-*` directories and `.latest.tmp.*` files left in `root` by
-// interrupted saves; a `.tmp-*` directory that another save holds locked
-// (FileSystem::TryLock) is in use and stays. Best effort: failures are
-// returned but harmless.
+// With the root locked: removes `.latest.tmp.*` files left in `root` by
+// interrupted saves and claims the `.tmp-*` directories nobody uses (a save
+// in progress holds its own locked; ClaimDir).
+std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root);
+
+// ClaimLeftovers under the root's lock, then deletes what it claimed. Best
+// effort: failures are returned but harmless.
 Status CleanLeftovers(FileSystem& fs, const std::string& root);
 
 }  // namespace shardsafe

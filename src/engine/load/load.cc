@@ -68,6 +68,7 @@ std::string ListKeys(const std::vector<std::string>& keys) {
 Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
                              const LoadOptions& options, LoadResult* result) {
   Matched m;
+  m.sources.within = SourceReadOptions(src).within;
   for (const IndexFile& f : src.index.files) {
     m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
     if (src.native) m.sources.file_bytes.push_back(f.bytes);
@@ -134,7 +135,7 @@ FileSystem& FsOf(const LoadOptions& options) {
 Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& name,
                 const IndexBlobChunk& chunk, std::string* out) {
   const std::string path = JoinPath(src.data_dir, src.index.files[chunk.file].name);
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, SourceReadOptions(src)));
   // The index's sizes are claims: checked against the file before any
   // memory is taken for them (a hostile index could ask for terabytes).
   uint64_t end = 0;

@@ -26,6 +26,7 @@ struct LoadDestination {
 // error messages.
 struct LoadSources {
   std::vector<std::string> file_paths;  // by data file index
+  std::string within;                   // ReadOptions::within of every file
   // The size the index records for each data file (empty: not checked): a
   // file of another size is DataLoss when opened, as `verify` judges it.
   std::vector<uint64_t> file_bytes;

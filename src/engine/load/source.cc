@@ -14,6 +14,7 @@ namespace shardsafe {
 namespace {
 
 constexpr std::string_view kHfIndexName = "model.safetensors.index.json";
+constexpr int kOpenLatestTries = 10;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -54,26 +55,62 @@ Status CheckChecksumsRecorded(const CheckpointIndex& index, const std::string& s
   return Status();
 }
 
+// The directory a source in `dir` is confined to (SourceReadOptions).
+std::string ConfinementDir(const std::string& dir) {
+  const std::string snapshots = ParentDir(dir);
+  const std::string repo = ParentDir(snapshots);
+  if (BaseName(snapshots) == "snapshots" && BaseName(repo).rfind("models--", 0) == 0) return repo;
+  return dir;
+}
+
+ReadOptions Within(const std::string& dir) {
+  ReadOptions options;
+  options.within = ConfinementDir(dir);
+  return options;
+}
+
+// The status of a checkpoint that retention or prune removed while it was
+// being opened.
+Status Removed(const std::string& dir) {
+  return NotFoundError("checkpoint " + dir +
+                       " was removed (by retention or prune) while it was being opened");
+}
+
+// Locks `dir`'s index shared (CheckpointSource::pin); Removed() if a prune
+// is removing it or has.
+Result<std::shared_ptr<FileLock>> Pin(FileSystem& fs, const std::string& dir) {
+  auto lock = fs.TryLock(JoinPath(dir, kIndexFileName), LockMode::kShared);
+  if (lock.ok()) return std::shared_ptr<FileLock>(std::move(*lock));
+  switch (lock.status().code()) {
+    case StatusCode::kUnimplemented: return std::shared_ptr<FileLock>();
+    case StatusCode::kFailedPrecondition:  // held by a prune
+    case StatusCode::kNotFound: return Removed(dir);
+    default: return lock.status();
+  }
+}
+
 // `*text` (when set) receives the index bytes read. The tag is the
 // directory's name (what a root lists and `latest` names), not the index's
 // field.
 Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text) {
   const std::string index_path = JoinPath(dir, kIndexFileName);
-  SS_ASSIGN_OR_RETURN(std::string read, ReadFileToString(fs, index_path, kMaxIndexBytes));
+  SS_ASSIGN_OR_RETURN(std::shared_ptr<FileLock> pin, Pin(fs, dir));
+  SS_ASSIGN_OR_RETURN(std::string read,
+                      ReadFileToString(fs, index_path, kMaxIndexBytes, Within(dir)));
   SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
   SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
   SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, index_path));
   index.tag = BaseName(dir);
   if (text != nullptr) *text = std::move(read);
-  return CheckpointSource{dir, dir, true, std::move(index)};
+  return CheckpointSource{dir, dir, true, std::move(index), std::move(pin)};
 }
 
 // Adds the entries of one foreign safetensors file as whole-tensor chunks.
 Status AddForeignFile(FileSystem& fs, const std::string& dir, const std::string& name,
-                      CheckpointIndex* index) {
+                      const ReadOptions& options, CheckpointIndex* index) {
   const std::string path = JoinPath(dir, name);
   uint64_t size = 0;
-  SS_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(fs, path, &size));
+  SS_ASSIGN_OR_RETURN(SafetensorsHeader header, ReadSafetensorsHeader(fs, path, &size, options));
   const auto file = static_cast<uint32_t>(index->files.size());
   index->files.push_back({name, size, 0});
   for (const SafetensorsEntry& e : header.entries) {
@@ -90,7 +127,8 @@ Status AddForeignFile(FileSystem& fs, const std::string& dir, const std::string&
 // An HF index's weight_map (tensor -> shard file), with every file checked
 // to be a plain .safetensors name inside the directory.
 Result<std::map<std::string, std::string>> ReadHfWeightMap(FileSystem& fs, const std::string& path) {
-  SS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(fs, path, kMaxIndexBytes));
+  SS_ASSIGN_OR_RETURN(std::string text,
+                      ReadFileToString(fs, path, kMaxIndexBytes, Within(ParentDir(path))));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
     return DataLossError(path + ": not a JSON object with a \"weight_map\" object");
@@ -126,9 +164,12 @@ Status CheckWeightMap(const CheckpointSource& src, const std::map<std::string, s
 Result<CheckpointSource> OpenForeign(FileSystem& fs, const std::string& dir,
                                      const std::vector<std::string>& names,
                                      const std::string& shown_path) {
-  CheckpointSource src{shown_path, dir, false, {}};
+  CheckpointSource src{shown_path, dir, false, {}, nullptr};
   src.index.tag = BaseName(shown_path);
-  for (const std::string& name : names) SS_RETURN_IF_ERROR(AddForeignFile(fs, dir, name, &src.index));
+  const ReadOptions options = SourceReadOptions(src);
+  for (const std::string& name : names) {
+    SS_RETURN_IF_ERROR(AddForeignFile(fs, dir, name, options, &src.index));
+  }
   return src;
 }
 
@@ -167,7 +208,17 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
     return src;
   }
   SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
-  if (latest) return OpenNative(fs, JoinPath(dir, *latest), text);
+  // What `latest` resolved to may be removed by retention before it is
+  // pinned (a newer checkpoint was committed meanwhile): resolve again.
+  for (int tries = 1; latest; ++tries) {
+    const std::string ckpt = JoinPath(dir, *latest);
+    auto src = OpenNative(fs, ckpt, text);
+    if (src.ok() || tries == kOpenLatestTries || src.status().code() != StatusCode::kNotFound ||
+        fs.Stat(ckpt).ok()) {
+      return src;
+    }
+    SS_ASSIGN_OR_RETURN(latest, ResolveLatestTag(fs, dir));
+  }
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
   if (LooksLikeUncommittedCheckpoint(names)) {
     return FailedPreconditionError(dir + " holds shardsafe data files but no " +
@@ -180,9 +231,16 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
 
 }  // namespace
 
+ReadOptions SourceReadOptions(const CheckpointSource& src, bool direct) {
+  ReadOptions options;
+  options.direct = direct;
+  if (src.path == src.data_dir) options.within = ConfinementDir(src.data_dir);
+  return options;
+}
+
 Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
-                                                uint64_t* file_size) {
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+                                                uint64_t* file_size, const ReadOptions& options) {
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, options));
   *file_size = file->size();
   std::byte prefix[8] = {};
   const size_t n = std::min<uint64_t>(8, *file_size);

@@ -11,9 +11,11 @@
 
 namespace shardsafe {
 
-// Reads and validates the header of the safetensors file at `path`.
+// Reads and validates the header of the safetensors file at `path`, opened
+// with `options`.
 Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
-                                                uint64_t* file_size);
+                                                uint64_t* file_size,
+                                                const ReadOptions& options = {});
 
 // OpenSource, and `*index_text` receives the index bytes it read (a native
 // checkpoint; left empty for a synthesized index).

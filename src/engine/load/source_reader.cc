@@ -70,6 +70,7 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   std::vector<LoadDestination> dests;
   LoadSources sources;
   sources.file_paths = file_paths_;
+  sources.within = SourceReadOptions(src_).within;
   if (src_.native) {
     for (const IndexFile& f : src_.index.files) sources.file_bytes.push_back(f.bytes);
   }
@@ -111,7 +112,7 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
 Status SourceReader::Impl::VerifyChunk(const std::string& key, uint32_t chunk) {
   const IndexChunk& c = src_.index.tensors.at(key).chunks[chunk];
   const std::string& path = file_paths_[c.file];
-  SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, ReadOptions{}));
+  SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, SourceReadOptions(src_)));
   std::vector<char> buf(std::min(c.bytes, kVerifyPieceBytes));
   uint32_t crc = 0;
   for (uint64_t done = 0; done < c.bytes; done += buf.size()) {

@@ -15,21 +15,41 @@ Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& t
   return file->Close();
 }
 
-Status WriteIndex(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(dir, kIndexFileName), SerializeIndex(index)));
-  return fs.SyncDir(dir);
-}
-
 void Warn(const Status& s, std::vector<std::string>* warnings) {
   if (!s.ok()) warnings->push_back(s.message());
 }
 
-// Step 5 when a checkpoint with the same tag exists: swap, then drop the old.
+// Step 5 when a checkpoint with the same tag exists: swap; the old one,
+// now at `tmp_dir`, is claimed for deletion unless a load is reading it
+// (then the next save's cleanup removes it).
 Status PublishOverwrite(FileSystem& fs, const std::string& tmp_dir, const std::string& final_dir,
-                        std::vector<std::string>* warnings) {
+                        std::vector<ClaimedDir>* to_delete, std::vector<std::string>* warnings) {
   SS_RETURN_IF_ERROR(fs.RenameExchange(tmp_dir, final_dir));  // the commit point
   Warn(fs.SyncDir(ParentDir(final_dir)), warnings);
-  Warn(fs.RemoveAll(tmp_dir), warnings);  // now holds the old checkpoint
+  if (auto old = ClaimDir(fs, tmp_dir)) to_delete->push_back(std::move(*old));
+  return Status();
+}
+
+// Steps 4 (the commit record) to 6, with the root locked; what step 5
+// replaced goes to `to_delete`.
+Status Publish(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+               const std::string& tag, const CommitOptions& commit,
+               std::vector<ClaimedDir>* to_delete, std::vector<std::string>* warnings) {
+  SS_ASSIGN_OR_RETURN(CommitRecord record,
+                      NextCommitRecord(fs, root, commit.step, commit.update_latest));
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kCommitFileName),
+                                 SerializeCommitRecord(record)));
+  SS_RETURN_IF_ERROR(fs.SyncDir(tmp_dir));
+  const std::string final_dir = JoinPath(root, tag);
+  if (commit.overwrite && fs.Stat(final_dir).ok()) {  // step 5
+    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir, to_delete, warnings));
+  } else {
+    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));  // the commit point
+    Warn(fs.SyncDir(root), warnings);
+  }
+  if (commit.update_latest) {  // step 6
+    Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), tag + "\n"), warnings);
+  }
   return Status();
 }
 
@@ -39,20 +59,26 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
                            bool overwrite) {
   SS_RETURN_IF_ERROR(ValidateTag(tag));
   SS_RETURN_IF_ERROR(CreateDirs(fs, root));
-  CleanLeftovers(fs, root).IgnoreError();  // harmless if it fails
-  const std::string final_dir = JoinPath(root, tag);
-  if (!overwrite && fs.Stat(final_dir).ok()) {
-    return AlreadyExistsError("checkpoint " + final_dir + " already exists");
-  }
-  TmpDir tmp{JoinPath(root, std::string(kTmpPrefix) + tag + "." + RandomSuffix()), nullptr};
-  SS_RETURN_IF_ERROR(fs.CreateDir(tmp.path));
-  auto lock = fs.TryLock(tmp.path);
-  if (lock.ok()) {
-    tmp.lock = std::move(*lock);
-  } else if (lock.status().code() != StatusCode::kUnimplemented) {
-    fs.RemoveAll(tmp.path).IgnoreError();
-    return lock.status();
-  }
+  std::vector<ClaimedDir> leftovers;
+  Result<TmpDir> tmp = [&]() -> Result<TmpDir> {
+    SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
+    leftovers = ClaimLeftovers(fs, root);
+    const std::string final_dir = JoinPath(root, tag);
+    if (!overwrite && fs.Stat(final_dir).ok()) {
+      return AlreadyExistsError("checkpoint " + final_dir + " already exists");
+    }
+    TmpDir made{JoinPath(root, std::string(kTmpPrefix) + tag + "." + RandomSuffix()), nullptr};
+    SS_RETURN_IF_ERROR(fs.CreateDir(made.path));
+    auto lock = fs.TryLock(made.path, LockMode::kExclusive);
+    if (lock.ok()) {
+      made.lock = std::move(*lock);
+    } else if (lock.status().code() != StatusCode::kUnimplemented) {
+      fs.RemoveAll(made.path).IgnoreError();
+      return lock.status();
+    }
+    return made;
+  }();
+  RemoveClaimed(fs, std::move(leftovers)).IgnoreError();  // harmless if it fails
   return tmp;
 }
 
@@ -110,26 +136,21 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
 Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
                   const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings) {
-  // Step 4.
-  SS_ASSIGN_OR_RETURN(CommitRecord record,
-                      NextCommitRecord(fs, root, commit.step, commit.update_latest));
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kCommitFileName),
-                                 SerializeCommitRecord(record)));
-  SS_RETURN_IF_ERROR(WriteIndex(fs, tmp_dir, index));
-  const std::string final_dir = JoinPath(root, index.tag);
-  if (commit.overwrite && fs.Stat(final_dir).ok()) {  // step 5
-    SS_RETURN_IF_ERROR(PublishOverwrite(fs, tmp_dir, final_dir, warnings));
-  } else {
-    SS_RETURN_IF_ERROR(fs.Rename(tmp_dir, final_dir));  // the commit point
-    Warn(fs.SyncDir(root), warnings);
+  // Step 4: the index; the commit record once the root is locked.
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), SerializeIndex(index)));
+  std::vector<ClaimedDir> replaced, pruned;
+  {
+    SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
+    SS_RETURN_IF_ERROR(Publish(fs, tmp_dir, root, index.tag, commit, &replaced, warnings));
+    if (commit.keep_last > 0) {  // step 7
+      std::vector<std::string> tags;
+      auto hidden = HideOldCheckpoints(fs, root, commit.keep_last, &tags);
+      if (hidden.ok()) pruned = std::move(*hidden);
+      Warn(hidden.status().WithContext("retention after save"), warnings);
+    }
   }
-  if (commit.update_latest) {  // step 6
-    Warn(WriteFileAtomically(fs, JoinPath(root, kLatestFileName), index.tag + "\n"), warnings);
-  }
-  if (commit.keep_last > 0) {  // step 7
-    Warn(PruneCheckpoints(fs, root, commit.keep_last).status().WithContext("retention after save"),
-         warnings);
-  }
+  Warn(RemoveClaimed(fs, std::move(replaced)), warnings);
+  Warn(RemoveClaimed(fs, std::move(pruned)).WithContext("retention after save"), warnings);
   return Status();
 }
 

@@ -1,29 +1,37 @@
 // The commit protocol: how a save becomes visible, atomically and durably.
 //
-// Steps (rank 0 runs the directory operations; every rank writes its data):
+// Steps (rank 0 runs the directory operations; every rank writes its data).
+// Names directly under ROOT are only created, renamed or removed with
+// ROOT's lock held (LockRoot, catalog/checkpoint_dir.h), briefly: other
+// processes saving into or pruning ROOT wait for it, and deleting what was
+// claimed happens after it is released.
 //
 //  1. Prepare (rank 0), once every rank has announced what it holds (so
-//     every rank is done with its previous save): create ROOT if needed,
-//     remove leftovers of earlier interrupted saves (.tmp-* dirs,
-//     .latest.tmp.* files), fail with AlreadyExists if ROOT/TAG exists
-//     (unless overwriting), create ROOT/.tmp-TAG.NONCE.
+//     every rank is done with its previous save): create ROOT if needed;
+//     with ROOT locked, claim leftovers of earlier interrupted saves
+//     (.tmp-* dirs nobody holds; .latest.tmp.* files are removed), fail
+//     with AlreadyExists if ROOT/TAG exists (unless overwriting), create
+//     ROOT/.tmp-TAG.NONCE and lock it (held until the save ends); then
+//     delete the claimed leftovers.
 //  2. Write (every rank): data files into the temporary directory, each
 //     fdatasync'ed.
 //  3. Agree (collective): every rank reports success and its checksums. If
 //     any rank failed, rank 0 removes the temporary directory and every
 //     rank returns that failure.
-//  4. Index (rank 0): check the replicas (replica_check.h); write the commit
-//     record (commit.json: the next commit sequence of the root) and
-//     shardsafe.json into the temporary directory, fdatasync both, fsync
-//     the temporary directory (file names durable).
+//  4. Index (rank 0): check the replicas (replica_check.h); write
+//     shardsafe.json into the temporary directory and fdatasync it; lock
+//     ROOT (held through step 7); write the commit record (commit.json: the
+//     next commit sequence of the root, unique under the lock), fdatasync
+//     it, fsync the temporary directory (file names durable).
 //  5. Publish (rank 0): rename the temporary directory to ROOT/TAG and fsync
 //     ROOT. This rename is the commit point. When overwriting, the old
 //     checkpoint is swapped out atomically (renameat2 RENAME_EXCHANGE) and
 //     removed afterwards.
 //  6. Point (rank 0, manager saves that move it): replace ROOT/latest atomically
 //     (temporary file, fdatasync, rename, fsync ROOT).
-//  7. Retain (rank 0, manager saves with keep_last): remove the oldest
-//     committed checkpoints beyond keep_last (PruneCheckpoints).
+//  7. Retain (rank 0, manager saves with keep_last): hide the oldest
+//     committed checkpoints beyond keep_last (HideOldCheckpoints: not one a
+//     load holds), release ROOT, delete them.
 //  Then rank 0 tells every rank the outcome (one broadcast).
 //
 // Save reports success exactly when step 5 happened: a failure in step 5's

@@ -226,8 +226,9 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
 
 Result<SaveStats> Save(const SaveState& state, const std::string& path, Comm& comm,
                        const SaveOptions& options) {
-  return SaveToRoot(state, ParentDir(path), BaseName(path), comm, options,
-                    CommitOptions{.overwrite = options.overwrite});
+  CommitOptions commit;
+  commit.overwrite = options.overwrite;
+  return SaveToRoot(state, ParentDir(path), BaseName(path), comm, options, commit);
 }
 
 }  // namespace shardsafe

@@ -102,7 +102,8 @@ void RingReads::Detach(int i) const {
   rings_[i]->Release(roles_[i].consumer, SharedRing::kDetached);
 }
 
-Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths) const {
+Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths,
+                          const std::string& within) const {
   if (produced_ < 0) return Status();
   const RingRole& role = roles_[produced_];
   SharedRing& ring = *rings_[produced_];
@@ -130,7 +131,7 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths)
     AlignedBuffer staging = AcquireAlignedBuffer(ring.slot_bytes());
     auto read_block = [&](const RingBlock& b, uint32_t k) -> Status {
       if (!file || b.file != role.blocks[k - readers].file) {  // k >= readers: same reader
-        SS_ASSIGN_OR_RETURN(file, fs.NewRandomAccessFile(paths[b.file], ReadOptions{true}));
+        SS_ASSIGN_OR_RETURN(file, fs.NewRandomAccessFile(paths[b.file], ReadOptions{true, within}));
       }
       SS_RETURN_IF_ERROR(file->ReadAt(b.offset, staging.data(), b.length));
       SS_ASSIGN_OR_RETURN(char* slot, ring.AcquireSlot(k));

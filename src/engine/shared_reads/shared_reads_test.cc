@@ -210,7 +210,7 @@ TEST(SharedRingTest, ManyBlocksThroughFewSlotsArriveIntact) {
     auto rings = SetUpRings(comm, *shared, {bytes.size()}, std::chrono::seconds(30));
     ASSERT_TRUE(rings.ok() && *rings) << rings.status().ToString();
     Status produced;
-    std::thread producer([&] { produced = (*rings)->Produce(*DefaultFileSystem(), {path}); });
+    std::thread producer([&] { produced = (*rings)->Produce(*DefaultFileSystem(), {path}, ""); });
     const RandomAccessFile* file = (*rings)->FileFor(0);
     ASSERT_NE(file, nullptr);
     std::string got(bytes.size(), '\0');

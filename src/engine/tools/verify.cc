@@ -88,7 +88,7 @@ void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
   const IndexFile& info = src.index.files[f];
   const std::string path = JoinPath(src.data_dir, info.name);
   uint64_t size = 0;
-  auto header = ReadSafetensorsHeader(fs, path, &size);
+  auto header = ReadSafetensorsHeader(fs, path, &size, SourceReadOptions(src));
   if (!header.ok()) return out->Fault(header.status().message());
   if (src.native && size != info.bytes) {
     return out->Fault(path + ": size " + std::to_string(size) + " bytes, index records " +
@@ -98,7 +98,7 @@ void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
     out->Fault(path + ": tensor name \"" + dup + "\" appears twice in the header (the last one wins)");
   }
   if (src.native) CheckHeader(path, *header, expected, out);
-  auto file = fs.NewRandomAccessFile(path, ReadOptions{});
+  auto file = fs.NewRandomAccessFile(path, SourceReadOptions(src));
   if (!file.ok()) return out->Fault(file.status().message());
   std::vector<char> buf;
   for (const Expected& x : expected) {
