@@ -154,6 +154,8 @@ struct TensorTarget {
   Shape shape;  // expected global shape (must match the checkpoint's)
   Slice slice;
   void* data = nullptr;
+  // `data` is a device address, filled through LoadOptions::device.
+  bool on_device = false;
 };
 
 struct LoadRequest {
@@ -183,6 +185,13 @@ struct LoadOptions {
   bool shared_memory = true;
   FileSystem* fs = nullptr;
   ProgressFn progress;
+  // Copies into the targets marked on_device (DeviceMemory::CopyToDevice);
+  // required when there are any (InvalidArgument otherwise). Their bytes
+  // are staged in at most device_staging_bytes of host memory (two
+  // buffers, registered through DeviceMemory::Register for the load and
+  // freed after it), each copied to the device while the other fills.
+  std::shared_ptr<DeviceMemory> device;
+  uint64_t device_staging_bytes = uint64_t{256} << 20;
 };
 
 struct LoadResult {

@@ -1,6 +1,8 @@
 // Saves of shards that live on a device (TensorShard::on_device), sync and
-// async, through a DeviceMemory test double whose "device addresses" no CPU
-// read can use: the engine must get every byte through CopyToHost.
+// async, and loads into targets on a device (TensorTarget::on_device),
+// through a DeviceMemory test double whose "device addresses" no CPU access
+// can use: the engine must move every byte through CopyToHost and
+// CopyToDevice.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -31,7 +33,8 @@ using testing::RunRanks;
 // address with bit 47 flipped, which no x86-64 or AArch64 user-space load
 // accepts (reading one faults), so an engine that read a device shard
 // directly would crash the test. Records what it was asked to do; fails
-// every copy once `fail_from` copies were made. Checks the contract that a
+// every copy once `fail_from` copies were made. Copies to the device must
+// come from memory registered with it (a load's staging buffers). Checks the contract that a
 // copy reads within one shard (given by Watch): two shards may lie back to
 // back in device memory, and a device may not take a copy across them.
 class ShiftedDevice final : public DeviceMemory {
@@ -62,10 +65,27 @@ class ShiftedDevice final : public DeviceMemory {
     }
     return Status();
   }
+  Status CopyToDevice(std::span<const Copy> copies) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Copy& c : copies) {
+      if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
+      if (!FromRegistered(c)) {
+        ADD_FAILURE() << "a copy of " << c.bytes << " bytes to the device from unregistered memory";
+        return InternalError("copy from unregistered memory");
+      }
+      std::memcpy(const_cast<void*>(Flip(c.dst)), c.src, c.bytes);
+      ++copies_made_;
+      bytes_copied_ += c.bytes;
+      largest_copy_ = std::max(largest_copy_, c.bytes);
+    }
+    return Status();
+  }
   void Register(void* host, size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     EXPECT_TRUE(registered_.emplace(host, bytes).second) << "registered twice";
     ++registrations_;
+    registered_bytes_ += bytes;
+    peak_registered_bytes_ = std::max(peak_registered_bytes_, registered_bytes_);
   }
   void Unregister(void* host, size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,6 +93,7 @@ class ShiftedDevice final : public DeviceMemory {
     ASSERT_NE(it, registered_.end()) << "unregistered what was not registered";
     EXPECT_EQ(it->second, bytes);
     registered_.erase(it);
+    registered_bytes_ -= bytes;
   }
 
   void FailFrom(uint64_t copies) { fail_from_ = copies; }
@@ -80,6 +101,7 @@ class ShiftedDevice final : public DeviceMemory {
   uint64_t bytes_copied() const { return bytes_copied_; }
   size_t largest_copy() const { return largest_copy_; }
   int registrations() const { return registrations_; }
+  uint64_t peak_registered_bytes() const { return peak_registered_bytes_; }
   std::map<void*, size_t> registered() const {
     std::lock_guard<std::mutex> lock(mu_);
     return registered_;
@@ -88,6 +110,12 @@ class ShiftedDevice final : public DeviceMemory {
  private:
   static const void* Flip(const void* p) {
     return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) ^ (uintptr_t{1} << 47));
+  }
+  bool FromRegistered(const Copy& c) const {
+    const auto* src = static_cast<const char*>(c.src);
+    auto it = registered_.upper_bound(const_cast<char*>(src));
+    return it != registered_.begin() &&
+           src + c.bytes <= static_cast<const char*>(std::prev(it)->first) + std::prev(it)->second;
   }
   bool WithinAShard(const Copy& c) const {
     if (shards_.empty()) return true;  // nothing watched
@@ -102,6 +130,7 @@ class ShiftedDevice final : public DeviceMemory {
   size_t largest_copy_ = 0;
   int registrations_ = 0;
   std::map<void*, size_t> registered_;
+  uint64_t registered_bytes_ = 0, peak_registered_bytes_ = 0;
 };
 
 const Shape kBig{4100, 2048};  // F32: 32 MiB, several copy pieces and write buffers
@@ -346,6 +375,103 @@ TEST_F(DeviceSaveTest, DeviceShardWithoutDeviceMemoryIsRefusedOnEveryRank) {
   });
   EXPECT_FALSE(std::filesystem::exists(root_ + "/x"));
   EXPECT_FALSE(std::filesystem::exists(root_ + "/y"));
+}
+
+// The state of MakeDeviceState, saved from host memory by two ranks.
+void SaveFromHost(const std::string& path) {
+  RunRanks(2, [&](int r, Comm& comm) {
+    DeviceState s = MakeDeviceState(r);
+    for (size_t i = 0; i < s.state.tensors.size(); ++i) {
+      s.state.tensors[i].on_device = false;
+      s.state.tensors[i].data = s.shards[i].bytes.data();
+    }
+    ASSERT_TRUE(Save(s.state, path, comm, {}).ok());
+  });
+}
+
+// Targets on the "device" in another layout than saved: "big" whole and a
+// column half of it, a flat range of "small", "tiny" whole.
+struct DeviceTargets {
+  std::vector<OwnedTarget> owned;
+  LoadRequest request;
+  uint64_t bytes = 0;
+};
+
+DeviceTargets MakeDeviceTargets() {
+  DeviceTargets d;
+  const uint64_t n = kSmall[0] * kSmall[1];
+  d.owned.push_back(MakeTarget("big", DType::kF32, kBig, {Box::Whole(kBig), {}}));
+  d.owned.push_back(MakeTarget("big", DType::kF32, kBig, {Box{{0, 1024}, {4100, 1024}}, {}}));
+  d.owned.push_back(
+      MakeTarget("small", DType::kBF16, kSmall, {Box::Whole(kSmall), FlatRange{7, n - 9}}));
+  d.owned.push_back(MakeTarget("tiny", DType::kI64, {5}, {Box::Whole({5}), {}}));
+  for (OwnedTarget& t : d.owned) {
+    TensorTarget target = t.target;
+    target.data = const_cast<void*>(ShiftedDevice::ToDevice(t.target.data));
+    target.on_device = true;
+    d.request.tensors.push_back(target);
+    d.bytes += t.buffer.size() - 1;
+  }
+  return d;
+}
+
+TEST_F(DeviceSaveTest, LoadIntoDeviceTargetsGoesThroughBoundedRegisteredStaging) {
+  SaveFromHost(root_ + "/ckpt");
+  DeviceTargets d = MakeDeviceTargets();
+  auto device = std::make_shared<ShiftedDevice>();
+  LoadOptions options;
+  options.device = device;
+  options.device_staging_bytes = 4 << 20;  // "big" alone is 32 MiB
+  auto comm = MakeSingleProcessComm();
+  auto res = Load(d.request, root_ + "/ckpt", *comm, options);
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  for (const OwnedTarget& t : d.owned) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+  EXPECT_EQ(device->bytes_copied(), d.bytes) << "each target byte copied to the device once";
+  EXPECT_LE(device->peak_registered_bytes(), uint64_t{4} << 20);
+  EXPECT_GE(device->registrations(), 2);
+  EXPECT_TRUE(device->registered().empty()) << "staging left registered after the load";
+  EXPECT_LE(device->largest_copy(), size_t{2} << 20);
+  // "big" is taken whole: both of its saved chunks were checked.
+  EXPECT_GE(res->chunks_verified, 2u);
+}
+
+TEST_F(DeviceSaveTest, LoadIntoDeviceFailuresAreClearAndNeverHang) {
+  SaveFromHost(root_ + "/ckpt");
+  auto comm = MakeSingleProcessComm();
+  {
+    DeviceTargets d = MakeDeviceTargets();
+    Status s = Load(d.request, root_ + "/ckpt", *comm, {}).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("tensor \"big\": the target is on a device"));
+  }
+  {
+    DeviceTargets d = MakeDeviceTargets();
+    auto failing = std::make_shared<ShiftedDevice>();
+    failing->FailFrom(3);
+    LoadOptions options;
+    options.device = failing;
+    options.device_staging_bytes = 4 << 20;
+    Status s = Load(d.request, root_ + "/ckpt", *comm, options).status();
+    EXPECT_THAT(s.message(), HasSubstr("device copy failed (injected)"));
+    EXPECT_THAT(s.message(), HasSubstr("may be partly overwritten"));
+    EXPECT_TRUE(failing->registered().empty());
+  }
+  {
+    // A flipped byte in "big"'s data: DataLoss naming it, as a host load.
+    std::string data_file;
+    for (const auto& e : std::filesystem::directory_iterator(root_ + "/ckpt")) {
+      if (e.path().filename().string().rfind("data-00000-", 0) == 0) data_file = e.path();
+    }
+    ASSERT_FALSE(data_file.empty());
+    testing::FlipByte(data_file, std::filesystem::file_size(data_file) - 100, 0x10);
+    DeviceTargets d = MakeDeviceTargets();
+    LoadOptions options;
+    options.device = std::make_shared<ShiftedDevice>();
+    options.device_staging_bytes = 4 << 20;
+    Status s = Load(d.request, root_ + "/ckpt", *comm, options).status();
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("checksum mismatch"));
+  }
 }
 
 }  // namespace

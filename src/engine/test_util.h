@@ -149,7 +149,7 @@ struct OwnedTarget {
 
 inline OwnedTarget MakeTarget(const std::string& key, DType dtype, const Shape& shape,
                               const Slice& slice) {
-  OwnedTarget t{{key, dtype, shape, slice, nullptr}, {}};
+  OwnedTarget t{{key, dtype, shape, slice, nullptr, false}, {}};
   t.buffer.assign(*NumBytes(dtype, slice.NumElements()) + 1, std::byte{0xEE});
   t.target.data = t.buffer.data();
   return t;

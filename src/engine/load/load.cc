@@ -8,6 +8,7 @@
 #include "base/crc32c.h"
 #include "comm/agree.h"
 #include "engine/load/convert.h"
+#include "engine/load/device_load.h"
 #include "engine/load/load_executor.h"
 #include "engine/load/load_internal.h"
 #include "engine/shared_reads/ring_reads.h"
@@ -23,11 +24,16 @@ struct Matched {
   std::vector<Want> wants;
   std::vector<LoadDestination> dests;
   LoadSources sources;
+  std::vector<DeviceTarget> device;  // loaded apart (engine/load/device_load.h)
 };
 
 Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOptions& options) {
   // Built only for a message: a load checks every target (20,000 and more).
   auto who = [&t] { return "tensor \"" + t.key + "\""; };
+  if (t.on_device && !options.device) {
+    return InvalidArgumentError(who() + ": the target is on a device, but LoadOptions::device is "
+                                "not set");
+  }
   if (t.shape != saved.shape) {
     return InvalidArgumentError(who() + ": shape mismatch: checkpoint has " +
                                 ShapeToString(saved.shape) + ", target has " +
@@ -97,6 +103,10 @@ Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource&
       m.tensors.push_back(std::move(saved));
       m.sources.tensor_keys.push_back(t.key);
       m.sources.crcs.push_back(std::move(crcs));
+    }
+    if (t.on_device) {
+      m.device.push_back({&t, &it->first});
+      continue;
     }
     m.wants.push_back({pos->second, t.slice});
     m.dests.push_back({t.data, t.dtype});
@@ -178,6 +188,11 @@ Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blob
   result->bytes_read = counters.bytes_read.load();
   result->chunks_verified = counters.chunks_verified.load();
   SS_RETURN_IF_ERROR(s);
+  if (!p.m.device.empty()) {
+    SS_ASSIGN_OR_RETURN(DeviceLoadStats device, LoadIntoDevice(p.m.device, src, fs, options));
+    result->bytes_read += device.bytes_read;
+    result->chunks_verified += device.chunks_verified;
+  }
   return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
 }
 
