@@ -1,5 +1,6 @@
-"""Device (GPU) tensors and host memory: the copier a save hands the engine
-for its device shards, and the page-locking of the engine's staging memory.
+"""Device (GPU) tensors and host memory: the copier a save or load hands the
+engine for its device tensors, and the page-locking of the engine's staging
+memory.
 
 A save passes each device tensor's address to the engine, which asks
 DeviceCopier.copy_to_host for the bytes as it needs them: a synchronous save
@@ -7,7 +8,11 @@ straight into the data file's write buffers (a few MiB at a time, so the
 state is never copied whole), an async save into its staging arena, which
 the engine registers once through pin_host (cudaHostRegister: page-locked
 memory takes device copies at the link's full rate) and unregisters through
-unpin_host before freeing it. Both run on engine threads, with the GIL.
+unpin_host before freeing it. A load passes each device target's address:
+the engine reads their bytes into two staging buffers in turn (registered
+for the load, LoadOptions.device_staging_bytes in all) and hands each to
+DeviceCopier.copy_to_device while it fills the other. Both run on engine
+threads, with the GIL.
 """
 
 from __future__ import annotations
@@ -106,45 +111,61 @@ def registered() -> dict[int, tuple[torch.Tensor, bool]]:
 
 
 class DeviceCopier:
-    """Copies the bytes of one save call's device tensors, which the engine
-    names by address, into host memory. CUDA copies are queued on the stream
-    that was current on the calling thread when the save began, so they
-    follow the work that produced the tensors, and are waited for before
-    copy_to_host returns."""
+    """Copies bytes between one call's device tensors, which the engine
+    names by address, and host memory: a save's copy_to_host, a load's
+    copy_to_device. CUDA copies are queued on the stream that was current on
+    the calling thread when the call began, so they follow the work that
+    produced the tensors (a save) or precede the work that uses them (a
+    load), and are waited for before the method returns."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
         # Each tensor (contiguous, held by the caller until the engine
         # returns) as bytes.
-        self._sources = _Spans(t.reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0)
+        self._tensors = _Spans(t.reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0)
         self._streams = {t.device: torch.cuda.current_stream(t.device)
                          for t in tensors if t.device.type == "cuda"}
 
     def copy_to_host(self, copies: list[tuple[int, int, int]]) -> None:
+        self._copy([(self._host(dst, n), self._device(src, n)) for dst, src, n in copies])
+
+    def copy_to_device(self, copies: list[tuple[int, int, int]]) -> None:
+        self._copy([(self._device(dst, n), self._host(src, n)) for dst, src, n in copies])
+
+    def _device(self, address: int, nbytes: int) -> torch.Tensor:
+        view = self._tensors.find(address, nbytes)
+        if view is None:
+            raise ValueError(f"no device tensor of this call holds [{address:#x}, +{nbytes}) "
+                             f"(engine bug)")
+        return view
+
+    @staticmethod
+    def _host(address: int, nbytes: int) -> torch.Tensor:
+        with _LOCK:
+            view = _REGISTERED.find(address, nbytes)
+        return view if view is not None else _host_view(address, nbytes)
+
+    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """dst.copy_(src) for each (dst, src), grouped by device."""
         by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for dst, src, nbytes in copies:
-            source = self._sources.find(src, nbytes)
-            if source is None:
-                raise ValueError(f"no device tensor of this save holds [{src:#x}, +{nbytes}) "
-                                 f"(engine bug)")
-            with _LOCK:
-                host = _REGISTERED.find(dst, nbytes)
-            if host is None:
-                host = _host_view(dst, nbytes)
-            by_device.setdefault(source.device, []).append((host, source))
+        for dst, src in pairs:
+            device = dst.device if dst.device.type != "cpu" else src.device
+            by_device.setdefault(device, []).append((dst, src))
         with torch.no_grad():
-            for device, pairs in by_device.items():
+            for device, group in by_device.items():
                 stream = self._streams.get(device)
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    for host, source in pairs:
-                        host.copy_(source, non_blocking=stream is not None)
+                    for dst, src in group:
+                        dst.copy_(src, non_blocking=stream is not None)
                 if stream is not None:
                     stream.synchronize()
 
 
 class HostStaging:
-    """Pinned host memory that a load of device tensors reads into, allocated
-    once and grown when a call needs more, reused across calls (CUDA copies
-    run from it at full speed, and it is never re-faulted)."""
+    """Host memory that a load reads into for CPU targets the engine cannot
+    fill in place (strided, lazily negated or conjugated), allocated once and
+    grown when a call needs more, reused across calls (never re-faulted).
+    Device targets do not come here: the engine stages them itself, bounded
+    (DeviceCopier.copy_to_device)."""
 
     ALIGN = 64
 
@@ -169,7 +190,7 @@ class HostStaging:
             offsets.append(total)
             total += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
         if self._buf is None or self._buf.numel() < total:
-            self._buf = torch.empty(total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            self._buf = torch.empty(total, dtype=torch.uint8)
         out = []
         for t, off in zip(tensors, offsets):
             n = t.numel() * t.element_size()

@@ -15,10 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _keys
+from . import _C, _boxes, _device, _keys
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
-from ._device import STAGING
 from ._engine import without_gc
 from ._options import LoadOptions
 from ._parts import PerRank, decode_per_rank
@@ -381,21 +380,25 @@ def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
     buffer: the target itself when it can take the data in place, else
     staging (then copied in), or FP8 temporaries (then dequantised in)."""
     fp8 = [r for r in plan.reads if r.scale is not None]
-    staged = []
+    staged, device = [], []
     for r in plan.reads:
         if r.scale is None:
             if in_place(r.dest):
                 r.buf = r.dest
+            elif r.dest.device.type == "cuda":
+                device.append(r)  # the engine fills it through bounded staging
             else:
-                staged.append(r)  # device, strided, or lazily conjugated/negated
-    with STAGING.borrow([r.dest for r in staged]) as hosts:
-        return _read_into(plan, staged, fp8, hosts, source, comm, options)
+                staged.append(r)  # strided, lazily conjugated/negated, another device
+    with _device.STAGING.borrow([r.dest for r in staged]) as hosts:
+        return _read_into(plan, staged, device, fp8, hosts, source, comm, options)
 
 
 def _load_specs(reads: list[_Read]) -> list[tuple]:
     """The engine's targets: each read's buffer, and FP8 reads' scale buffers."""
     specs = []
     for r in reads:
+        if r.buf is None or r.buf.device.type == "cuda":
+            continue  # a device read: _device_specs
         if r.scale is not None:
             key, sshape, so, ss, sdtype = r.scale
             r.buf = torch.empty(r.size, dtype=TORCH_DTYPES["F8_E4M3"])
@@ -406,19 +409,43 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
     return specs
 
 
-def _read_into(plan: _Plan, staged: list[_Read], fp8: list[_Read],
+def _device_specs(reads: list[_Read]) -> tuple[_device.DeviceCopier, list[tuple]] | None:
+    """The engine's device targets and their copier: each read's
+    destination where the engine can fill it in place, else a contiguous
+    device temporary (`r.buf`, copied in afterwards)."""
+    if not reads:
+        return None
+    bufs, specs = [], []
+    for r in reads:
+        fits = r.dest.is_contiguous() and not r.dest.is_neg() and not r.dest.is_conj()
+        buf = r.dest if fits else torch.empty(r.dest.shape, dtype=r.dest.dtype,
+                                              device=r.dest.device)
+        r.buf = None if fits else buf
+        bufs.append(buf)
+        spec = (r.key, DTYPE_NAMES[buf.dtype], r.shape, r.offset, r.size, buf.data_ptr())
+        specs.append(spec if r.flat is None else spec + (r.flat,))
+    return _device.DeviceCopier(bufs), specs
+
+
+def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[_Read],
                hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
                options: LoadOptions) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
-    result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(), plan.whole)
+    devices = _device_specs(device)
+    result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(), plan.whole,
+                            devices)
     with torch.no_grad():
         for r in staged:
             r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")
+        for r in device:
+            if r.buf is not None:
+                r.dest.copy_(r.buf)
+                r.buf = None
         for r in fp8:
             r.dest.copy_(_keys.dequantize(r.buf, r.scale_buf, r.offset).to(r.dest.dtype))
             r.buf = r.scale_buf = None
-    if any(r.dest.device.type == "cuda" for r in staged):
+    if any(r.dest.device.type == "cuda" for r in staged + device + fp8):
         torch.cuda.synchronize()
     return result
 

@@ -103,6 +103,10 @@ class LoadOptions(_Options):
       others copy from (True; the same on every rank).
     shared_memory: shared reads through /dev/shm rings (True), else through
       the page cache.
+    device_staging_bytes: host memory a load into device (CUDA) tensors
+      stages their bytes in: two page-locked buffers of half this each,
+      one copied to the device while the other fills, freed after the load
+      (256 MiB).
     """
 
     verify_checksums: bool | None = None
@@ -112,3 +116,4 @@ class LoadOptions(_Options):
     direct_io: bool | None = None
     share_reads: bool | None = None
     shared_memory: bool | None = None
+    device_staging_bytes: int | None = None

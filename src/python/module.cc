@@ -159,9 +159,10 @@ bool PythonUsable() {
 #endif
 }
 
-// The engine's DeviceMemory for one save call: copies go to the call's
-// copier object (shardsafe._device.DeviceCopier: copy_to_host([(dst, src,
-// bytes), ...]), which knows the call's device tensors); registration goes
+// The engine's DeviceMemory for one save or load call: copies go to the
+// call's copier object (shardsafe._device.DeviceCopier: copy_to_host or
+// copy_to_device([(dst, src, bytes), ...]), which knows the call's device
+// tensors); registration goes
 // to module functions (shardsafe._device.pin_host / unpin_host), since an
 // async saver keeps its staging registered, and this object, beyond the
 // call. Detach() drops the copier, with the GIL held, when the call ends,
@@ -171,15 +172,27 @@ class PyDeviceMemory final : public DeviceMemory {
   explicit PyDeviceMemory(nb::object copier) : copier_(std::move(copier)) {}
 
   Status CopyToHost(std::span<const Copy> copies) override {
+    return Call("copy_to_host", copies);
+  }
+  Status CopyToDevice(std::span<const Copy> copies) override {
+    return Call("copy_to_device", copies);
+  }
+  void Register(void* host, size_t bytes) override { CallModule("pin_host", host, bytes); }
+  void Unregister(void* host, size_t bytes) override { CallModule("unpin_host", host, bytes); }
+
+  void Detach() { copier_.reset(); }
+
+ private:
+  Status Call(const char* method, std::span<const Copy> copies) {
     nb::gil_scoped_acquire gil;
-    if (!copier_.is_valid()) return FailedPreconditionError("device copy after its save call");
+    if (!copier_.is_valid()) return FailedPreconditionError("device copy after its call");
     try {
       nb::list list;
       for (const Copy& c : copies) {
         list.append(nb::make_tuple(reinterpret_cast<uintptr_t>(c.dst),
                                    reinterpret_cast<uintptr_t>(c.src), c.bytes));
       }
-      copier_.attr("copy_to_host")(list);
+      copier_.attr(method)(list);
       return Status();
     } catch (const nb::python_error& e) {  // one line: the exception, not its traceback
       return UnavailableError("device copy failed: " +
@@ -189,12 +202,7 @@ class PyDeviceMemory final : public DeviceMemory {
       return UnavailableError(std::string("device copy failed: ") + e.what());
     }
   }
-  void Register(void* host, size_t bytes) override { CallModule("pin_host", host, bytes); }
-  void Unregister(void* host, size_t bytes) override { CallModule("unpin_host", host, bytes); }
 
-  void Detach() { copier_.reset(); }
-
- private:
   // Best effort, like registration itself.
   static void CallModule(const char* name, void* host, size_t bytes) {
     if (!PythonUsable()) return;
@@ -288,6 +296,7 @@ LoadOptions ParseLoadOptions(nb::dict d) {
                       .Get("direct_io", &LoadOptions::direct_io)
                       .Get("share_reads", &LoadOptions::share_reads)
                       .Get("shared_memory", &LoadOptions::shared_memory)
+                      .Get("device_staging_bytes", &LoadOptions::device_staging_bytes)
                       .Done();
   o.allow_partial = true;  // the Python layer reports missing keys itself
   return o;
@@ -501,13 +510,23 @@ NB_MODULE(_C, m) {
   // `whole` (from plan_whole) is moved into the request: a second use raises.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
-           nb::dict options, WholeTargets* whole) {
+           nb::dict options, WholeTargets* whole, DeviceArg device) {
           LoadRequest request = MakeRequest(std::move(targets), whole);
           LoadOptions o = ParseLoadOptions(options);
+          DeviceCall call;
+          if (device) {
+            for (Spec& spec : device->second) {
+              request.tensors.push_back(ItemOf<TensorTarget>(spec));
+              request.tensors.back().on_device = true;
+            }
+            call.memory = std::make_shared<PyDeviceMemory>(std::move(device->first));
+            o.device = call.memory;
+          }
           std::unique_ptr<Comm> c = MakeComm(comm);
           return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
         },
-        "targets"_a, "source"_a, "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none());
+        "targets"_a, "source"_a, "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(),
+        "device"_a.none() = nb::none());
 
   // Rename rules in the engine's one dialect (shardsafe/hf.h RenameRule),
   // for loads as for exports.

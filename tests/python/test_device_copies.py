@@ -8,8 +8,10 @@ tensors, is tested in tests/gpu.
 Covered: sync saves (the engine's writer threads call back into Python, a
 few MiB at a time) and async saves (the staging arena registered through
 shardsafe._device.pin_host once and unregistered when the saver goes), the
-copier released when the call returns, and a failing copier's exception
-reaching the caller with nothing committed.
+copier released when the call returns, a failing copier's exception
+reaching the caller with nothing committed, and loads into device targets
+(copy_to_device from two registered staging buffers, bounded by
+device_staging_bytes).
 """
 
 from __future__ import annotations
@@ -162,3 +164,55 @@ def test_tensors_back_to_back_in_one_storage_are_copied_apart(tmp_path, how):
     got = loaded(str(tmp_path / how), tensors)
     for k, v in tensors.items():
         assert torch.equal(got[k], v), k
+
+
+class FlippedTargets(FlippedDevice):
+    """A load's copier into "device" tensors at flipped addresses; records
+    the most host memory registered (pin_host) while a copy ran."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], fail_after: int | None = None):
+        super().__init__(tensors, fail_after)
+        self.peak_registered = 0
+        self.before = set(_device.registered())  # others' (an async saver still alive)
+
+    def copy_to_device(self, copies: list[tuple[int, int, int]]) -> None:
+        registered = {a: r for a, r in _device.registered().items() if a not in self.before}
+        self.peak_registered = max(self.peak_registered,
+                                   sum(v.numel() for v, _ in registered.values()))
+        for dst, src, n in copies:
+            if self.fail_after is not None and len(self.copies) >= self.fail_after:
+                raise RuntimeError("device fell off the bus (injected)")
+            assert any(a <= src and src + n <= a + v.numel() for a, (v, _) in registered.items()), \
+                "a copy to the device from host memory that is not the registered staging"
+            _device._host_view(dst ^ FLIP, n).copy_(_device._host_view(src, n))
+            self.copies.append((dst, src, n))
+
+
+def test_load_into_device_targets_streams_through_bounded_registered_staging(tmp_path):
+    tensors = state()
+    shardsafe.save(tensors, tmp_path / "ckpt")
+    targets = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    device = FlippedTargets(targets)
+    source = _C.open_source(str(tmp_path / "ckpt"), None)
+    result = _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+                            (device, device.specs()))
+    for k, v in tensors.items():
+        assert torch.equal(targets[k], v), k
+    total = sum(v.numel() * v.element_size() for v in tensors.values())
+    assert sum(n for _, _, n in device.copies) == total  # every byte once
+    assert 0 < device.peak_registered <= 4 << 20  # "big" alone is 12 MiB
+    assert max(n for _, _, n in device.copies) <= 2 << 20
+    assert set(_device.registered()) == device.before, "the load left its staging registered"
+    assert result["bytes_read"] >= total
+
+
+def test_a_failing_device_copy_fails_the_load_naming_it(tmp_path):
+    tensors = state()
+    shardsafe.save(tensors, tmp_path / "ckpt")
+    targets = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    device = FlippedTargets(targets, fail_after=2)
+    source = _C.open_source(str(tmp_path / "ckpt"), None)
+    with pytest.raises(ShardsafeError, match="device fell off the bus"):
+        _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+                       (device, device.specs()))
+    assert set(_device.registered()) == device.before
