@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 
 #include "storage/posix_file.h"
@@ -75,9 +76,25 @@ Status RemoveContents(int dir_fd, const std::string& path) {
   return status;
 }
 
-// A path with a NUL byte would name another file once it is a C string:
-// refused before any system call.
+// The scheme of a URI ("s3" of "s3://bucket/key"), or empty.
+std::string_view UriScheme(std::string_view path) {
+  const size_t colon = path.find("://");
+  if (colon == std::string_view::npos || colon == 0 || !std::isalpha(path[0])) return {};
+  for (char c : path.substr(0, colon)) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '-' && c != '.') return {};
+  }
+  return path.substr(0, colon);
+}
+
+// Refused before any system call: a path with a NUL byte (it would name
+// another file once it is a C string), and a URI (POSIX would take
+// "s3://bucket/run" for the local directory "s3:/bucket/run", and a
+// checkpoint meant for a bucket would land in the working directory).
 Status PathOk(const std::string& path) {
+  if (std::string_view scheme = UriScheme(path); !scheme.empty()) {
+    return UnimplementedError(path + ": no storage for " + std::string(scheme) +
+                              ":// URIs; shardsafe reads and writes local paths");
+  }
   if (path.find('\0') == std::string::npos) return Status();
   std::string shown = path;
   std::replace(shown.begin(), shown.end(), '\0', '?');

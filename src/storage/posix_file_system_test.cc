@@ -186,6 +186,20 @@ TEST_F(PosixFileSystemTest, ReadsWithinADirectoryNeverFollowALinkOutOfIt) {
   EXPECT_EQ(Get(dir_.File("ckpt/out")), "outside");
 }
 
+TEST_F(PosixFileSystemTest, URIsAreRefusedNotTakenForLocalPaths) {
+  for (const std::string uri : {"s3://bucket/run/step-1", "gs://b/x", "file:///tmp/x"}) {
+    SCOPED_TRACE(uri);
+    EXPECT_EQ(fs_.CreateDir(uri).code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(CreateDirs(fs_, uri).code(), StatusCode::kUnimplemented);
+    auto info = fs_.Stat(uri);
+    EXPECT_EQ(info.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(info.status().message().find(":// URIs"), std::string::npos);
+  }
+  // A local name with a colon is still a path.
+  ASSERT_TRUE(fs_.CreateDir(dir_.File("a:b")).ok());
+  EXPECT_TRUE(fs_.Stat(dir_.File("a:b")).ok());
+}
+
 TEST(PathTest, JoinPath) {
   EXPECT_EQ(JoinPath("a/b", "c"), "a/b/c");
   EXPECT_EQ(JoinPath("a/b/", "c"), "a/b/c");

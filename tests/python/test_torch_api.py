@@ -600,3 +600,16 @@ def test_a_torch_distributed_failure_is_a_one_line_shardsafe_error(monkeypatch):
         assert re.match(r"torch\.distributed (all_gather|broadcast) failed on rank 1 of 4 \(a peer "
                         r"may have died or timed out\): RuntimeError: \[gloo\] Connection closed "
                         r"by peer \[10\.0\.0\.2\]:4242$", message), message
+
+
+def test_a_uri_is_an_error_not_a_local_folder(tmp_path, monkeypatch):
+    # "s3://bucket/run" must not become the local directory "s3:/bucket/run".
+    monkeypatch.chdir(tmp_path)
+    state = {"w": torch.ones(2)}
+    for call in (lambda: shardsafe.save(state, "s3://bucket/run/step-1"),
+                 lambda: shardsafe.async_save(state, "s3://bucket/run/step-2").result(timeout=120),
+                 lambda: shardsafe.load(state, "gs://bucket/run"),
+                 lambda: shardsafe.CheckpointManager("s3://bucket/run").save(1, state)):
+        with pytest.raises(shardsafe.ShardsafeError, match=r"no storage for \w+:// URIs"):
+            call()
+    assert not list(tmp_path.iterdir()), "a URI was taken for a local path"
