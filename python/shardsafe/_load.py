@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _device, _keys
+from . import _C, _boxes, _device, _keys, peers
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
@@ -282,7 +282,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     each tensor (or DTensor shard) gets its part of the saved tensor, values
     are replaced by the saved ones, stateful objects get load_state_dict.
     `path`: a checkpoint directory, a root of step checkpoints (its latest),
-    a .safetensors file or a Hugging Face model directory. Collective.
+    a .safetensors file, a Hugging Face model directory, or a torch DCP
+    checkpoint (read by DCP's own reader: shardsafe.peers). Collective.
 
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
@@ -317,6 +318,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       128x128 block scales, loaded into a BF16/F16/F32/F64 target, is
       dequantised (this rank's box only); the scales count as loaded.
     """
+    if peers.is_dcp(path):
+        return _load_dcp(state_dict, path, strict, process_group, unsafe_pickle,
+                         rename is not None or bool(experts) or bool(skip_keys))
     comm = resolve(process_group)
     options = LoadOptions.of(options, kwargs)
     skip = _skipper(skip_keys)
@@ -359,6 +363,21 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                       sorted(unexpected + pr_unused), json.loads(desc["metadata"]),
                       result["bytes_read"], result["seconds"], result["bytes_shared"],
                       saved_values)
+
+
+def _load_dcp(state_dict: Any, path: str | os.PathLike, strict: bool,
+              process_group: dist.ProcessGroup | None, unsafe_pickle: bool,
+              mapped: bool) -> LoadResult:
+    """load() of a torch DCP checkpoint, through DCP's reader."""
+    if mapped:
+        raise InvalidStateError(f"{os.fspath(path)} is a torch DCP checkpoint: rename, experts "
+                                f"and skip_keys need a shardsafe one (shardsafe import SRC DST)")
+    missing, unexpected, seconds = peers.load_dcp(state_dict, path, strict=strict,
+                                                  process_group=process_group,
+                                                  unsafe_pickle=unsafe_pickle)
+    path = os.fspath(path)
+    return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected, None,
+                      0, seconds, 0, {})
 
 
 def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | None:

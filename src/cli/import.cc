@@ -4,10 +4,19 @@
 // an ordinary safetensors file, so this also converts the other way round
 // in effect: DST/data-00000-000.safetensors is loadable by any reader.
 //
+// A torch DCP checkpoint (SRC/.metadata: a pickle, which the engine never
+// reads) is handed to the Python package's importer: this process becomes
+// `python3 -m shardsafe import SRC DST` (the python3 next to this program
+// when there is one, as in a virtual environment; else the PATH's).
+//
 // Everything is read into memory first (Save needs every buffer at once),
 // with checksums verified for native sources. Saved JSON values, metadata
 // and global blobs of a native source are carried over; per-rank blobs
 // belong to the ranks of the saving job and are not (they are counted).
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -83,6 +92,30 @@ Result<ImportSummary> Import(const std::string& src_path, const std::string& dst
   return summary;
 }
 
+bool IsTorchDcp(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(JoinPath(path, ".metadata"), ec) &&
+         !std::filesystem::exists(JoinPath(path, kIndexFileName), ec);
+}
+
+// Runs the Python importer in place of this process; returns only on failure.
+Status ExecPythonImport(const std::string& src, const std::string& dst) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto sibling = self.parent_path() / "python3";
+  const std::string python =
+      !ec && std::filesystem::exists(sibling, ec) ? sibling.string() : std::string("python3");
+  std::vector<std::string> args = {python, "-m", "shardsafe", "import", src, dst};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::cout.flush();
+  execvp(argv[0], argv.data());
+  return UnavailableError(src + " is a torch DCP checkpoint, which the Python package imports: "
+                          "running " + python + " -m shardsafe import failed: " +
+                          std::strerror(errno));
+}
+
 }  // namespace
 
 void AddImport(CLI::App& app, int* exit_code) {
@@ -98,6 +131,10 @@ void AddImport(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_flag("--json", *json, "machine-readable output");
   cmd->callback([=] {
+    if (IsTorchDcp(*src)) {  // text output only
+      *exit_code = Fail(ExecPythonImport(*src, *dst));
+      return;
+    }
     ProgressLine progress(!*json);
     auto summary = Import(*src, *dst, &progress);
     progress.Finish();
