@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _device, _keys, peers
+from . import _C, _boxes, _device, _hub, _keys, peers
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
@@ -282,8 +282,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     each tensor (or DTensor shard) gets its part of the saved tensor, values
     are replaced by the saved ones, stateful objects get load_state_dict.
     `path`: a checkpoint directory, a root of step checkpoints (its latest),
-    a .safetensors file, a Hugging Face model directory, or a torch DCP
-    checkpoint (read by DCP's own reader: shardsafe.peers). Collective.
+    a .safetensors file, a Hugging Face model directory, a hub repo id
+    ("ORG/NAME") in the local hub cache (refs/main; no network), or a torch
+    DCP checkpoint (read by DCP's own reader: shardsafe.peers). Collective.
 
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
@@ -318,6 +319,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       128x128 block scales, loaded into a BF16/F16/F32/F64 target, is
       dequantised (this rank's box only); the scales count as loaded.
     """
+    path = _hub.resolve(os.fspath(path))
     if peers.is_dcp(path):
         return _load_dcp(state_dict, path, strict, process_group, unsafe_pickle,
                          rename is not None or bool(experts) or bool(skip_keys))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -437,3 +438,32 @@ def _load_fp8_sharded(rank, world, tmp):
 
 def test_fp8_dequantised_into_sharded_boxes_at_world_2(tmp_path):
     run_workers(_load_fp8_sharded, 2, str(tmp_path))
+
+
+def test_a_hub_repo_id_loads_from_the_local_cache(tmp_path, monkeypatch):
+    # CACHE/models--ORG--NAME/refs/main -> snapshots/REV/, whose files link
+    # into ../../blobs (as huggingface_hub lays it out); no network.
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "snapshots" / rev).mkdir(parents=True)
+    save_file({"w": torch.arange(6.0)}, str(repo / "blobs" / "aaaa"))
+    (repo / "snapshots" / rev / "model.safetensors").symlink_to("../../blobs/aaaa")
+    (repo / "refs" / "main").write_text(rev)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    got = {"w": torch.zeros(6)}
+    res = shardsafe.load(got, "org/tiny")
+    assert torch.equal(got["w"], torch.arange(6.0))
+    assert res.path.endswith(f"snapshots/{rev}")
+    # A local directory of the same spelling wins over the cache.
+    (tmp_path / "org" / "tiny").mkdir(parents=True)
+    save_file({"w": torch.ones(6)}, str(tmp_path / "org" / "tiny" / "model.safetensors"))
+    shardsafe.load(got, "org/tiny")
+    assert torch.equal(got["w"], torch.ones(6))
+    # refs/main naming no snapshot is a clear error, not a guess.
+    shutil.rmtree(tmp_path / "org")
+    (repo / "refs" / "main").write_text("deadbeef")
+    with pytest.raises(shardsafe.CheckpointNotFoundError, match="no snapshot in the cache"):
+        shardsafe.load(got, "org/tiny")
