@@ -418,7 +418,7 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
     """The engine's targets: each read's buffer, and FP8 reads' scale buffers."""
     specs = []
     for r in reads:
-        if r.buf is None or r.buf.device.type == "cuda":
+        if r.scale is None and (r.buf is None or r.buf.device.type == "cuda"):
             continue  # a device read: _device_specs
         if r.scale is not None:
             key, sshape, so, ss, sdtype = r.scale

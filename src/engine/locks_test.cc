@@ -1,6 +1,7 @@
 // Processes sharing one root: names under the root are created and removed
 // with the root locked, concurrent saves all commit with distinct commit
 // sequences, and retention never removes a checkpoint a load holds.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -143,9 +144,8 @@ TEST_F(LocksTest, OpeningACheckpointAPruneIsRemovingSaysItWasRemoved) {
   ASSERT_TRUE(held.ok());
   auto src = OpenSource(*DefaultFileSystem(), dir);
   EXPECT_EQ(src.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(src.status().message().find("was removed (by retention or prune) while it was being opened"),
-            std::string::npos)
-      << src.status().ToString();
+  EXPECT_THAT(src.status().message(), ::testing::HasSubstr("was removed (by retention or prune) "
+                                                          "while it was being opened"));
 }
 
 TEST_F(LocksTest, LoadsOfLatestRacingRetentionAllSucceed) {

@@ -88,9 +88,11 @@ TEST_F(ManagerTest, CleanupLeavesLockedSavesInProgressAlone) {
   std::filesystem::create_directories(live);
   std::filesystem::create_directories(dead);
   {
-    auto lock = DefaultFileSystem()->TryLock(live, LockMode::kExclusive);  // as the save writing there holds it
+    // As the save writing there holds it.
+    auto lock = DefaultFileSystem()->TryLock(live, LockMode::kExclusive);
     ASSERT_TRUE(lock.ok()) << lock.status().ToString();
-    EXPECT_EQ(DefaultFileSystem()->TryLock(live, LockMode::kExclusive).status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(DefaultFileSystem()->TryLock(live, LockMode::kExclusive).status().code(),
+              StatusCode::kFailedPrecondition);
     ASSERT_TRUE(SaveStep(m, 1).ok());
     EXPECT_TRUE(std::filesystem::exists(live));
     EXPECT_FALSE(std::filesystem::exists(dead));

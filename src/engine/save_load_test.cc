@@ -95,7 +95,8 @@ class SaveLoadTest : public ::testing::Test {
   static bool DataCached(const std::string& file) {
     uint64_t size = 0;
     auto header = ReadSafetensorsHeader(*DefaultFileSystem(), file, &size);
-    auto reader = DefaultFileSystem()->NewRandomAccessFile(file, ReadOptions{.direct = true, .within = ""});
+    const ReadOptions direct{.direct = true, .within = ""};
+    auto reader = DefaultFileSystem()->NewRandomAccessFile(file, direct);
     if (!header.ok() || !reader.ok()) return false;
     return (*reader)->FullyCached(header->data_start(), size - header->data_start());
   }

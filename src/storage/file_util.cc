@@ -46,6 +46,9 @@ Status CreateDirs(FileSystem& fs, const std::string& path) {
     if (info->is_dir) return Status();
     return FailedPreconditionError(path + " exists and is not a directory");
   }
+  // Only a missing path is created (a URI or a permission error is returned
+  // as is, never "fixed" by creating a prefix of it).
+  if (info.status().code() != StatusCode::kNotFound) return info.status();
   const std::string parent = ParentDir(path);
   if (parent != path && parent != "." && parent != "/") SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
   Status s = fs.CreateDir(path);

@@ -241,6 +241,9 @@ Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& pa
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     if (errno == EWOULDBLOCK) return FailedPreconditionError(path + " is locked (in use)");
+    if (errno == ENOLCK || errno == EOPNOTSUPP || errno == ENOSYS) {  // e.g. NFS without locks
+      return UnimplementedError("locking " + path + " is not supported here");
+    }
     return ErrnoError(errno, "lock", path);
   }
   // Locked what the path named at open: it must still name it.

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "gtest/gtest.h"
 #include "shardsafe/filesystem.h"
@@ -187,17 +188,24 @@ TEST_F(PosixFileSystemTest, ReadsWithinADirectoryNeverFollowALinkOutOfIt) {
 }
 
 TEST_F(PosixFileSystemTest, URIsAreRefusedNotTakenForLocalPaths) {
+  // In the scratch directory: "s3://b" taken for a path would create "s3:" here.
+  const std::string cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir_.path());
   for (const std::string uri : {"s3://bucket/run/step-1", "gs://b/x", "file:///tmp/x"}) {
     SCOPED_TRACE(uri);
     EXPECT_EQ(fs_.CreateDir(uri).code(), StatusCode::kUnimplemented);
     EXPECT_EQ(CreateDirs(fs_, uri).code(), StatusCode::kUnimplemented);
+    // Nor a prefix of it: "s3:" would be a local directory.
+    const std::string scheme = uri.substr(0, uri.find(':') + 1);
+    EXPECT_EQ(fs_.Stat(scheme).status().code(), StatusCode::kNotFound) << scheme << " was created";
     auto info = fs_.Stat(uri);
     EXPECT_EQ(info.status().code(), StatusCode::kUnimplemented);
     EXPECT_NE(info.status().message().find(":// URIs"), std::string::npos);
   }
   // A local name with a colon is still a path.
-  ASSERT_TRUE(fs_.CreateDir(dir_.File("a:b")).ok());
+  EXPECT_TRUE(fs_.CreateDir(dir_.File("a:b")).ok());
   EXPECT_TRUE(fs_.Stat(dir_.File("a:b")).ok());
+  std::filesystem::current_path(cwd);
 }
 
 TEST(PathTest, JoinPath) {

@@ -90,7 +90,8 @@ class PosixFileRoundTripTest : public ::testing::TestWithParam<Mode> {
 
   // `path` opened for reading as this mode reads (direct or buffered).
   std::unique_ptr<RandomAccessFile> OpenReader(const std::string& path) {
-    auto file = DefaultFileSystem()->NewRandomAccessFile(path, ReadOptions{.direct = GetParam().direct, .within = ""});
+    const ReadOptions options{.direct = GetParam().direct, .within = ""};
+    auto file = DefaultFileSystem()->NewRandomAccessFile(path, options);
     EXPECT_TRUE(file.ok()) << file.status().ToString();
     return file.ok() ? std::move(*file) : nullptr;
   }

@@ -110,8 +110,8 @@ Status CheckWithin(int fd, const std::string& path, const std::string& within) {
   if (file.empty()) file = Resolved(path.c_str());  // no /proc
   const std::string dir = Resolved(within.c_str());
   if (dir.empty()) return ErrnoError(errno, "resolve", within);
-  const bool inside = dir == "/" || (file.size() > dir.size() && file.compare(0, dir.size(), dir) == 0 &&
-                                     file[dir.size()] == '/');
+  const bool inside = dir == "/" || (file.size() > dir.size() && file[dir.size()] == '/' &&
+                                     file.compare(0, dir.size(), dir) == 0);
   if (inside) return Status();
   return InvalidArgumentError("open " + path + ": a symbolic link leading outside " + within +
                               " (to " + (file.empty() ? std::string("?") : file) + ")");

@@ -224,7 +224,8 @@ std::string SerializeCommitRecord(const CommitRecord& record) {
 }
 
 std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& dir) {
-  auto text = ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096, ReadOptions{.within = dir});
+  auto text =
+      ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096, ReadOptions{.within = dir});
   if (!text.ok()) return std::nullopt;
   const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("sequence") || !j["sequence"].is_number_unsigned() ||
@@ -293,7 +294,8 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     // Hidden by one atomic rename, so a crash mid-removal never leaves a
     // half-deleted directory that still looks committed. The locks follow
     // the directory.
-    claimed->path = JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
+    claimed->path =
+        JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
     SS_RETURN_IF_ERROR(fs.Rename(c.path, claimed->path));
     hidden.push_back(std::move(*claimed));
     tags->push_back(c.tag);

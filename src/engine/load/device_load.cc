@@ -125,7 +125,8 @@ Result<DeviceLoadStats> LoadIntoDevice(const std::vector<DeviceTarget>& targets,
   SS_ASSIGN_OR_RETURN(std::vector<Piece> pieces, CutIntoPieces(targets, buffer_bytes));
   const std::vector<size_t> starts = PackIntoBatches(pieces, buffer_bytes);
   const size_t batches = starts.size() - 1;
-  SS_ASSIGN_OR_RETURN(auto staging, Staging::Create(device, buffer_bytes, std::min<size_t>(batches, 2)));
+  SS_ASSIGN_OR_RETURN(auto staging,
+                      Staging::Create(device, buffer_bytes, std::min<size_t>(batches, 2)));
   SourceReader reader(src, fs, options.verify_checksums);
   std::future<Status> copying[2];
   Status status;

@@ -29,8 +29,8 @@ class FileCache {
     if (!files_[index]) {
       const bool buffered = index < sources_.buffered.size() && sources_.buffered[index];
       const std::string& path = sources_.file_paths[index];
-      SS_ASSIGN_OR_RETURN(
-          auto file, fs_.NewRandomAccessFile(path, ReadOptions{direct_ && !buffered, sources_.within}));
+      const ReadOptions read{.direct = direct_ && !buffered, .within = sources_.within};
+      SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, read));
       if (index < sources_.file_bytes.size() && file->size() != sources_.file_bytes[index]) {
         return DataLossError(path + ": size " + std::to_string(file->size()) +
                              " bytes, index records " + std::to_string(sources_.file_bytes[index]));
@@ -461,7 +461,8 @@ Status ExecuteLoadPlan(const LoadPlan& plan, const std::vector<SavedTensor>& ten
   Status produced;
   std::thread producer;
   if (rings && rings->produces()) {
-    producer = std::thread([&] { produced = rings->Produce(fs, sources.file_paths, sources.within); });
+    producer = std::thread(
+        [&] { produced = rings->Produce(fs, sources.file_paths, sources.within); });
   }
   ThreadPool ring_pool(by_ring.size());
   TaskGroup ring_tasks(&ring_pool);

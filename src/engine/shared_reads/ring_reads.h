@@ -35,7 +35,8 @@ class RingReads {
   size_t num_rings() const { return roles_.size(); }
   bool produces() const { return produced_ >= 0; }
   // The producer's loop: reads every block of its ring (O_DIRECT) from
-  // `paths` (confined to `within`, ReadOptions::within) and publishes it. On failure the consumers learn the message.
+  // `paths` (confined to `within`, ReadOptions::within) and publishes it.
+  // On failure the consumers learn the message.
   Status Produce(FileSystem& fs, const std::vector<std::string>& paths,
                  const std::string& within) const;
   // This rank has read all it reads of data file `f` from its ring.
