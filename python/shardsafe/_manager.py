@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _paths
 from ._comm import resolve
 from ._engine import PerProcess, future
 from ._load import LoadResult, load
@@ -39,7 +39,7 @@ class CheckpointManager:
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
                  process_group: dist.ProcessGroup | None = None,
                  tag_format: str = "step-{step:08d}"):
-        self.root = root = os.path.abspath(os.fspath(root))
+        self.root = root = _paths.absolute(root)
         # (the factory holds the root, not self: a pending Future holds the
         # engine holder, and must not hold the manager too)
         self._engine = PerProcess(lambda: _C.CheckpointManager(root, keep_last, tag_format),

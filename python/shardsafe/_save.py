@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _C, _device, _engine
+from . import _C, _device, _engine, _paths
 from ._boxes import Box, Boxes, ask, dtype_name
 from ._comm import TorchComm, resolve
 from ._engine import future, saver, without_gc
@@ -189,7 +189,7 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
-    path = os.path.abspath(os.fspath(path))
+    path = _paths.absolute(path)
     root, tag = os.path.split(path)
     # The engine has its own staged copy once the call returns.
     handle = args.run(lambda call: saver().save(call, root, tag))

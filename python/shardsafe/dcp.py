@@ -64,6 +64,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _C, _device
+from ._paths import absolute as _absolute
 from ._boxes import dtype_name as _dtype_name
 from ._comm import agree as _agree
 from ._options import LoadOptions, SaveOptions
@@ -260,7 +261,7 @@ class Writer(StorageWriter):
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
-            path = os.path.abspath(os.fspath(checkpoint_id))
+            path = _absolute(checkpoint_id)
             _check_tag(path)
             self.path = path
 

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, _paths
 from ._comm import agree, resolve
 from ._keys import (FP8_BLOCK, MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, SCALE_SUFFIX, ExpertGroup,
                     Rename, renamer)
@@ -163,7 +163,7 @@ def save_adapter(model: Any, path: str | os.PathLike, *, adapter_config: Any = N
             adapter_config = _peft_config_bytes(model, adapter_name)
     if adapter_config is None:
         raise InvalidStateError("save_adapter: adapter_config is required for a state dict")
-    path = os.path.abspath(os.fspath(path))
+    path = _paths.absolute(path)
     parent, base = os.path.split(path)
     hidden = os.path.join(parent, f".tmp-adapter-{base}")  # removed afterwards
     staging = os.path.join(hidden, "adapter")
