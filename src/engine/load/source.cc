@@ -1,6 +1,8 @@
 #include "engine/load/source.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -209,14 +211,15 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
   }
   SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
   // What `latest` resolved to may be removed by retention before it is
-  // pinned (a newer checkpoint was committed meanwhile): resolve again.
-  for (int tries = 1; latest; ++tries) {
-    const std::string ckpt = JoinPath(dir, *latest);
-    auto src = OpenNative(fs, ckpt, text);
-    if (src.ok() || tries == kOpenLatestTries || src.status().code() != StatusCode::kNotFound ||
-        fs.Stat(ckpt).ok()) {
+  // pinned (a newer checkpoint was committed meanwhile, and a prune holds
+  // or has removed the old one): resolve again, after a pause that doubles.
+  auto pause = std::chrono::milliseconds(1);
+  for (int tries = 1; latest; ++tries, pause *= 2) {
+    auto src = OpenNative(fs, JoinPath(dir, *latest), text);
+    if (src.ok() || tries == kOpenLatestTries || src.status().code() != StatusCode::kNotFound) {
       return src;
     }
+    std::this_thread::sleep_for(pause);
     SS_ASSIGN_OR_RETURN(latest, ResolveLatestTag(fs, dir));
   }
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
