@@ -8,6 +8,7 @@
 // back to rename(2), which replaces it atomically.
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -16,6 +17,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <mutex>
+#include <set>
 
 #include "storage/posix_file.h"
 
@@ -132,13 +135,39 @@ class PosixFileSystem final : public FileSystem {
   Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) override;
 };
 
+// A flock lock belongs to the open file description, which a forked child
+// shares: a child forked while a lock was held (a data loader's worker
+// during a save's commit) would hold it for its whole life. So a child
+// closes its copies of every lock's descriptor at once (pthread_atfork);
+// the parent's copy keeps the lock.
 class FlockLock final : public FileLock {
  public:
-  explicit FlockLock(int fd) : fd_(fd) {}
-  ~FlockLock() override { close(fd_); }  // releases the lock
+  explicit FlockLock(int fd) : fd_(fd) {
+    std::call_once(atfork_once_, [] { pthread_atfork(&LockAll, &UnlockAll, &ForgetAllInChild); });
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert(this);
+  }
+  ~FlockLock() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(this);
+    if (fd_ >= 0) close(fd_);  // releases the lock
+  }
 
  private:
+  static void LockAll() { mu_.lock(); }
+  static void UnlockAll() { mu_.unlock(); }
+  static void ForgetAllInChild() {
+    for (FlockLock* l : live_) {
+      close(l->fd_);
+      l->fd_ = -1;
+    }
+    mu_.unlock();
+  }
+
   int fd_;
+  static inline std::mutex mu_;
+  static inline std::set<FlockLock*> live_;
+  static inline std::once_flag atfork_once_;
 };
 
 Result<FileInfo> PosixFileSystem::Stat(const std::string& path) {

@@ -1,6 +1,7 @@
 // Tests of DefaultFileSystem()'s directory operations and of the helpers in
 // file_util.cc (atomic writes, whole-file reads, path arithmetic).
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -206,6 +207,31 @@ TEST_F(PosixFileSystemTest, URIsAreRefusedNotTakenForLocalPaths) {
   EXPECT_TRUE(fs_.CreateDir(dir_.File("a:b")).ok());
   EXPECT_TRUE(fs_.Stat(dir_.File("a:b")).ok());
   std::filesystem::current_path(cwd);
+}
+
+TEST_F(PosixFileSystemTest, AChildForkedWhileALockIsHeldDoesNotKeepIt) {
+  auto lock = fs_.TryLock(dir_.path(), LockMode::kExclusive);
+  ASSERT_TRUE(lock.ok());
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // lives until the parent is done: a data loader's worker
+    char c = 'r';
+    (void)!write(from_child[1], &c, 1);
+    (void)!read(to_child[0], &c, 1);
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(from_child[0], &c, 1), 1);
+  lock->reset();  // the parent releases it while the child lives
+  auto again = fs_.TryLock(dir_.path(), LockMode::kExclusive);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  (void)!write(to_child[1], &c, 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]}) close(fd);
 }
 
 TEST(PathTest, JoinPath) {
