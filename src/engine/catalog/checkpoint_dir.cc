@@ -121,6 +121,14 @@ bool IsCommitted(FileSystem& fs, const std::string& dir) {
 
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, FileSystem* fsp) {
   FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
+  // Shared: no commit or retention renames a checkpoint while it is listed
+  // (a listing racing them could miss both the old and the new one).
+  auto lock = LockRoot(fs, root, LockMode::kShared);
+  if (!lock.ok() && lock.status().code() != StatusCode::kNotFound) return lock.status();
+  return ListCommitted(fs, root);
+}
+
+Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root) {
   SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
   const std::optional<LatestPointer> latest = ReadLatestFile(fs, root);
   std::vector<std::pair<CheckpointInfo, int64_t>> found;  // with its index's mtime_ns
@@ -152,7 +160,7 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
 }
 
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root) {
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root));
   for (const auto& c : list) {
     if (c.is_latest) return std::optional<std::string>(c.tag);
   }
@@ -240,11 +248,12 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
   return r;
 }
 
-Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root) {
+Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root,
+                                           LockMode mode) {
   const auto deadline = std::chrono::steady_clock::now() + kRootLockWait;
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
-    auto lock = fs.TryLock(root, LockMode::kExclusive);
+    auto lock = fs.TryLock(root, mode);
     if (lock.ok()) return lock;
     if (lock.status().code() == StatusCode::kUnimplemented) return std::unique_ptr<FileLock>();
     if (lock.status().code() != StatusCode::kFailedPrecondition) return lock.status();
@@ -283,7 +292,7 @@ Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs) {
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
                                                    int keep, std::vector<std::string>* tags) {
   if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root, &fs));
+  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root));
   std::vector<ClaimedDir> hidden;
   int to_remove = static_cast<int>(list.size()) - keep;
   for (size_t i = 0; i + 1 < list.size() && to_remove > 0; ++i) {  // oldest first; never the newest

@@ -56,21 +56,29 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
 // True if `dir` is a committed checkpoint (has an index).
 bool IsCommitted(FileSystem& fs, const std::string& dir);
 
+// ListCheckpoints without taking the root's lock: call with it held (either
+// mode), or the listing may miss a checkpoint being renamed meanwhile.
+Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root);
+
 // The tag `latest` names if it is committed, else the newest committed
 // checkpoint's tag by commit order (preferring those that moved `latest`);
-// nullopt if the root holds none. NotFound if `root` does not exist.
+// nullopt if the root holds none. NotFound if `root` does not exist. Call
+// with the root's lock held (either mode).
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root);
 
-// The lock on a root's names (docs/design.md, "Locks"): held while a
-// process creates, renames or removes a name directly under `root` (a
-// temporary directory or file, the commit rename, `latest`, retention), so
-// that one process's cleanup never removes another's fresh temporary name
-// and commit sequences stay unique. Held for directory operations only,
-// never while data is written or deleted. Waits while another process
-// holds it, up to kRootLockWait (then FailedPrecondition); null where the
-// file system has no locks.
+// The lock on a root's names (docs/design.md, "Locks"): held exclusively
+// while a process creates, renames or removes a name directly under `root`
+// (a temporary directory or file, the commit rename, `latest`, retention),
+// so that one process's cleanup never removes another's fresh temporary
+// name and commit sequences stay unique; held shared while a reader lists
+// the root (and resolves and pins its latest), so that it sees no rename
+// half done. Held for directory operations only, never while data is
+// written or deleted. Waits while a conflicting holder has it, up to
+// kRootLockWait (then FailedPrecondition); null where the file system has
+// no locks.
 inline constexpr std::chrono::seconds kRootLockWait{300};
-Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root);
+Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root,
+                                           LockMode mode = LockMode::kExclusive);
 
 // A directory to delete, held exclusively (null where the file system has
 // no locks) so no other cleanup touches it, and removed outside the root's

@@ -1,8 +1,6 @@
 #include "engine/load/source.h"
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +14,6 @@ namespace shardsafe {
 namespace {
 
 constexpr std::string_view kHfIndexName = "model.safetensors.index.json";
-constexpr int kOpenLatestTries = 10;
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -209,18 +206,12 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
     SS_RETURN_IF_ERROR(CheckWeightMap(src, map, hf_index));
     return src;
   }
-  SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
-  // What `latest` resolved to may be removed by retention before it is
-  // pinned (a newer checkpoint was committed meanwhile, and a prune holds
-  // or has removed the old one): resolve again, after a pause that doubles.
-  auto pause = std::chrono::milliseconds(1);
-  for (int tries = 1; latest; ++tries, pause *= 2) {
-    auto src = OpenNative(fs, JoinPath(dir, *latest), text);
-    if (src.ok() || tries == kOpenLatestTries || src.status().code() != StatusCode::kNotFound) {
-      return src;
-    }
-    std::this_thread::sleep_for(pause);
-    SS_ASSIGN_OR_RETURN(latest, ResolveLatestTag(fs, dir));
+  {
+    // A root: its latest is resolved and pinned with the root locked
+    // shared, so no commit or retention renames anything in between.
+    SS_ASSIGN_OR_RETURN(auto shared, LockRoot(fs, dir, LockMode::kShared));
+    SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
+    if (latest) return OpenNative(fs, JoinPath(dir, *latest), text);
   }
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
   if (LooksLikeUncommittedCheckpoint(names)) {
