@@ -12,6 +12,12 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
+uses_installed() {  # ldd's whole output first: grep -q would cut its pipe (pipefail)
+  local libs
+  libs=$(ldd "$1")
+  grep -q "$prefix/lib/libshardsafe.so" <<<"$libs" ||
+    { echo "$1 does not use the installed libshardsafe.so" >&2; exit 1; }
+}
 cmake --install "$build" --prefix "$prefix" >/dev/null
 python3 "$src/tests/install/extract_readme.py" "$src/README.md" "$work/readme_examples.cc"
 for cxx in g++ clang++-16; do
@@ -19,14 +25,13 @@ for cxx in g++ clang++-16; do
   cmake -S "$src/tests/install" -B "$work/build-$cxx" -DCMAKE_CXX_COMPILER="$cxx" \
         -DCMAKE_PREFIX_PATH="$prefix" -DEXAMPLES="$work/readme_examples.cc" >/dev/null
   cmake --build "$work/build-$cxx"
-  ldd "$work/build-$cxx/readme_examples" | grep -q "$prefix/lib/libshardsafe.so" ||
-    { echo "readme_examples ($cxx) does not use the installed libshardsafe.so" >&2; exit 1; }
+  uses_installed "$work/build-$cxx/readme_examples"
 done
 echo "== pkg-config, mpicxx"
 flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs shardsafe-mpi)
 # shellcheck disable=SC2086  # the flags are words
 mpicxx -std=c++20 "$work/readme_examples.cc" $flags -Wl,-rpath,"$prefix/lib" -o "$work/pc_examples"
-ldd "$work/pc_examples" | grep -q "$prefix/lib/libshardsafe.so"
+uses_installed "$work/pc_examples"
 echo "== add_subdirectory, without GoogleTest"
 mkdir "$work/outer"
 printf 'cmake_minimum_required(VERSION 3.24)\nproject(outer LANGUAGES C CXX)\nadd_subdirectory(%s shardsafe)\n' \
