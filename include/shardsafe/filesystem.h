@@ -211,6 +211,13 @@ class FileSystem {
 // The POSIX file system. Lives for the whole process.
 FileSystem* DefaultFileSystem();
 
+// What DefaultFileSystem() refuses before any system call: a path with a
+// NUL byte (InvalidArgument: it would name another file as a C string) and
+// a URI such as "s3://bucket/run" (Unimplemented: POSIX would take it for
+// the local directory "s3:/bucket/run"). Callers that rewrite a path first
+// (make it absolute) check it with this.
+Status CheckLocalPath(std::string_view path);
+
 // Writes `data` to `path` so that readers see the old content or the new,
 // never a mix: write to a temporary sibling, Sync, Rename over `path`,
 // SyncDir of the parent. The temporary is removed on failure.

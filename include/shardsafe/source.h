@@ -44,7 +44,7 @@ struct CheckpointSource {
 // or for a Hugging Face cache snapshot (CACHE/models--ORG--NAME/snapshots/
 // REV, whose files link to ../../blobs) to that cached repository. A single
 // .safetensors file the caller named is not confined.
-ReadOptions SourceReadOptions(const CheckpointSource& src, bool direct = false);
+ReadOptions SourceReadOptions(const CheckpointSource& src);
 
 // Opens `path` on this process alone. NotFound if nothing loadable is
 // there; DataLoss for a corrupt index or header (naming the file and rule).

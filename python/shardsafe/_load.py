@@ -401,32 +401,42 @@ def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
     buffer: the target itself when it can take the data in place, else
     staging (then copied in), or FP8 temporaries (then dequantised in)."""
     fp8 = [r for r in plan.reads if r.scale is not None]
-    staged, device = [], []
+    device = [r for r in plan.reads if _on_device(r)]  # the engine stages them, bounded
+    staged = []
     for r in plan.reads:
-        if r.scale is None:
+        if r.scale is None and not _on_device(r):
             if in_place(r.dest):
                 r.buf = r.dest
-            elif r.dest.device.type == "cuda":
-                device.append(r)  # the engine fills it through bounded staging
             else:
                 staged.append(r)  # strided, lazily conjugated/negated, another device
     with _device.STAGING.borrow([r.dest for r in staged]) as hosts:
         return _read_into(plan, staged, device, fp8, hosts, source, comm, options)
 
 
+def _on_device(r: _Read) -> bool:
+    """A read the engine fills in CUDA memory (through _device_specs)."""
+    return r.scale is None and r.dest.device.type == "cuda"
+
+
+def _spec(r: _Read, buf: torch.Tensor) -> tuple:
+    """The engine's target of read `r` landing in `buf`."""
+    spec = (r.key, DTYPE_NAMES[buf.dtype], r.shape, r.offset, r.size, buf.data_ptr())
+    return spec if r.flat is None else spec + (r.flat,)
+
+
 def _load_specs(reads: list[_Read]) -> list[tuple]:
-    """The engine's targets: each read's buffer, and FP8 reads' scale buffers."""
+    """The engine's host targets: each read's buffer, and FP8 reads' scale
+    buffers."""
     specs = []
     for r in reads:
-        if r.scale is None and (r.buf is None or r.buf.device.type == "cuda"):
-            continue  # a device read: _device_specs
+        if _on_device(r):
+            continue
         if r.scale is not None:
             key, sshape, so, ss, sdtype = r.scale
             r.buf = torch.empty(r.size, dtype=TORCH_DTYPES["F8_E4M3"])
             r.scale_buf = torch.empty(ss, dtype=TORCH_DTYPES[sdtype])
             specs.append((key, sdtype, sshape, so, ss, r.scale_buf.data_ptr()))
-        spec = (r.key, DTYPE_NAMES[r.buf.dtype], r.shape, r.offset, r.size, r.buf.data_ptr())
-        specs.append(spec if r.flat is None else spec + (r.flat,))
+        specs.append(_spec(r, r.buf))
     return specs
 
 
@@ -443,8 +453,7 @@ def _device_specs(reads: list[_Read]) -> tuple[_device.DeviceCopier, list[tuple]
                                               device=r.dest.device)
         r.buf = None if fits else buf
         bufs.append(buf)
-        spec = (r.key, DTYPE_NAMES[buf.dtype], r.shape, r.offset, r.size, buf.data_ptr())
-        specs.append(spec if r.flat is None else spec + (r.flat,))
+        specs.append(_spec(r, buf))
     return _device.DeviceCopier(bufs), specs
 
 

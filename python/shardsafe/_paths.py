@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 
-from .errors import InvalidStateError
-
-_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+from . import _C
 
 
 def absolute(path: str | os.PathLike) -> str:
-    """`path` made absolute. A URI ("s3://bucket/run") is refused, as the
-    engine refuses it: made absolute, it would name the local directory
-    "s3:/bucket/run" under the working directory."""
+    """`path` made absolute, once the engine has accepted it as a local path
+    (shardsafe/filesystem.h CheckLocalPath): a URI ("s3://bucket/run") made
+    absolute would name the local directory "s3:/bucket/run" under the
+    working directory."""
     path = os.fspath(path)
-    if m := _URI.match(path):
-        raise InvalidStateError(f"{path}: no storage for {m.group(1)}:// URIs; shardsafe reads "
-                                f"and writes local paths")
+    _C.check_local_path(path)
     return os.path.abspath(path)

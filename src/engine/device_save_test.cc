@@ -51,34 +51,10 @@ class ShiftedDevice final : public DeviceMemory {
   }
 
   Status CopyToHost(std::span<const Copy> copies) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Copy& c : copies) {
-      if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
-      if (!WithinAShard(c)) {
-        ADD_FAILURE() << "a copy of " << c.bytes << " bytes reads beyond its shard";
-        return InternalError("copy across shards");
-      }
-      std::memcpy(c.dst, Flip(c.src), c.bytes);
-      ++copies_made_;
-      bytes_copied_ += c.bytes;
-      largest_copy_ = std::max(largest_copy_, c.bytes);
-    }
-    return Status();
+    return CopyAll(copies, /*to_device=*/false);
   }
   Status CopyToDevice(std::span<const Copy> copies) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Copy& c : copies) {
-      if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
-      if (!FromRegistered(c)) {
-        ADD_FAILURE() << "a copy of " << c.bytes << " bytes to the device from unregistered memory";
-        return InternalError("copy from unregistered memory");
-      }
-      std::memcpy(const_cast<void*>(Flip(c.dst)), c.src, c.bytes);
-      ++copies_made_;
-      bytes_copied_ += c.bytes;
-      largest_copy_ = std::max(largest_copy_, c.bytes);
-    }
-    return Status();
+    return CopyAll(copies, /*to_device=*/true);
   }
   void Register(void* host, size_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -108,6 +84,26 @@ class ShiftedDevice final : public DeviceMemory {
   }
 
  private:
+  // Checks and makes each copy: from a shard, or to the device from
+  // registered memory; the device side's address is flipped.
+  Status CopyAll(std::span<const Copy> copies, bool to_device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Copy& c : copies) {
+      if (copies_made_ >= fail_from_) return UnavailableError("device copy failed (injected)");
+      if (to_device ? !FromRegistered(c) : !WithinAShard(c)) {
+        ADD_FAILURE() << "a copy of " << c.bytes << " bytes "
+                      << (to_device ? "to the device from unregistered memory"
+                                    : "reads beyond its shard");
+        return InternalError("a copy out of bounds");
+      }
+      void* dst = to_device ? const_cast<void*>(Flip(c.dst)) : c.dst;
+      std::memcpy(dst, to_device ? c.src : Flip(c.src), c.bytes);
+      ++copies_made_;
+      bytes_copied_ += c.bytes;
+      largest_copy_ = std::max(largest_copy_, c.bytes);
+    }
+    return Status();
+  }
   static const void* Flip(const void* p) {
     return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) ^ (uintptr_t{1} << 47));
   }

@@ -20,14 +20,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-Status SaveStep(CheckpointManager& m, int64_t step) {
-  auto comm = MakeSingleProcessComm();
-  const float data[4] = {1, 2, 3, static_cast<float>(step)};
-  SaveState state;
-  state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
-  state.values = Json{{"step", step}}.dump();
-  return m.Save(step, state, *comm, {}).status();
-}
+using testing::SaveManagerStep;
 
 // Records, at every name created or renamed directly under the root,
 // whether the root was locked then (a TryLock of it from here fails).
@@ -73,7 +66,7 @@ class LocksTest : public ::testing::Test {
 TEST_F(LocksTest, NamesUnderTheRootAreMadeWithTheRootLocked) {
   RootLockProbe fs(root_);
   CheckpointManager m(root_, {.keep_last = 1, .fs = &fs});
-  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(SaveStep(m, step).ok());
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(SaveManagerStep(m, step).ok());
   ASSERT_TRUE(m.Prune(1).ok());
   // Per save: the temporary directory, its rename, latest's temporary file
   // and rename, and retention's hiding rename.
@@ -89,7 +82,7 @@ TEST_F(LocksTest, ConcurrentSavesIntoOneRootAllCommitWithDistinctSequences) {
   auto writer = [&](int w) {
     CheckpointManager m(root_, {});
     for (int i = 0; i < kSavesPerWriter; ++i) {
-      Status s = SaveStep(m, 2 * i + w);
+      Status s = SaveManagerStep(m, 2 * i + w);
       if (!s.ok()) {
         ++failed;
         errors[w] = s.ToString();
@@ -113,8 +106,8 @@ TEST_F(LocksTest, ConcurrentSavesIntoOneRootAllCommitWithDistinctSequences) {
 
 TEST_F(LocksTest, RetentionLeavesACheckpointALoadHoldsUntilItIsReleased) {
   CheckpointManager m(root_, {});
-  ASSERT_TRUE(SaveStep(m, 1).ok());
-  ASSERT_TRUE(SaveStep(m, 2).ok());
+  ASSERT_TRUE(SaveManagerStep(m, 1).ok());
+  ASSERT_TRUE(SaveManagerStep(m, 2).ok());
   auto src = OpenSource(*DefaultFileSystem(), root_ + "/step-00000001");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   ASSERT_NE(src->pin, nullptr);
@@ -137,7 +130,7 @@ TEST_F(LocksTest, RetentionLeavesACheckpointALoadHoldsUntilItIsReleased) {
 
 TEST_F(LocksTest, OpeningACheckpointAPruneIsRemovingSaysItWasRemoved) {
   CheckpointManager m(root_, {});
-  ASSERT_TRUE(SaveStep(m, 1).ok());
+  ASSERT_TRUE(SaveManagerStep(m, 1).ok());
   const std::string dir = root_ + "/step-00000001";
   // As a prune holds it between claiming and deleting it.
   auto held = DefaultFileSystem()->TryLock(dir + "/shardsafe.json", LockMode::kExclusive);
@@ -151,7 +144,7 @@ TEST_F(LocksTest, OpeningACheckpointAPruneIsRemovingSaysItWasRemoved) {
 TEST_F(LocksTest, LoadsOfLatestRacingRetentionAllSucceed) {
   constexpr int kSaves = 40;
   CheckpointManager writer(root_, {.keep_last = 1});
-  ASSERT_TRUE(SaveStep(writer, 0).ok());
+  ASSERT_TRUE(SaveManagerStep(writer, 0).ok());
   std::atomic<bool> done{false};
   int loads = 0, failures = 0;
   std::string error;
@@ -173,7 +166,7 @@ TEST_F(LocksTest, LoadsOfLatestRacingRetentionAllSucceed) {
       }
     }
   });
-  for (int64_t step = 1; step <= kSaves; ++step) EXPECT_TRUE(SaveStep(writer, step).ok());
+  for (int64_t step = 1; step <= kSaves; ++step) EXPECT_TRUE(SaveManagerStep(writer, step).ok());
   done = true;
   reader.join();
   EXPECT_EQ(failures, 0) << "of " << loads << " loads; last error: " << error;

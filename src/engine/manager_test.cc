@@ -19,12 +19,7 @@ class ManagerTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(root_); }
 
   Status SaveStep(CheckpointManager& m, int64_t step, SaveOptions options = {}) {
-    auto comm = MakeSingleProcessComm();
-    const float data[4] = {1, 2, 3, static_cast<float>(step)};
-    SaveState state;
-    state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
-    state.values = Json{{"step", step}}.dump();
-    return m.Save(step, state, *comm, options).status();
+    return testing::SaveManagerStep(m, step, options);
   }
 
   std::vector<std::string> Tags() {

@@ -78,6 +78,17 @@ inline void RunRanks(int n, const std::function<void(int, Comm&)>& fn) {
   for (auto& t : threads) t.join();
 }
 
+// A manager save of step `step` on one process: tensor "w" = {1, 2, 3,
+// step} and the value {"step": step}, so a load tells which step it read.
+inline Status SaveManagerStep(CheckpointManager& m, int64_t step, SaveOptions options = {}) {
+  auto comm = MakeSingleProcessComm();
+  const float data[4] = {1, 2, 3, static_cast<float>(step)};
+  SaveState state;
+  state.tensors.push_back({"w", DType::kF32, {4}, {Box::Whole({4}), std::nullopt}, data});
+  state.values = "{\"step\":" + std::to_string(step) + "}";
+  return m.Save(step, state, *comm, options).status();
+}
+
 // A fresh, empty directory under $TMPDIR (default /tmp).
 inline std::string MakeTempDir(const std::string& name) {
   const char* base = std::getenv("TMPDIR");

@@ -556,6 +556,8 @@ NB_MODULE(_C, m) {
   // The rules kept once, in the engine: tag names (docs/format.md §1) and
   // transformers' expert layouts (shardsafe/hf.h).
   m.def("validate_tag", [](const std::string& tag) { Check(ValidateTag(tag)); }, "tag"_a);
+  m.def("check_local_path", [](const std::string& path) { Check(CheckLocalPath(path)); },
+        "path"_a);
   m.def("expert_presets", [] {
     auto specs = [](const std::vector<ExpertRule>& rules) {
       std::vector<ExpertSpec> out;

@@ -89,20 +89,9 @@ std::string_view UriScheme(std::string_view path) {
   return path.substr(0, colon);
 }
 
-// Refused before any system call: a path with a NUL byte (it would name
-// another file once it is a C string), and a URI (POSIX would take
-// "s3://bucket/run" for the local directory "s3:/bucket/run", and a
-// checkpoint meant for a bucket would land in the working directory).
-Status PathOk(const std::string& path) {
-  if (std::string_view scheme = UriScheme(path); !scheme.empty()) {
-    return UnimplementedError(path + ": no storage for " + std::string(scheme) +
-                              ":// URIs; shardsafe reads and writes local paths");
-  }
-  if (path.find('\0') == std::string::npos) return Status();
-  std::string shown = path;
-  std::replace(shown.begin(), shown.end(), '\0', '?');
-  return InvalidArgumentError(shown + ": the path holds a NUL byte");
-}
+// Every path is checked before any system call (CheckLocalPath): a
+// checkpoint meant for a bucket must not land in the working directory.
+Status PathOk(const std::string& path) { return CheckLocalPath(path); }
 
 class PosixFileSystem final : public FileSystem {
  public:
@@ -286,6 +275,17 @@ Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& pa
 }
 
 }  // namespace
+
+Status CheckLocalPath(std::string_view path) {
+  if (std::string_view scheme = UriScheme(path); !scheme.empty()) {
+    return UnimplementedError(std::string(path) + ": no storage for " + std::string(scheme) +
+                              ":// URIs; shardsafe reads and writes local paths");
+  }
+  if (path.find('\0') == std::string_view::npos) return Status();
+  std::string shown(path);
+  std::replace(shown.begin(), shown.end(), '\0', '?');
+  return InvalidArgumentError(shown + ": the path holds a NUL byte");
+}
 
 FileSystem* DefaultFileSystem() {
   static PosixFileSystem* fs = new PosixFileSystem;  // never destroyed

@@ -125,10 +125,11 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
   // (a listing racing them could miss both the old and the new one).
   auto lock = LockRoot(fs, root, LockMode::kShared);
   if (!lock.ok() && lock.status().code() != StatusCode::kNotFound) return lock.status();
-  return ListCommitted(fs, root);
+  return ListCommitted(fs, root, /*data_bytes=*/true);
 }
 
-Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root) {
+Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root,
+                                                  bool data_bytes) {
   SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
   const std::optional<LatestPointer> latest = ReadLatestFile(fs, root);
   std::vector<std::pair<CheckpointInfo, int64_t>> found;  // with its index's mtime_ns
@@ -136,7 +137,7 @@ Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::str
     const std::string dir = JoinPath(root, e.name);
     if (!e.is_dir || !ValidateTag(e.name).ok() || !IsCommitted(fs, dir)) continue;
     CheckpointInfo info{.tag = e.name, .path = dir, .step = StepOfTag(e.name),
-                        .bytes = DataBytes(fs, dir)};
+                        .bytes = data_bytes ? DataBytes(fs, dir) : 0};
     auto st = fs.Stat(JoinPath(dir, kIndexFileName));
     if (st.ok()) info.mtime_unix = st->mtime_seconds;
     if (auto record = ReadCommitRecord(fs, dir)) {
@@ -160,7 +161,7 @@ Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::str
 }
 
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root) {
-  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root));
+  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root, /*data_bytes=*/false));
   for (const auto& c : list) {
     if (c.is_latest) return std::optional<std::string>(c.tag);
   }
@@ -292,7 +293,7 @@ Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs) {
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
                                                    int keep, std::vector<std::string>* tags) {
   if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
-  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root));
+  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root, /*data_bytes=*/false));
   std::vector<ClaimedDir> hidden;
   int to_remove = static_cast<int>(list.size()) - keep;
   for (size_t i = 0; i + 1 < list.size() && to_remove > 0; ++i) {  // oldest first; never the newest
@@ -307,7 +308,7 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
         JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
     SS_RETURN_IF_ERROR(fs.Rename(c.path, claimed->path));
     hidden.push_back(std::move(*claimed));
-    tags->push_back(c.tag);
+    if (tags) tags->push_back(c.tag);
     --to_remove;
   }
   if (!hidden.empty()) SS_RETURN_IF_ERROR(fs.SyncDir(root));

@@ -58,7 +58,10 @@ bool IsCommitted(FileSystem& fs, const std::string& dir);
 
 // ListCheckpoints without taking the root's lock: call with it held (either
 // mode), or the listing may miss a checkpoint being renamed meanwhile.
-Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root);
+// Without `data_bytes`, CheckpointInfo::bytes is left 0 (no data file is
+// stat'ed: what resolving `latest` and retention need, under the lock).
+Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root,
+                                                  bool data_bytes);
 
 // The tag `latest` names if it is committed, else the newest committed
 // checkpoint's tag by commit order (preferring those that moved `latest`);
@@ -99,9 +102,10 @@ std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir);
 // InvalidArgument), but never the newest one, the latest one, nor one a
 // load is reading (it stays until a later prune finds it unused); each is
 // hidden by an atomic rename to a temporary name. Returns them, claimed,
-// with their tags in `*tags`.
+// with their tags in `*tags` when it is set.
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
-                                                   int keep, std::vector<std::string>* tags);
+                                                   int keep,
+                                                   std::vector<std::string>* tags = nullptr);
 
 // HideOldCheckpoints under the root's lock, then deletes what it hid.
 // Returns the tags removed.

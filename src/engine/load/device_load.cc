@@ -93,7 +93,6 @@ class Staging {
   Staging& operator=(const Staging&) = delete;
 
   char* buffer(size_t i) const { return buffers_[i].get(); }
-  uint64_t held() const { return bytes_ * buffers_.size(); }
 
  private:
   Staging(DeviceMemory& device, uint64_t bytes) : device_(device), bytes_(bytes) {}
@@ -157,7 +156,7 @@ Result<DeviceLoadStats> LoadIntoDevice(const std::vector<DeviceTarget>& targets,
   finish(1);
   if (status.ok()) status = reader.VerifyRest(WholeKeys(targets), options.io_threads);
   SS_RETURN_IF_ERROR(status);
-  return DeviceLoadStats{reader.bytes_read(), reader.chunks_verified(), staging->held(), batches};
+  return DeviceLoadStats{reader.bytes_read(), reader.chunks_verified()};
 }
 
 }  // namespace shardsafe

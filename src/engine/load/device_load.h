@@ -27,8 +27,6 @@ namespace shardsafe {
 struct DeviceLoadStats {
   uint64_t bytes_read = 0;
   uint64_t chunks_verified = 0;
-  uint64_t staging_bytes = 0;  // host memory the load held
-  uint64_t batches = 0;
 };
 
 // A target on the device and the key of the checkpoint tensor it takes

@@ -74,11 +74,7 @@ std::string ListKeys(const std::vector<std::string>& keys) {
 Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
                              const LoadOptions& options, LoadResult* result) {
   Matched m;
-  m.sources.within = SourceReadOptions(src).within;
-  for (const IndexFile& f : src.index.files) {
-    m.sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
-    if (src.native) m.sources.file_bytes.push_back(f.bytes);
-  }
+  m.sources = FileSources(src);
   // Saved tensor -> its index in m.tensors (keys point into the index).
   std::unordered_map<std::string_view, uint32_t> tensor_ids;
   tensor_ids.reserve(request.tensors.size());

@@ -225,11 +225,18 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
 
 }  // namespace
 
-ReadOptions SourceReadOptions(const CheckpointSource& src, bool direct) {
-  ReadOptions options;
-  options.direct = direct;
-  if (src.path == src.data_dir) options.within = ConfinementDir(src.data_dir);
-  return options;
+ReadOptions SourceReadOptions(const CheckpointSource& src) {
+  return src.path == src.data_dir ? Within(src.data_dir) : ReadOptions{};
+}
+
+LoadSources FileSources(const CheckpointSource& src) {
+  LoadSources sources;
+  sources.within = SourceReadOptions(src).within;
+  for (const IndexFile& f : src.index.files) {
+    sources.file_paths.push_back(JoinPath(src.data_dir, f.name));
+    if (src.native) sources.file_bytes.push_back(f.bytes);
+  }
+  return sources;
 }
 
 Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,

@@ -6,10 +6,16 @@
 #include <string>
 #include <string_view>
 
+#include "engine/load/load_executor.h"
 #include "format/safetensors.h"
 #include "shardsafe/source.h"
 
 namespace shardsafe {
+
+// The data files of `src` as the load executor opens them: paths, their
+// confinement (SourceReadOptions) and, for a native checkpoint, the sizes
+// the index records.
+LoadSources FileSources(const CheckpointSource& src);
 
 // Reads and validates the header of the safetensors file at `path`, opened
 // with `options`.

@@ -8,6 +8,7 @@
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "engine/load/load_executor.h"
+#include "engine/load/source.h"
 #include "engine/load/stream_checksums.h"
 #include "shardsafe/source.h"
 
@@ -20,18 +21,12 @@ constexpr int kReadThreads = 2;
 constexpr uint64_t kScratchBytes = uint64_t{8} << 20;
 constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
 
-std::vector<std::string> FilePaths(const CheckpointSource& src) {
-  std::vector<std::string> paths;
-  for (const IndexFile& f : src.index.files) paths.push_back(JoinPath(src.data_dir, f.name));
-  return paths;
-}
-
 }  // namespace
 
 struct SourceReader::Impl {
   Impl(const CheckpointSource& src, FileSystem& fs, bool verify)
-      : src_(src), fs_(fs), verify_(verify), file_paths_(FilePaths(src)),
-        stream_(src.index, file_paths_) {}
+      : src_(src), fs_(fs), verify_(verify), files_(FileSources(src)),
+        stream_(src.index, files_.file_paths) {}
 
   Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
   Status VerifyChunk(const std::string& key, uint32_t chunk);
@@ -40,7 +35,7 @@ struct SourceReader::Impl {
   const CheckpointSource& src_;
   FileSystem& fs_;
   const bool verify_;
-  const std::vector<std::string> file_paths_;
+  const LoadSources files_;  // what every batch reads from
   StreamChecksums stream_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_verified_again_{0};  // by VerifyRest
@@ -68,12 +63,7 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   std::vector<SavedTensor> tensors;
   std::vector<Want> wants;
   std::vector<LoadDestination> dests;
-  LoadSources sources;
-  sources.file_paths = file_paths_;
-  sources.within = SourceReadOptions(src_).within;
-  if (src_.native) {
-    for (const IndexFile& f : src_.index.files) sources.file_bytes.push_back(f.bytes);
-  }
+  LoadSources sources = files_;
   std::map<const std::string*, uint32_t> ids;
   for (const SourcePiece& p : pieces) {
     auto [it, added] = ids.emplace(p.key, static_cast<uint32_t>(tensors.size()));
@@ -111,7 +101,7 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
 
 Status SourceReader::Impl::VerifyChunk(const std::string& key, uint32_t chunk) {
   const IndexChunk& c = src_.index.tensors.at(key).chunks[chunk];
-  const std::string& path = file_paths_[c.file];
+  const std::string& path = files_.file_paths[c.file];
   SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, SourceReadOptions(src_)));
   std::vector<char> buf(std::min(c.bytes, kVerifyPieceBytes));
   uint32_t crc = 0;

@@ -143,8 +143,7 @@ Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string&
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
     SS_RETURN_IF_ERROR(Publish(fs, tmp_dir, root, index.tag, commit, &replaced, warnings));
     if (commit.keep_last > 0) {  // step 7
-      std::vector<std::string> tags;
-      auto hidden = HideOldCheckpoints(fs, root, commit.keep_last, &tags);
+      auto hidden = HideOldCheckpoints(fs, root, commit.keep_last);
       if (hidden.ok()) pruned = std::move(*hidden);
       Warn(hidden.status().WithContext("retention after save"), warnings);
     }
