@@ -81,6 +81,18 @@ struct SourcePiece {
   DType dtype = DType::kF32;
 };
 
+// How each SourceReader::Read runs: threads reading at once, scratch
+// memory per thread (for bytes that need converting or are not contiguous
+// in `dst`), and whether data files are read with O_DIRECT (buffered on
+// tmpfs). Direct by default: an export reads every byte once, cold
+// buffered reads are slower, and data already cached is still taken from
+// the cache.
+struct SourceReadTuning {
+  int threads = 2;
+  uint64_t scratch_bytes = uint64_t{8} << 20;
+  bool direct_io = true;
+};
+
 // Reads pieces of a source's tensors, batch by batch, with the load
 // planner and executor (straight into `dst` where the bytes are contiguous,
 // coalesced reads), and verifies checksums from the bytes as they stream
@@ -92,7 +104,8 @@ struct SourcePiece {
 class SourceReader {
  public:
   // `src` and `fs` must outlive the reader.
-  SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums);
+  SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums,
+               SourceReadTuning tuning = SourceReadTuning());
   ~SourceReader();
 
   // Reads every piece, in reads of at most `max_read_bytes`. DataLoss

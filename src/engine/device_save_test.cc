@@ -427,8 +427,14 @@ TEST_F(DeviceSaveTest, LoadIntoDeviceTargetsGoesThroughBoundedRegisteredStaging)
   EXPECT_GE(device->registrations(), 2);
   EXPECT_TRUE(device->registered().empty()) << "staging left registered after the load";
   EXPECT_LE(device->largest_copy(), size_t{2} << 20);
-  // "big" is taken whole: both of its saved chunks were checked.
+  // "big" is taken whole: both of its saved chunks were checked, from the
+  // bytes as they were read (on several threads, out of order), not again.
   EXPECT_GE(res->chunks_verified, 2u);
+  LoadOptions unverified = options;
+  unverified.verify_checksums = false;
+  auto plain = Load(d.request, root_ + "/ckpt", *comm, unverified);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(res->bytes_read, plain->bytes_read) << "a chunk was read again to verify it";
 }
 
 TEST_F(DeviceSaveTest, LoadIntoDeviceFailuresAreClearAndNeverHang) {

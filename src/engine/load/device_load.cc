@@ -126,7 +126,14 @@ Result<DeviceLoadStats> LoadIntoDevice(const std::vector<DeviceTarget>& targets,
   const size_t batches = starts.size() - 1;
   SS_ASSIGN_OR_RETURN(auto staging,
                       Staging::Create(device, buffer_bytes, std::min<size_t>(batches, 2)));
-  SourceReader reader(src, fs, options.verify_checksums);
+  // The load's own threads and scratch: one batch at a time is read, so
+  // it may use everything a host load would.
+  SourceReader reader(src, fs, options.verify_checksums,
+                      {options.io_threads, options.scratch_bytes, options.direct_io});
+  // Reads small enough that every thread has one in each batch.
+  const uint64_t threads = std::max(options.io_threads, 1);
+  const uint64_t read_bytes =
+      std::min(options.scratch_bytes, RoundUp(buffer_bytes / threads, kBufferAlign));
   std::future<Status> copying[2];
   Status status;
   auto finish = [&](size_t k) {
@@ -146,7 +153,7 @@ Result<DeviceLoadStats> LoadIntoDevice(const std::vector<DeviceTarget>& targets,
       batch.push_back({p.dt.key, p.slice, host, p.dt.target->dtype});
       copies.push_back({static_cast<char*>(p.dt.target->data) + p.target_offset, host, p.bytes});
     }
-    status = reader.Read(batch, options.scratch_bytes);
+    status = reader.Read(batch, read_bytes);
     if (!status.ok()) break;
     copying[k] = std::async(std::launch::async, [&device, copies = std::move(copies)] {
       return device.CopyToDevice(copies);

@@ -15,17 +15,13 @@
 namespace shardsafe {
 namespace {
 
-// Per batch: a few read threads and a small scratch, since several output
-// files run batches at once.
-constexpr int kReadThreads = 2;
-constexpr uint64_t kScratchBytes = uint64_t{8} << 20;
 constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
 
 }  // namespace
 
 struct SourceReader::Impl {
-  Impl(const CheckpointSource& src, FileSystem& fs, bool verify)
-      : src_(src), fs_(fs), verify_(verify), files_(FileSources(src)),
+  Impl(const CheckpointSource& src, FileSystem& fs, bool verify, SourceReadTuning tuning)
+      : src_(src), fs_(fs), verify_(verify), tuning_(tuning), files_(FileSources(src)),
         stream_(src.index, files_.file_paths) {}
 
   Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
@@ -35,14 +31,16 @@ struct SourceReader::Impl {
   const CheckpointSource& src_;
   FileSystem& fs_;
   const bool verify_;
+  const SourceReadTuning tuning_;
   const LoadSources files_;  // what every batch reads from
   StreamChecksums stream_;
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<uint64_t> chunks_verified_again_{0};  // by VerifyRest
 };
 
-SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums)
-    : impl_(std::make_unique<Impl>(src, fs, verify_checksums)) {}
+SourceReader::SourceReader(const CheckpointSource& src, FileSystem& fs, bool verify_checksums,
+                           SourceReadTuning tuning)
+    : impl_(std::make_unique<Impl>(src, fs, verify_checksums, tuning)) {}
 SourceReader::~SourceReader() = default;
 
 Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes) {
@@ -84,14 +82,21 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   }
   LoadPlanOptions popts;
   popts.max_read_bytes = std::max<uint64_t>(max_read_bytes, 1 << 20);
-  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(tensors, wants, popts));
+  SS_ASSIGN_OR_RETURN(LoadPlan planned, PlanLoad(tensors, wants, popts));
+  // The stream checks checksums whatever order bytes arrive in, so every
+  // read may run on a thread of its own (a group's reads run in order on
+  // one): a batch of one large chunk is read by all the threads.
+  LoadPlan plan;
+  plan.bytes_needed = planned.bytes_needed;
+  plan.bytes_read = planned.bytes_read;
+  for (ReadGroup& group : planned.groups) {
+    for (ReadOp& read : group.reads) plan.groups.push_back({{std::move(read)}, {}});
+  }
   LoadOptions options;
   options.verify_checksums = verify_;
-  options.io_threads = kReadThreads;
-  options.scratch_bytes = kScratchBytes;
-  // Direct reads: an export reads every byte once, and cold buffered reads
-  // are slower here; data already cached is still taken from the cache.
-  options.direct_io = true;
+  options.io_threads = tuning_.threads;
+  options.scratch_bytes = tuning_.scratch_bytes;
+  options.direct_io = tuning_.direct_io;
   LoadCounters counters;
   counters.stream = &stream_;
   Status s = ExecuteLoadPlan(plan, tensors, wants, dests, sources, fs_, options, &counters);

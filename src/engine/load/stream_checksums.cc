@@ -15,7 +15,7 @@ StreamChecksums::StreamChecksums(const CheckpointIndex& index, std::vector<std::
       const IndexChunk& c = tensor.chunks[i];
       if (!c.crc32c || c.bytes == 0 || c.file >= files_.size()) continue;
       files_[c.file]->chunks.push_back(
-          {c.at, c.at + c.bytes, *c.crc32c, c.at, 0, State::kPending, &key, &c, i});
+          {c.at, c.at + c.bytes, *c.crc32c, State::kPending, {}, &key, &c, i});
     }
   }
   for (auto& f : files_) {
@@ -27,30 +27,70 @@ StreamChecksums::StreamChecksums(const CheckpointIndex& index, std::vector<std::
 void StreamChecksums::Add(uint32_t file, uint64_t offset, uint64_t n, const char* data) {
   if (file >= files_.size() || n == 0) return;
   File& f = *files_[file];
-  std::lock_guard<std::mutex> lock(f.mu);
   // Chunks do not overlap, so those that [offset, offset + n) touches are
-  // consecutive, from the last one starting at or before `offset`.
+  // consecutive, from the last one starting at or before `offset`. Their
+  // ranges never change: they are found, and their bytes checksummed,
+  // without the lock.
   auto it = std::upper_bound(f.chunks.begin(), f.chunks.end(), offset,
                              [](uint64_t o, const Chunk& c) { return o < c.begin; });
   if (it != f.chunks.begin()) --it;
   for (; it != f.chunks.end() && it->begin < offset + n; ++it) {
-    if (it->end > offset) Extend(*it, offset, n, data, file);
+    if (it->end <= offset) continue;
+    const uint64_t a = std::max(it->begin, offset), b = std::min(it->end, offset + n);
+    const uint32_t crc = Crc32c(data + (a - offset), b - a);
+    std::lock_guard<std::mutex> lock(f.mu);
+    Record(*it, a, b, crc, offset, data, file);
   }
 }
 
-void StreamChecksums::Extend(Chunk& c, uint64_t offset, uint64_t n, const char* data,
-                             uint32_t file) {
+void StreamChecksums::Record(Chunk& c, uint64_t a, uint64_t b, uint32_t crc, uint64_t offset,
+                             const char* data, uint32_t file) {
   if (c.state != State::kPending) return;
-  const uint64_t a = std::max(c.begin, offset), b = std::min(c.end, offset + n);
-  if (a > c.next) {  // a gap: these bytes came before earlier ones
-    c.state = State::kBroken;
-    return;
+  auto& segs = c.segments;
+  // The parts of [a, b) no segment holds yet (bytes read twice count once).
+  std::vector<std::pair<uint64_t, uint64_t>> fresh;
+  auto next = segs.upper_bound(a);
+  uint64_t at = a;
+  if (next != segs.begin() && std::prev(next)->second.end > at) at = std::prev(next)->second.end;
+  for (; at < b; ++next) {
+    const uint64_t stop = next == segs.end() ? b : std::min(b, next->first);
+    if (at < stop) fresh.emplace_back(at, stop);
+    if (next == segs.end()) break;
+    at = std::max(at, next->second.end);
   }
-  if (b <= c.next) return;  // read again: already counted
-  c.crc = Crc32cExtend(c.crc, data + (c.next - offset), b - c.next);
-  c.next = b;
-  if (c.next < c.end) return;
-  if (c.crc == c.expected) {
+  for (const auto& [lo, hi] : fresh) {
+    const uint32_t piece =
+        lo == a && hi == b ? crc : Crc32c(data + (lo - offset), hi - lo);
+    auto inserted = segs.emplace(lo, Segment{hi, piece}).first;
+    // Join with the segment that ends where this one starts, and with the
+    // one that starts where it ends.
+    if (inserted != segs.begin()) {
+      auto left = std::prev(inserted);
+      if (left->second.end == lo) {
+        left->second.crc = Crc32cCombine(left->second.crc, piece, hi - lo);
+        left->second.end = hi;
+        segs.erase(inserted);
+        inserted = left;
+      }
+    }
+    auto right = std::next(inserted);
+    if (right != segs.end() && right->first == inserted->second.end) {
+      inserted->second.crc = Crc32cCombine(inserted->second.crc, right->second.crc,
+                                           right->second.end - right->first);
+      inserted->second.end = right->second.end;
+      segs.erase(right);
+    }
+  }
+  Check(c, file);
+}
+
+void StreamChecksums::Check(Chunk& c, uint32_t file) {
+  if (c.segments.size() != 1) return;
+  const auto& [start, seg] = *c.segments.begin();
+  if (start != c.begin || seg.end != c.end) return;
+  const uint32_t crc = seg.crc;
+  c.segments.clear();
+  if (crc == c.expected) {
     c.state = State::kVerified;
     ++verified_;
     return;
@@ -58,7 +98,7 @@ void StreamChecksums::Extend(Chunk& c, uint64_t offset, uint64_t n, const char* 
   c.state = State::kBroken;
   char msg[96];
   std::snprintf(msg, sizeof msg, ": checksum mismatch (recorded %08x, computed %08x)", c.expected,
-                c.crc);
+                crc);
   std::lock_guard<std::mutex> lock(error_mu_);
   if (error_.ok()) {
     error_ = DataLossError("tensor \"" + *c.key + "\" chunk " + SliceToString(c.chunk->slice) +
