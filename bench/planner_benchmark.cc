@@ -5,7 +5,7 @@
 // plan of a column split of many small tensors (saved Shard(0), loaded
 // Shard(1): a run per row). No I/O.
 //
-//   planner_benchmark [--tp-load N] [--dp-load N] [--iters N] [--zero 0|1]
+//   planner_benchmark [--dp N] [--tp-load N] [--dp-load N] [--iters N] [--zero 0|1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -173,6 +173,7 @@ int Run(int argc, char** argv) {
   load_layout.dp = 64;
   int iters = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--dp")) save_layout.dp = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tp-load")) load_layout.tp = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dp-load")) load_layout.dp = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--iters")) iters = std::max(1, std::atoi(argv[i + 1]));

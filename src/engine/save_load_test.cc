@@ -9,6 +9,7 @@
 
 #include "engine/load/source.h"
 #include "engine/test_util.h"
+#include "shardsafe/source.h"
 #include "format/index.h"
 
 namespace shardsafe {
@@ -194,6 +195,40 @@ TEST_F(SaveLoadTest, ReplicasAreWrittenOnceAndSpreadOverHolders) {
   const uint64_t one = 64 * 64 * 4;
   EXPECT_EQ(stats[0].unique_bytes, 8 * one);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(stats[r].bytes_written, 2 * one) << r;
+}
+
+// A replica larger than the split size (16 MiB here, since an ideal share
+// is) is written in pieces by its holders and loads back whole; a holder
+// whose copy differs fails the save, naming the slice and the ranks.
+TEST_F(SaveLoadTest, ALargeReplicaIsWrittenInPiecesByItsHolders) {
+  const Shape s{2048, 4096};  // F32: 32 MiB
+  std::vector<std::vector<OwnedShard>> save(2);
+  for (int r = 0; r < 2; ++r) save[r].push_back(MakeShard("big", DType::kF32, s, Whole(s)));
+  std::vector<SaveStats> stats(2);
+  RunRanks(2, [&](int r, Comm& comm) {
+    SaveState state;
+    state.tensors.push_back(save[r][0].View());
+    stats[r] = *Save(state, Path("cut"), comm, {});
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(stats[r].bytes_written, uint64_t{16} << 20) << r;
+  auto src = OpenSource(*DefaultFileSystem(), Path("cut"));
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  const CheckpointIndex* index = &src->index;
+  const IndexTensor& big = index->tensors.at("big");
+  ASSERT_EQ(big.chunks.size(), 2u);
+  EXPECT_NE(index->files[big.chunks[0].file].rank, index->files[big.chunks[1].file].rank);
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("big", DType::kF32, s, Whole(s)));
+  for (const Status& st : LoadToRanks(load, Path("cut"), {})) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(MatchesOracle(load[0][0]));
+
+  save[1][0].bytes[(uint64_t{24} << 20) + 3] ^= std::byte{1};  // in the second piece
+  for (const Status& st : SaveFromRanks(save, Path("differ"))) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("tensor \"big\": ranks 0, 1 hold different bytes for "
+                                        "the same slice [0:2048, 0:4096]"));
+  }
+  EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("cut"));
 }
 
 TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {

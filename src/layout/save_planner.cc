@@ -5,10 +5,11 @@
 //      equal slices are adjacent; each run of equal slices is one chunk whose
 //      holders are the run's ranks, ascending;
 //   3. per tensor (in key order) sort its chunks row-major and check that
-//      they tile the tensor;
+//      they tile the tensor; cut large replicated chunks into flat pieces;
 //   4. choose writers: single-holder chunks first, then replicated chunks
-//      largest first to the least-loaded holder (LPT; ties: lowest rank);
-//      the other holders' copies are listed for the replica check;
+//      and pieces largest first to the least-loaded holder (LPT; ties:
+//      lowest rank); the other holders' copies are listed for the replica
+//      check (every holder's, once, for a chunk cut into pieces);
 //   5. blobs: per-rank ones to their rank, global ones to their lowest
 //      supplier;
 //   6. pack each rank's chunks and blobs into files, largest first into the
@@ -172,6 +173,7 @@ class Planner {
 
   // Step 3.
   Status EmitTensors() {
+    split_bytes_ = SplitBytes();
     std::vector<uint32_t> order(tensors_.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
@@ -183,6 +185,20 @@ class Planner {
   }
 
   const Slice& UniqueSlice(uint32_t u) const { return ShardOf(held_[uniques_[u].begin]).slice; }
+
+  // An eighth of the ideal share of unique tensor bytes per rank, and at
+  // least options_.min_split_bytes: pieces that small let LPT balance
+  // writers within 1.1x of the ideal.
+  uint64_t SplitBytes() const {
+    uint64_t total = 0;
+    for (uint32_t u = 0; u < uniques_.size(); ++u) {
+      const DType dtype = tensors_[held_[uniques_[u].begin].tensor].dtype;
+      const Result<uint64_t> bytes = NumBytes(dtype, UniqueSlice(u).NumElements());
+      if (bytes.ok()) total += *bytes;  // an overflow fails when the chunk is emitted
+    }
+    return std::max<uint64_t>(total / std::max<size_t>(holdings_.size(), 1) / 8,
+                              std::max<uint64_t>(options_.min_split_bytes, 1));
+  }
 
   Status EmitTensor(TensorInfo& t) {
     std::vector<uint32_t>& u = t.uniques;
@@ -206,22 +222,56 @@ class Planner {
   }
 
   Status EmitChunk(const TensorInfo& t, uint32_t id, Slice slice) {
-    const Unique& u = uniques_[id];
+    const uint32_t holders = uniques_[id].end - uniques_[id].begin;
     auto bytes = NumBytes(t.dtype, slice.NumElements());
     if (!bytes.ok()) return bytes.status().WithContext("tensor " + Quoted(t.key));
+    if (holders > 1 && *bytes > split_bytes_) return EmitPieces(t, id, slice, *bytes);
+    AddChunk(id, std::move(slice), *bytes, 0);
+    return Status();
+  }
+
+  // Cuts replicated chunk `id` into up to one flat piece per holder, of
+  // about split_bytes_ each and a multiple of 8 elements (whole bytes of
+  // every dtype).
+  Status EmitPieces(const TensorInfo& t, uint32_t id, const Slice& slice, uint64_t bytes) {
+    const uint32_t holders = uniques_[id].end - uniques_[id].begin;
+    const uint64_t n = slice.NumElements();
+    const uint64_t count = std::min<uint64_t>(holders, (bytes + split_bytes_ - 1) / split_bytes_);
+    const uint64_t per = ((n + count - 1) / count + 7) / 8 * 8;
+    const uint64_t base = slice.flat ? slice.flat->begin : 0;
+    const auto first = static_cast<uint32_t>(plan_.chunks.size());
+    for (uint64_t lo = 0; lo < n; lo += per) {
+      const uint64_t hi = std::min(n, lo + per);
+      SS_ASSIGN_OR_RETURN(uint64_t offset, NumBytes(t.dtype, lo));
+      SS_ASSIGN_OR_RETURN(uint64_t piece_bytes, NumBytes(t.dtype, hi - lo));
+      AddChunk(id, Slice{slice.box, FlatRange{base + lo, base + hi}}, piece_bytes, offset);
+    }
+    splits_.push_back({first, static_cast<uint32_t>(plan_.chunks.size() - first), id});
+    return Status();
+  }
+
+  void AddChunk(uint32_t id, Slice slice, uint64_t bytes, uint64_t shard_offset) {
     plan_.tensors.back().chunks.push_back(static_cast<uint32_t>(plan_.chunks.size()));
     PlannedChunk c;
     c.tensor = static_cast<uint32_t>(plan_.tensors.size() - 1);
     c.slice = std::move(slice);
-    c.bytes = *bytes;
-    c.holders = u.end - u.begin;
+    c.bytes = bytes;
+    c.shard_offset = shard_offset;
+    c.holders = uniques_[id].end - uniques_[id].begin;
     plan_.chunks.push_back(std::move(c));
     chunk_unique_.push_back(id);
-    return Status();
   }
 
   // Step 4.
   void AssignWriters() {
+    std::vector<bool> piece(plan_.chunks.size(), false);
+    for (const Split& split : splits_) {
+      std::fill_n(piece.begin() + split.first, split.count, true);
+      const Unique& u = uniques_[split.unique];
+      for (uint32_t h = u.begin; h < u.end; ++h) {
+        plan_.copies.push_back(HeldCopy{held_[h].rank, held_[h].shard, split.first, split.count});
+      }
+    }
     std::vector<uint32_t> replicated;
     for (uint32_t c = 0; c < plan_.chunks.size(); ++c) {
       if (plan_.chunks[c].holders == 1) SetWriter(c, held_[uniques_[chunk_unique_[c]].begin]);
@@ -237,6 +287,7 @@ class Planner {
         if (plan_.bytes_per_rank[held_[h].rank] < plan_.bytes_per_rank[held_[best].rank]) best = h;
       }
       SetWriter(c, held_[best]);
+      if (piece[c]) continue;  // its holders' copies are listed per split
       for (uint32_t h = u.begin; h < u.end; ++h) {
         if (h != best) plan_.copies.push_back(HeldCopy{held_[h].rank, held_[h].shard, c});
       }
@@ -388,6 +439,14 @@ class Planner {
   std::vector<Held> held_;
   std::vector<Unique> uniques_;
   std::vector<uint32_t> chunk_unique_;  // plan chunk -> unique id
+  // A replicated chunk cut into pieces: plan chunks [first, first + count).
+  struct Split {
+    uint32_t first;
+    uint32_t count;
+    uint32_t unique;
+  };
+  std::vector<Split> splits_;
+  uint64_t split_bytes_ = 0;
   SavePlan plan_;
 };
 

@@ -12,11 +12,18 @@
 //   (tiling.h), else InvalidArgument.
 // - Every holder of a replicated chunk other than its writer is listed in
 //   SavePlan::copies, so that the engine can check that the copies are
-//   replicas indeed (equal bytes), not different data under one slice.
+//   replicas indeed (equal bytes), not different data under one slice. For
+//   a chunk cut into pieces every holder is listed, once, for all pieces.
 // - Each unique chunk is written exactly once, by one of its holders.
 //   Writers are balanced: chunks held by one rank go to that rank; replicated
 //   chunks are then assigned largest first to the least-loaded holder (ties:
-//   lowest rank). On DP x TP x PP and ZeRO layouts no rank writes more than
+//   lowest rank). A replicated chunk larger than the split size (an
+//   eighth of the ideal share, unique bytes / ranks, and at least
+//   SavePlanOptions::min_split_bytes) is first cut into up to one piece per
+//   holder: flat ranges of its slice, each written by the holder it is
+//   assigned to (PlannedChunk::shard_offset says where the piece starts in
+//   that holder's shard), so one large replicated tensor does not land on
+//   one rank. On DP x TP x PP and ZeRO layouts no rank writes more than
 //   1.1x its ideal share (bench/planner_benchmark.cc measures it).
 // - Each rank's chunks are packed into files of at most max_file_bytes of
 //   payload (a chunk larger than the cap gets its own file), filled largest
@@ -70,14 +77,19 @@ struct PlannedChunk {
   uint64_t bytes = 0;
   int writer = 0;             // rank that writes it
   uint32_t writer_shard = 0;  // index into holdings[writer].shards
+  uint64_t shard_offset = 0;  // byte offset of its first byte in that shard
   uint32_t holders = 0;       // number of ranks that held it
 };
 
-// A holder of a replicated chunk that does not write it.
+// A holder of a replicated chunk that does not write it, or a holder of a
+// chunk cut into pieces: its copy covers `chunks` consecutive chunks from
+// `chunk` (the pieces, in order), whose written checksums combine into the
+// checksum of the copy.
 struct HeldCopy {
   int rank = 0;
-  uint32_t shard = 0;  // index into holdings[rank].shards
-  uint32_t chunk = 0;  // index into SavePlan::chunks
+  uint32_t shard = 0;   // index into holdings[rank].shards
+  uint32_t chunk = 0;   // index into SavePlan::chunks
+  uint32_t chunks = 1;  // how many
 };
 
 struct PlannedTensor {
@@ -117,6 +129,8 @@ struct SavePlan {
 
 struct SavePlanOptions {
   uint64_t max_file_bytes = uint64_t{2} << 30;
+  // Replicated chunks are never cut into pieces smaller than this.
+  uint64_t min_split_bytes = uint64_t{16} << 20;
 };
 
 // Plans a save of `holdings` (index = rank). InvalidArgument on any layout

@@ -8,6 +8,7 @@
 #include "layout/box_math.h"
 #include "layout/layout_testing.h"
 #include "layout/simulated_layouts.h"
+#include "layout/tiling.h"
 
 namespace shardsafe {
 namespace {
@@ -35,7 +36,15 @@ void CheckInvariants(std::span<const RankHoldings> holdings, const SavePlan& pla
     const PlannedTensor& t = plan.tensors[c.tensor];
     const ShardInfo& s = holdings[c.writer].shards[c.writer_shard];
     ASSERT_EQ(s.key, t.key);
-    ASSERT_EQ(s.slice, c.slice);
+    if (s.slice != c.slice) {  // a piece of a replicated chunk: a flat range of the shard's
+      ASSERT_GT(c.holders, 1u);
+      ASSERT_EQ(s.slice.box, c.slice.box);
+      ASSERT_TRUE(c.slice.flat.has_value());
+      const uint64_t begin = s.slice.flat ? s.slice.flat->begin : 0;
+      ASSERT_EQ(c.shard_offset, *NumBytes(t.dtype, c.slice.flat->begin - begin));
+    } else {
+      ASSERT_EQ(c.shard_offset, 0u);
+    }
     ASSERT_EQ(c.bytes, *NumBytes(t.dtype, c.slice.NumElements()));
     per_rank[c.writer] += c.bytes;
     unique += c.bytes;
@@ -120,6 +129,52 @@ TEST(SavePlannerTest, ReplicasAreWrittenOnceAndSpreadOverHolders) {
   ASSERT_EQ(plan.chunks.size(), 16u);
   for (const PlannedChunk& c : plan.chunks) EXPECT_EQ(c.holders, 4u);
   for (uint64_t b : plan.bytes_per_rank) EXPECT_EQ(b, 2u * 256);  // 16 chunks of 256 B over 8
+}
+
+TEST(SavePlannerTest, LargeReplicasAreCutIntoPiecesWrittenByDifferentHolders) {
+  // One [64, 64] F32 tensor (16 KiB) on all 4 ranks: an ideal share is
+  // 4 KiB, the split size 512 B, so it is cut into one piece per holder.
+  std::vector<RankHoldings> h(4);
+  for (auto& r : h) r.shards.push_back(Shard("w", {64, 64}, Slice{Box::Whole({64, 64}), {}}));
+  SavePlanOptions options;
+  options.min_split_bytes = 1;
+  const SavePlan plan = PlanOk(h, options);
+  ASSERT_EQ(plan.chunks.size(), 4u);
+  std::set<int> writers;
+  for (uint32_t i = 0; i < 4; ++i) {
+    const PlannedChunk& c = plan.chunks[plan.tensors[0].chunks[i]];
+    EXPECT_EQ(c.slice, (Slice{Box::Whole({64, 64}), FlatRange{i * 1024, (i + 1) * 1024}}));
+    EXPECT_EQ(c.shard_offset, i * 4096u);
+    writers.insert(c.writer);
+  }
+  EXPECT_EQ(writers.size(), 4u);
+  for (uint64_t b : plan.bytes_per_rank) EXPECT_EQ(b, 4096u);
+  // Every holder checks its whole copy against the four pieces, once.
+  ASSERT_EQ(plan.copies.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(plan.copies[r].rank, r);
+    EXPECT_EQ(plan.copies[r].chunk, plan.tensors[0].chunks[0]);
+    EXPECT_EQ(plan.copies[r].chunks, 4u);
+  }
+  // Held by 2 of 4 ranks, with single-holder tensors beside: cut into at
+  // most one piece per holder; a flat shard's pieces keep its flat offset.
+  std::vector<RankHoldings> g(4);
+  for (int r = 0; r < 2; ++r) {
+    g[r].shards.push_back(Shard("f", {100, 64}, Slice{Box::Whole({100, 64}), FlatRange{400, 6400}}));
+  }
+  g[2].shards.push_back(Shard("f", {100, 64}, Slice{Box::Whole({100, 64}), FlatRange{0, 400}}));
+  for (int r = 0; r < 4; ++r) {
+    g[r].shards.push_back(Shard("z", {4, 64}, Rows(r, r + 1, 64)));
+  }
+  const SavePlan cut = PlanOk(g, options);
+  const PlannedTensor& f = cut.tensors[0];
+  ASSERT_EQ(f.key, "f");
+  ASSERT_EQ(f.chunks.size(), 3u);
+  EXPECT_EQ(cut.chunks[f.chunks[1]].slice.flat->begin, 400u);
+  EXPECT_EQ(cut.chunks[f.chunks[2]].slice.flat->end, 6400u);
+  EXPECT_NE(cut.chunks[f.chunks[1]].writer, cut.chunks[f.chunks[2]].writer);
+  // Small replicas (below min_split_bytes) stay whole.
+  EXPECT_EQ(PlanOk(h).chunks.size(), 1u);
 }
 
 TEST(SavePlannerTest, SingleHolderChunksStayWithTheirRank) {
@@ -298,12 +353,26 @@ TEST(SavePlannerTest, RandomLayoutsKeepInvariants) {
         }
       }
     }
-    const SavePlan plan = PlanOk(h, {Uniform(rng, 1, 200)});
+    SavePlanOptions options{Uniform(rng, 1, 200)};
+    const bool cut = iter % 2 == 1;  // cut every replica that can be cut
+    if (cut) options.min_split_bytes = 1;
+    const SavePlan plan = PlanOk(h, options);
     std::multiset<std::string> chunks;
     for (const PlannedChunk& c : plan.chunks) {
-      chunks.insert(plan.tensors[c.tensor].key + SliceToString(c.slice));
+      const Slice whole = cut ? Slice{c.slice.box, std::nullopt} : c.slice;
+      chunks.insert(plan.tensors[c.tensor].key + SliceToString(whole));
     }
-    ASSERT_EQ(chunks, expected_chunks);
+    if (!cut) {
+      ASSERT_EQ(chunks, expected_chunks);
+    }
+    // Cut or not, each tensor's chunks still tile it.
+    for (const PlannedTensor& t : plan.tensors) {
+      std::vector<Slice> slices;
+      for (uint32_t c : t.chunks) slices.push_back(plan.chunks[c].slice);
+      if (*NumElements(t.shape) > 0) {
+        ASSERT_TRUE(CheckTiling(t.key, t.shape, slices).ok()) << t.key;
+      }
+    }
     if (HasFailure()) FAIL() << "iteration " << iter;
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 
 #include "base/crc32c.h"
 
@@ -24,6 +25,28 @@ Result<uint32_t> DeviceCrc(const TensorShard& shard, uint64_t bytes, DeviceMemor
   return crc;
 }
 
+// The copy of `rank` differs from what was written for chunks [first,
+// first + count): the writer of a chunk, or of the pieces it was cut into.
+Status ReplicaMismatch(const SavePlan& plan, uint32_t first, uint32_t count, int rank) {
+  const PlannedChunk& chunk = plan.chunks[first];
+  std::string slice = SliceToString(chunk.slice), writers;
+  if (count == 1) {
+    writers = "ranks " + std::to_string(std::min(chunk.writer, rank)) + " and " +
+              std::to_string(std::max(chunk.writer, rank));
+  } else {
+    // Pieces: flat ranges of one slice; name the slice without them.
+    slice = SliceToString(Slice{chunk.slice.box, std::nullopt});
+    std::set<int> ranks{rank};
+    for (uint32_t p = first; p < first + count; ++p) ranks.insert(plan.chunks[p].writer);
+    for (int r : ranks) writers += (writers.empty() ? "ranks " : ", ") + std::to_string(r);
+  }
+  return InvalidArgumentError(
+      "tensor \"" + plan.tensors[chunk.tensor].key + "\": " + writers +
+      " hold different bytes for the same slice " + slice +
+      " (ranks that pass one key and slice must hold identical replicas: declare each "
+      "rank's part of the global tensor, or save the data per rank)");
+}
+
 }  // namespace
 
 Result<std::vector<CopyChecksum>> ChecksumCopies(const SavePlan& plan, int rank,
@@ -33,7 +56,8 @@ Result<std::vector<CopyChecksum>> ChecksumCopies(const SavePlan& plan, int rank,
   std::vector<CopyChecksum> out;
   for (auto it = first; it != plan.copies.end() && it->rank == rank; ++it) {
     const TensorShard& shard = state.tensors[it->shard];
-    const uint64_t bytes = plan.chunks[it->chunk].bytes;
+    uint64_t bytes = 0;
+    for (uint32_t c = it->chunk; c < it->chunk + it->chunks; ++c) bytes += plan.chunks[c].bytes;
     uint32_t crc;
     if (shard.on_device) {
       if (device == nullptr) {
@@ -61,18 +85,20 @@ Status CheckReplicas(const SavePlan& plan, const std::vector<std::vector<Written
       }
     }
   }
+  // How many pieces each copy spans, by its first chunk (1 when not cut).
+  std::vector<uint32_t> span(plan.chunks.size(), 1);
+  for (const HeldCopy& h : plan.copies) span[h.chunk] = h.chunks;
   for (size_t rank = 0; rank < copies.size(); ++rank) {
     for (const CopyChecksum& c : copies[rank]) {
-      if (c.chunk >= plan.chunks.size()) return InternalError("bad chunk in save report");
-      if (c.crc32c == crc[c.chunk]) continue;
-      const PlannedChunk& chunk = plan.chunks[c.chunk];
-      return InvalidArgumentError(
-          "tensor \"" + plan.tensors[chunk.tensor].key + "\": ranks " +
-          std::to_string(std::min<int>(chunk.writer, rank)) + " and " +
-          std::to_string(std::max<int>(chunk.writer, rank)) +
-          " hold different bytes for the same slice " + SliceToString(chunk.slice) +
-          " (ranks that pass one key and slice must hold identical replicas: declare each "
-          "rank's part of the global tensor, or save the data per rank)");
+      if (c.chunk >= plan.chunks.size() || c.chunk + span[c.chunk] > plan.chunks.size()) {
+        return InternalError("bad chunk in save report");
+      }
+      uint32_t written = crc[c.chunk];
+      for (uint32_t p = c.chunk + 1; p < c.chunk + span[c.chunk]; ++p) {
+        written = Crc32cCombine(written, crc[p], plan.chunks[p].bytes);
+      }
+      if (c.crc32c == written) continue;
+      return ReplicaMismatch(plan, c.chunk, span[c.chunk], static_cast<int>(rank));
     }
   }
   return Status();

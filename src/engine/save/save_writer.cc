@@ -65,8 +65,8 @@ Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveSt
     specs.push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
                      EntryShape(chunk.slice), chunk.bytes});
     const TensorShard& shard = state.tensors[chunk.writer_shard];
-    image.payloads.push_back({shard.data, chunk.bytes,
-                              shard.on_device ? device : nullptr, &shard.key});
+    image.payloads.push_back({static_cast<const char*>(shard.data) + chunk.shard_offset,
+                              chunk.bytes, shard.on_device ? device : nullptr, &shard.key});
   }
   for (uint32_t b : planned.blobs) {
     const PlannedBlob& blob = plan.blobs[b];
