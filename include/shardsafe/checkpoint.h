@@ -129,6 +129,10 @@ struct SaveStats {
   uint64_t max_rank_bytes = 0; // payload of the busiest writer
   int files = 0;               // data files in the checkpoint
   double seconds = 0;          // wall time of the call on this rank
+  // Every rank's layout (keys, shapes, slices, blob sizes) was the same as
+  // at its previous save, so the plan was reused without gathering the
+  // layouts or planning again.
+  bool plan_reused = false;
   // Failures after the commit point (fsync of the root, replacing `latest`,
   // retention): the checkpoint is committed and loadable, so the save
   // succeeded, but these are worth a log line. Same on every rank.

@@ -50,9 +50,14 @@ Result<uint64_t> Reader::U64() {
 }
 
 Result<std::string> Reader::Str() {
+  SS_ASSIGN_OR_RETURN(std::string_view s, View());
+  return std::string(s);
+}
+
+Result<std::string_view> Reader::View() {
   SS_ASSIGN_OR_RETURN(uint64_t n, U64());
   SS_RETURN_IF_ERROR(Need(n));
-  std::string s(in_.substr(pos_, n));
+  std::string_view s = in_.substr(pos_, n);
   pos_ += n;
   return s;
 }

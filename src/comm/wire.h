@@ -41,6 +41,8 @@ class Reader {
   Result<uint32_t> U32();
   Result<uint64_t> U64();
   Result<std::string> Str();
+  // A string written by Writer::Str, as a view into the message.
+  Result<std::string_view> View();
   Result<shardsafe::Shape> Shape();
   Result<shardsafe::Slice> Slice();
   // Decodes a Status into *out; the return value is the decoding outcome.

@@ -197,9 +197,9 @@ TEST_F(SaveLoadTest, ReplicasAreWrittenOnceAndSpreadOverHolders) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(stats[r].bytes_written, 2 * one) << r;
 }
 
-// A replica larger than the split size (16 MiB here, since an ideal share
-// is) is written in pieces by its holders and loads back whole; a holder
-// whose copy differs fails the save, naming the slice and the ranks.
+// A replica larger than the split size (4 MiB here) is written in pieces,
+// one per holder, and loads back whole; a holder whose copy differs fails
+// the save, naming the slice and the ranks.
 TEST_F(SaveLoadTest, ALargeReplicaIsWrittenInPiecesByItsHolders) {
   const Shape s{2048, 4096};  // F32: 32 MiB
   std::vector<std::vector<OwnedShard>> save(2);
@@ -229,6 +229,81 @@ TEST_F(SaveLoadTest, ALargeReplicaIsWrittenInPiecesByItsHolders) {
                                         "the same slice [0:2048, 0:4096]"));
   }
   EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("cut"));
+}
+
+// A save whose layout is every rank's previous one reuses the plan after one
+// small agreement; any change on any rank (a slice, a blob's size, the file
+// cap) plans again, and disagreements are still named.
+TEST_F(SaveLoadTest, RepeatedSavesOfAnUnchangedLayoutReuseThePlan) {
+  const Shape s{12, 8};
+  std::vector<int> reused(3);
+  int saves = 0;
+  auto save = [&](const std::string& tag, auto edit) {
+    ++saves;
+    std::vector<Status> out(3);
+    RunRanks(3, [&](int r, Comm& comm) {
+      std::vector<OwnedShard> shards;
+      shards.push_back(MakeShard("w", DType::kF32, s, Rows(4 * r, 4 * r + 4, 8)));
+      shards.push_back(MakeShard("b", DType::kF32, {8}, Whole({8})));
+      std::string blob(16, char('a' + r));
+      SaveState state;
+      for (auto& sh : shards) state.tensors.push_back(sh.View());
+      state.blobs.push_back({"rng", blob.data(), blob.size(), true});
+      state.values = R"({"step": 1})";
+      SaveOptions options;
+      std::string path = Path(tag);
+      edit(r, state, options, blob, path);
+      auto stats = Save(state, path, comm, options);
+      out[r] = stats.status();
+      reused[r] = stats.ok() ? stats->plan_reused : -1;
+    });
+    return out;
+  };
+  auto same = [](int, SaveState&, SaveOptions&, std::string&, std::string&) {};
+  auto expect = [&](const std::vector<Status>& out, int want) {
+    SCOPED_TRACE("save " + std::to_string(saves));
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(out[r].ok()) << out[r].ToString();
+      EXPECT_EQ(reused[r], want) << "rank " << r;
+    }
+  };
+  expect(save("a", same), 0);
+  expect(save("b", same), 1);
+  // Rank 2 saves one tensor more, then rank 1 a longer blob, then all ranks
+  // change the file cap: each plans again, and so does the save after.
+  std::vector<OwnedShard> extra;
+  extra.push_back(MakeShard("extra", DType::kF32, {4}, Whole({4})));
+  expect(save("c", [&](int r, SaveState& st, SaveOptions&, std::string&, std::string&) {
+    if (r == 2) st.tensors.push_back(extra[0].View());
+  }), 0);
+  expect(save("d", same), 0);
+  expect(save("e", [](int r, SaveState& st, SaveOptions&, std::string& blob, std::string&) {
+    if (r == 1) blob += "x", st.blobs[0].size = blob.size();
+  }), 0);
+  expect(save("f", same), 0);
+  expect(save("g", same), 1);
+  expect(save("h", [](int, SaveState&, SaveOptions& o, std::string&, std::string&) {
+    o.max_file_bytes = 1 << 20;
+  }), 0);
+  // Values that differ, and destinations that differ, are still caught and
+  // named, though the layout is unchanged.
+  for (const Status& st : save("i", [](int r, SaveState& state, SaveOptions&, std::string&,
+                                        std::string&) {
+         if (r == 1) state.values = R"({"step": 2})";
+       })) {
+    EXPECT_THAT(st.message(), HasSubstr("value \"step\" differs between ranks 0 and 1"));
+  }
+  for (const Status& st : save("j", [&](int r, SaveState&, SaveOptions&, std::string&,
+                                        std::string& path) { path = Path("j" + std::to_string(r)); })) {
+    EXPECT_THAT(st.message(), HasSubstr("rank 0 saves to"));
+  }
+  // Every checkpoint holds what was saved.
+  std::vector<std::vector<OwnedTarget>> load(1);
+  load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));
+  for (const char* tag : {"b", "g"}) {
+    for (const Status& st : LoadToRanks(load, Path(tag), {})) ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(MatchesOracle(load[0][0])) << tag;
+  }
 }
 
 TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {

@@ -130,7 +130,7 @@ struct SavePlan {
 struct SavePlanOptions {
   uint64_t max_file_bytes = uint64_t{2} << 30;
   // Replicated chunks are never cut into pieces smaller than this.
-  uint64_t min_split_bytes = uint64_t{16} << 20;
+  uint64_t min_split_bytes = uint64_t{4} << 20;
 };
 
 // Plans a save of `holdings` (index = rank). InvalidArgument on any layout

@@ -109,7 +109,8 @@ class Handle final : public AsyncSaveHandle {
 // (staging.h) are filled by the foreground copy while the background
 // writes them.
 struct Job : StagedImages {
-  SavePlan plan;
+  std::shared_ptr<const SavePlan> plan;
+  bool plan_reused = false;
   std::string root, tag, tmp_dir;
   std::shared_ptr<FileLock> tmp_lock;  // rank 0: keeps other saves' cleanup away
   int rank = 0, world = 1;
@@ -128,7 +129,7 @@ FileSystem& FsOf(const SaveOptions& o) { return o.fs ? *o.fs : *DefaultFileSyste
 Status WriteStaged(const Job& job, size_t index) {
   FileSystem& fs = FsOf(job.options);
   const StagedFile& f = job.files[index];
-  const PlannedFile& planned = job.plan.files[f.plan_file];
+  const PlannedFile& planned = job.plan->files[f.plan_file];
   const std::string path = JoinPath(job.tmp_dir, DataFileName(planned.rank, planned.number));
   SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, DataFileOptions(job.options, f.size)));
   for (uint64_t done = 0; done < f.size;) {
@@ -155,7 +156,7 @@ Status WriteAllStaged(Job& job) {
     SS_RETURN_IF_ERROR(checksummed);
   }
   SS_RETURN_IF_ERROR(job.progress->WaitFinished());
-  FillReports(job.plan, job);
+  FillReports(*job.plan, job);
   return Status();
 }
 
@@ -227,7 +228,7 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.tmp_dir, RankMarker("done-", r))));
   }
-  auto committed = CommitOnLeader(fs, job.plan, *reports, job.json, job.root, job.tag,
+  auto committed = CommitOnLeader(fs, *job.plan, *reports, job.json, job.root, job.tag,
                                   job.tmp_dir, job.world, job.commit);
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.tmp_dir, committed.status());
@@ -335,7 +336,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   std::vector<DeviceMemory::Copy> device_copies;
   Status laid_out;
   try {
-    laid_out = staging_.LayOut(prepared.plan, job->rank, state, options, job.get(),
+    laid_out = staging_.LayOut(*prepared.plan, job->rank, state, options, job.get(),
                                &device_copies);
   } catch (const std::bad_alloc&) {
     laid_out = ResourceExhaustedError("no memory for the staging copy of this rank's data");
@@ -345,6 +346,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     job->progress->Finish(laid_out);
   }
   job->plan = std::move(prepared.plan);
+  job->plan_reused = prepared.plan_reused;
   job->root = root;
   job->tag = tag;
   job->tmp_dir = std::move(prepared.tmp_dir);
@@ -362,7 +364,8 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     // The foreground may still be copying after a write failed: the job
     // (its pieces) and the arena stay in use until the copy is over.
     job->progress->WaitFinished().IgnoreError();
-    SaveStats stats = StatsOf(job->plan, job->rank);
+    SaveStats stats = StatsOf(*job->plan, job->rank);
+    stats.plan_reused = job->plan_reused;
     stats.warnings = std::move(warnings);
     stats.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
@@ -379,7 +382,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     // The caller may change its tensors once this call returns: the
     // replicas it does not write are checksummed now.
     if (copied.ok() && options.verify_replicas) {
-      auto copies = ChecksumCopies(job->plan, job->rank, state, options.device.get());
+      auto copies = ChecksumCopies(*job->plan, job->rank, state, options.device.get());
       if (copies.ok()) job->copies = std::move(*copies);
       else copied = copies.status();
     }
@@ -396,8 +399,9 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
   WaitForPrevious();
   UserJson json;
   const Status local = CheckLocalState(state, options, &json);
-  SS_ASSIGN_OR_RETURN(SavePlan plan, GatherAndPlan(state, "(staging reservation)", comm, options,
-                                                   local, json));
+  SS_ASSIGN_OR_RETURN(AgreedPlan agreed, GatherAndPlan(state, "(staging reservation)", comm,
+                                                       options, local, json));
+  const SavePlan& plan = *agreed.plan;
   std::vector<StagedFile> files;
   std::vector<FileImage> images;
   SS_ASSIGN_OR_RETURN(uint64_t total, DescribeStaged(plan, comm.rank(), state,

@@ -7,8 +7,10 @@
 #include <map>
 
 #include "comm/agree.h"
+#include "comm/wire.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/commit.h"
+#include "engine/save/plan_cache.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
@@ -83,19 +85,69 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJ
   return Status();
 }
 
-Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination,
-                               Comm& comm, const SaveOptions& options, const Status& local,
-                               const UserJson& json) {
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, local, EncodeHoldings(destination, state,
-                                                                          json.fingerprints)));
+namespace {
+
+// The first round of GatherAndPlan (plan_cache.h): whether this rank's
+// layout is the one its cached plan was made with, that plan's digest, and
+// a digest of what the ranks must agree on.
+std::string EncodeQuickCheck(const std::optional<CachedPlan>& cached, const Digest& agreement) {
+  wire::Writer w;
+  w.U8(cached.has_value());
+  w.U64(cached ? cached->digest[0] : 0);
+  w.U64(cached ? cached->digest[1] : 0);
+  w.U64(agreement[0]);
+  w.U64(agreement[1]);
+  return w.Take();
+}
+
+// True when every rank's layout is unchanged and the digests agree.
+bool AllUnchanged(const std::vector<std::string>& checks) {
+  return std::all_of(checks.begin(), checks.end(),
+                     [&](const std::string& c) { return c == checks[0] && c[0] == 1; });
+}
+
+// The digest of a plan's input: every rank's layout, the world size and the
+// planner's options.
+Digest PlanDigest(const std::vector<std::string_view>& layouts, const SavePlanOptions& options) {
+  std::vector<std::string_view> parts = layouts;
+  const uint64_t header[] = {layouts.size(), options.max_file_bytes, options.min_split_bytes};
+  parts.emplace_back(reinterpret_cast<const char*>(header), sizeof header);
+  return DigestOf(parts);
+}
+
+}  // namespace
+
+Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& destination,
+                                 Comm& comm, const SaveOptions& options, const Status& local,
+                                 const UserJson& json) {
+  const SavePlanOptions plan_options{options.max_file_bytes};
+  std::string layout = EncodeLayout(state);
+  const std::string agreement = EncodeAgreement(destination, json.fingerprints);
+  std::optional<CachedPlan> cached = LookUpPlan(comm);
+  if (cached && (cached->layout != layout ||
+                 cached->options.max_file_bytes != plan_options.max_file_bytes ||
+                 cached->options.min_split_bytes != plan_options.min_split_bytes)) {
+    cached.reset();
+  }
+  SS_ASSIGN_OR_RETURN(auto checks, GatherOrFail(comm, local, EncodeQuickCheck(
+                                                                 cached, DigestOf({agreement}))));
+  if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true};
+
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, Status(), EncodeHoldings(layout, agreement)));
   std::vector<Announcement> announced(msgs.size());
+  std::vector<std::string_view> layouts(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
     SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
+    SS_ASSIGN_OR_RETURN(layouts[r], LayoutOf(msgs[r]));
   }
   SS_RETURN_IF_ERROR(CheckAgreement(announced));
   std::vector<RankHoldings> holdings(announced.size());
   for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
-  return PlanSave(holdings, SavePlanOptions{options.max_file_bytes});
+  SS_ASSIGN_OR_RETURN(SavePlan plan, PlanSave(holdings, plan_options));
+  auto shared = std::make_shared<const SavePlan>(std::move(plan));
+  StorePlan(comm,
+            CachedPlan{std::move(layout), plan_options, PlanDigest(layouts, plan_options), shared});
+  return AgreedPlan{std::move(shared), false};
 }
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
@@ -105,8 +157,10 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   PreparedSave prepared;
   Status local = ValidateTag(tag);
   if (local.ok()) local = CheckLocalState(state, options, &prepared.json);
-  SS_ASSIGN_OR_RETURN(prepared.plan, GatherAndPlan(state, JoinPath(root, tag), comm, options,
-                                                   local, prepared.json));
+  SS_ASSIGN_OR_RETURN(AgreedPlan agreed, GatherAndPlan(state, JoinPath(root, tag), comm, options,
+                                                       local, prepared.json));
+  prepared.plan = std::move(agreed.plan);
+  prepared.plan_reused = agreed.reused;
   // Step 1, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns it.
   Result<std::string> tmp = std::string();
@@ -177,7 +231,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   };
   report("plan", 0, 0);
   SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
-  const SavePlan& plan = prepared.plan;
+  const SavePlan& plan = *prepared.plan;
   const std::string& tmp_dir = prepared.tmp_dir;
 
   // Step 2: every rank writes its files, and checksums the replicas it
@@ -210,6 +264,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   }
   auto outcome = BroadcastOrFail(comm, 0, committed);
   SaveStats stats = StatsOf(plan, comm.rank());
+  stats.plan_reused = prepared.plan_reused;
   if (outcome.ok()) {
     stats.warnings = SplitLines(*outcome);
   } else if (leader && committed.ok()) {

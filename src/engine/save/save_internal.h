@@ -1,6 +1,7 @@
 // Engine-internal entry points shared by Save, the manager and the CLI.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "engine/save/commit.h"
@@ -11,7 +12,8 @@
 namespace shardsafe {
 
 struct PreparedSave {
-  SavePlan plan;
+  std::shared_ptr<const SavePlan> plan;
+  bool plan_reused = false;  // the cached plan of an unchanged layout
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
   std::string tmp_dir;
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
@@ -21,14 +23,20 @@ struct PreparedSave {
 // its shards and blobs, and its user JSON (parsed into *json).
 Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJson* json);
 
+struct AgreedPlan {
+  std::shared_ptr<const SavePlan> plan;
+  bool reused = false;  // the cached plan of an unchanged layout (plan_cache.h)
+};
+
 // Protocol step 0 (collective): gather every rank's holdings and plan,
-// identically on every rank; `local` (this rank's failure so far) fails it
-// on every rank. Every rank must save to the same `destination` (the
-// checkpoint's path) and pass only global values equal to rank 0's. Touches
-// no file.
-Result<SavePlan> GatherAndPlan(const SaveState& state, const std::string& destination, Comm& comm,
-                               const SaveOptions& options, const Status& local,
-                               const UserJson& json);
+// identically on every rank, or agree that every rank's layout is
+// unchanged and reuse the cached plan (plan_cache.h); `local` (this rank's
+// failure so far) fails it on every rank. Every rank must save to the same
+// `destination` (the checkpoint's path) and pass only global values equal
+// to rank 0's. Touches no file.
+Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& destination,
+                                 Comm& comm, const SaveOptions& options, const Status& local,
+                                 const UserJson& json);
 
 // Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
 // every rank's holdings, plan identically everywhere, and have rank 0

@@ -27,10 +27,8 @@ Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
 
 }  // namespace
 
-std::string EncodeHoldings(const std::string& destination, const SaveState& state,
-                           const std::vector<std::pair<std::string, uint64_t>>& values) {
+std::string EncodeLayout(const SaveState& state) {
   wire::Writer w;
-  w.Str(destination);
   w.U64(state.tensors.size());
   for (const TensorShard& t : state.tensors) {
     w.Str(t.key);
@@ -44,6 +42,13 @@ std::string EncodeHoldings(const std::string& destination, const SaveState& stat
     w.U64(b.size);
     w.U8(b.per_rank);
   }
+  return w.Take();
+}
+
+std::string EncodeAgreement(const std::string& destination,
+                            const std::vector<std::pair<std::string, uint64_t>>& values) {
+  wire::Writer w;
+  w.Str(destination);
   w.U64(values.size());
   for (const auto& [key, fingerprint] : values) {
     w.Str(key);
@@ -52,11 +57,22 @@ std::string EncodeHoldings(const std::string& destination, const SaveState& stat
   return w.Take();
 }
 
-Result<Announcement> DecodeHoldings(std::string_view msg) {
+std::string EncodeHoldings(std::string_view layout, std::string_view agreement) {
+  wire::Writer w;
+  w.Str(layout);
+  w.Str(agreement);
+  return w.Take();
+}
+
+Result<std::string_view> LayoutOf(std::string_view msg) {
   wire::Reader r(msg);
-  Announcement a;
-  SS_ASSIGN_OR_RETURN(a.destination, r.Str());
-  RankHoldings& h = a.holdings;
+  return r.View();
+}
+
+namespace {
+
+Status DecodeLayout(std::string_view msg, RankHoldings* h) {
+  wire::Reader r(msg);
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   for (uint64_t i = 0; i < n; ++i) {
     ShardInfo s;
@@ -66,7 +82,7 @@ Result<Announcement> DecodeHoldings(std::string_view msg) {
     s.dtype = static_cast<DType>(dtype);
     SS_ASSIGN_OR_RETURN(s.shape, r.Shape());
     SS_ASSIGN_OR_RETURN(s.slice, r.Slice());
-    h.shards.push_back(std::move(s));
+    h->shards.push_back(std::move(s));
   }
   SS_ASSIGN_OR_RETURN(uint64_t nb, r.U64());
   for (uint64_t i = 0; i < nb; ++i) {
@@ -75,14 +91,32 @@ Result<Announcement> DecodeHoldings(std::string_view msg) {
     SS_ASSIGN_OR_RETURN(b.bytes, r.U64());
     SS_ASSIGN_OR_RETURN(uint8_t per_rank, r.U8());
     b.per_rank = per_rank != 0;
-    h.blobs.push_back(std::move(b));
+    h->blobs.push_back(std::move(b));
   }
+  return Status();
+}
+
+Status DecodeAgreement(std::string_view msg, Announcement* a) {
+  wire::Reader r(msg);
+  SS_ASSIGN_OR_RETURN(a->destination, r.Str());
   SS_ASSIGN_OR_RETURN(uint64_t nv, r.U64());
   for (uint64_t i = 0; i < nv; ++i) {
     SS_ASSIGN_OR_RETURN(std::string key, r.Str());
     SS_ASSIGN_OR_RETURN(uint64_t fingerprint, r.U64());
-    a.values.emplace_back(std::move(key), fingerprint);
+    a->values.emplace_back(std::move(key), fingerprint);
   }
+  return Status();
+}
+
+}  // namespace
+
+Result<Announcement> DecodeHoldings(std::string_view msg) {
+  wire::Reader r(msg);
+  SS_ASSIGN_OR_RETURN(std::string_view layout, r.View());
+  SS_ASSIGN_OR_RETURN(std::string_view agreement, r.View());
+  Announcement a;
+  SS_RETURN_IF_ERROR(DecodeLayout(layout, &a.holdings));
+  SS_RETURN_IF_ERROR(DecodeAgreement(agreement, &a));
   return a;
 }
 

@@ -21,11 +21,18 @@ struct Announcement {
   std::vector<std::pair<std::string, uint64_t>> values;
 };
 
-// `state` as its rank announces it: keys, dtypes, shapes, slices and sizes,
-// and its values' fingerprints (UserJson); no data.
-std::string EncodeHoldings(const std::string& destination, const SaveState& state,
-                           const std::vector<std::pair<std::string, uint64_t>>& values);
+// The two parts of an announcement. The layout: `state`'s keys, dtypes,
+// shapes, slices and blob sizes (what planning depends on; no data). The
+// agreement: the destination and the values' fingerprints (UserJson),
+// which ranks must agree on.
+std::string EncodeLayout(const SaveState& state);
+std::string EncodeAgreement(const std::string& destination,
+                            const std::vector<std::pair<std::string, uint64_t>>& values);
+// An announcement from its two parts, and back.
+std::string EncodeHoldings(std::string_view layout, std::string_view agreement);
 Result<Announcement> DecodeHoldings(std::string_view msg);
+// The layout part of an encoded announcement.
+Result<std::string_view> LayoutOf(std::string_view msg);
 
 // What a rank reports in step 3: the files it wrote, and the checksums of
 // the replicated chunks it holds but did not write (replica_check.h).
