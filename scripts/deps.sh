@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what shardsafe needs to build and test: Debian packages (listed in
 # scripts/apt-packages.txt) and Python packages (pinned in
-# requirements-dev.txt). Safe to run again: installs only what is missing.
+# requirements-dev.txt, and requirements-dev-nodeps.txt installed without
+# their declared dependencies). Safe to run again: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive sudo_if_needed apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if ! python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt 2>/tmp/shardsafe-pip.log; then
+if ! python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt 2>/tmp/shardsafe-pip.log ||
+   ! python3 -m pip install -q --disable-pip-version-check --no-deps -r requirements-dev-nodeps.txt \
+     2>>/tmp/shardsafe-pip.log; then
   cat /tmp/shardsafe-pip.log >&2
   exit 1
 fi

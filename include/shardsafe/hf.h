@@ -9,8 +9,9 @@
 //
 // The export streams: it reads the source in bounded batches straight into
 // the output files, so its memory is bounded by the options below whatever
-// the model size, and output files are written in parallel. Not collective:
-// one process runs it.
+// the model size, and output files are written in parallel. One process
+// runs ExportHf; ExportHfStaging and ExportHfPart (below) split the same
+// export over the processes of a group.
 #pragma once
 
 #include <cstdint>
@@ -133,6 +134,68 @@ struct ExportHfStats {
 // full). On error `out` is as it was and no temporary is left behind.
 Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out,
                                const ExportHfOptions& options);
+
+// Collective export: the weight files of one export written by several
+// processes at once (shardsafe.hf.export(..., process_group=...) in the
+// Python package; docs/format.md §7). The plan is a pure function of the
+// source's index and the options, so every process computes the same one;
+// process p of n writes weight files p, p + n, ... into one temporary
+// directory, which one process publishes:
+//
+//   // one process (the publisher):
+//   auto staging = shardsafe::ExportHfStaging::Create(source, out, opts);
+//   // ... sends (*staging)->source() and ->dir() to the others; then every
+//   // process p of n, the publisher too, with the same options:
+//   auto part = shardsafe::ExportHfPart(staged_source, staged_dir, opts, p, n);
+//   // ... the publisher, once every process reported success:
+//   auto stats = (*staging)->Finish();
+//   // or, if any process failed: staging->reset() removes the temporary.
+//
+// The processes must share the file system holding `out`'s parent.
+class ExportHfStaging {
+ public:
+  // The checks ExportHf makes before writing, in its order: NotFound (no
+  // source), InvalidArgument (a bad option or rule, nothing to export),
+  // AlreadyExists (`out` exists, without overwrite). Then creates
+  // PARENT/.tmp-export-BASE.NONCE, locked while this object lives. Keeps the
+  // source open (a native checkpoint stays pinned against retention), the
+  // plan and the saved files to copy; `options.fs` must outlive it.
+  static Result<std::unique_ptr<ExportHfStaging>> Create(const std::string& source,
+                                                         const std::string& out,
+                                                         const ExportHfOptions& options);
+  ~ExportHfStaging();  // removes the temporary directory unless published
+
+  const std::string& source() const;  // resolved: a root's latest checkpoint
+  const std::string& dir() const;     // the temporary directory
+  size_t num_files() const;           // weight files in the plan
+
+  // Checks that dir() holds every weight file of the plan with its planned
+  // size and safetensors header (FailedPrecondition naming the first file
+  // missing or different: a process that did not write its share, or that
+  // planned with other options), writes the index and the saved files, and
+  // publishes dir() as `out` (swapped with an existing one under
+  // overwrite). On error `out` is as it was. Once only.
+  Result<ExportHfStats> Finish();
+
+ private:
+  struct State;
+  explicit ExportHfStaging(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+  friend Result<ExportHfStats> ExportHf(const std::string&, const std::string&,
+                                        const ExportHfOptions&);
+};
+
+// Writes the weight files i (0-based, in plan order) with i % count == index
+// of the export of `source` under `options` into `dir` (an
+// ExportHfStaging's temporary directory), each fdatasync'ed, and verifies
+// every source chunk they use. No index, saved files or rename. Stats: the
+// files written (none when index is past the plan's files), their tensors,
+// bytes and parameters, and the bytes read and chunks verified.
+// FailedPrecondition when `dir` is not a directory here (a file system the
+// processes do not share); other errors as ExportHf. A file left half
+// written on error is removed with the directory by its ExportHfStaging.
+Result<ExportHfStats> ExportHfPart(const std::string& source, const std::string& dir,
+                                   const ExportHfOptions& options, int index, int count);
 
 // "5GB" -> 5e9, "500MB", "1.5GB", "2GiB" -> 2^31, "4096" bytes; KB/MB/GB/TB
 // are decimal as in huggingface_hub. InvalidArgument otherwise.

@@ -1,35 +1,62 @@
-"""python -m shardsafe import SRC DST: converts a torch DCP checkpoint into a
-shardsafe one (shardsafe.peers.import_checkpoint). The `shardsafe import`
-command hands DCP sources to this, since their metadata is a pickle that
-only torch's reader opens."""
+"""python -m shardsafe import SRC DST: converts another tool's checkpoint
+(torch DCP, Megatron torch_dist, DeepSpeed, nanotron: shardsafe._foreign)
+into a shardsafe one (shardsafe._import.import_checkpoint), with a progress
+bar on a terminal (--progress: always; --no-progress: never). The
+`shardsafe import` command hands every directory the engine cannot open
+to this (their pickles are read here, never by the engine), passing
+--engine-error with the engine's own message for a path nothing claims."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import warnings
 
-from . import peers
+from . import _import
+from ._foreign import KNOWN, detect
 from .errors import ShardsafeError
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m shardsafe")
     commands = parser.add_subparsers(dest="command", required=True)
-    imp = commands.add_parser("import", help="convert a torch DCP checkpoint into a shardsafe one")
-    imp.add_argument("src", help="a torch DCP checkpoint directory (.metadata, __R_N.distcp)")
+    imp = commands.add_parser("import", help=f"convert a {KNOWN} checkpoint into a shardsafe one")
+    imp.add_argument("src", help="the checkpoint directory (or its root) to convert")
     imp.add_argument("dst", help="the shardsafe checkpoint to create")
     imp.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     imp.add_argument("--unsafe-pickle", action="store_true",
                      help="unpickle saved values of any type (only for checkpoints you trust)")
-    args = parser.parse_args(argv)
+    imp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="show a progress bar on stderr (default: on a terminal)")
+    imp.add_argument("--json", action="store_true", help="machine-readable output")
+    imp.add_argument("--engine-error", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.engine_error is not None and detect(args.src) is None:
+        print(f"shardsafe: error: {args.engine_error}; nor is it a {KNOWN} checkpoint",
+              file=sys.stderr)
+        return 2
     try:
-        done = peers.import_checkpoint(args.src, args.dst, unsafe_pickle=args.unsafe_pickle,
-                                       overwrite=args.overwrite)
+        with warnings.catch_warnings(record=True):  # dropped values are reported below
+            done = _import.import_checkpoint(
+                args.src, args.dst, unsafe_pickle=args.unsafe_pickle, overwrite=args.overwrite,
+                progress=False if args.json else args.progress)
     except ShardsafeError as e:
         print(f"shardsafe: error: {e}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps({**done, "native": False}))
+        return 0
     print(f"imported {done['tensors']} tensors ({done['bytes']} bytes) and {done['values']} "
-          f"values from torch DCP checkpoint {args.src} into {args.dst}")
+          f"values from {done['format']} checkpoint {args.src} into {args.dst}")
+    if done["dropped"]:
+        shown = ", ".join(done["dropped"][:16]) + (" ..." if len(done["dropped"]) > 16 else "")
+        print(f"note: {len(done['dropped'])} value(s) that JSON cannot hold were not imported: "
+              f"{shown}")
     return 0
 
 

@@ -8,19 +8,19 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _device, _hub, _keys, peers
+from . import _C, _boxes, _device, _foreign, _hub, _keys, peers
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
 from ._options import LoadOptions
-from ._parts import PerRank, decode_per_rank
+from ._parts import PerRank, Sharded, decode_per_rank
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
                      TensorLeaf, decode_value, flatten, from_json, rebuild)
 from .errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
@@ -283,8 +283,10 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     are replaced by the saved ones, stateful objects get load_state_dict.
     `path`: a checkpoint directory, a root of step checkpoints (its latest),
     a .safetensors file, a Hugging Face model directory, a hub repo id
-    ("ORG/NAME") in the local hub cache (refs/main; no network), or a torch
-    DCP checkpoint (read by DCP's own reader: shardsafe.peers). Collective.
+    ("ORG/NAME") in the local hub cache (refs/main; no network), or another
+    tool's checkpoint: torch DCP (through DCP's own reader: shardsafe.peers),
+    Megatron torch_dist, DeepSpeed, nanotron (shardsafe._foreign; rename
+    and experts need it imported first: shardsafe import). Collective.
 
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
@@ -320,12 +322,13 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       dequantised (this rank's box only); the scales count as loaded.
     """
     path = _hub.resolve(os.fspath(path))
-    if peers.is_dcp(path):
-        return _load_dcp(state_dict, path, strict, process_group, unsafe_pickle,
-                         rename is not None or bool(experts) or bool(skip_keys))
-    comm = resolve(process_group)
     options = LoadOptions.of(options, kwargs)
     skip = _skipper(skip_keys)
+    fmt = _foreign.detect(path)
+    if fmt is not None:
+        return _load_foreign(state_dict, path, fmt, strict, process_group, unsafe_pickle,
+                             rename is not None or bool(experts), skip, options)
+    comm = resolve(process_group)
     flat = plan = desc = keys = source = values = None
     error, report = None, None
     try:
@@ -367,19 +370,41 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                       saved_values)
 
 
-def _load_dcp(state_dict: Any, path: str | os.PathLike, strict: bool,
-              process_group: dist.ProcessGroup | None, unsafe_pickle: bool,
-              mapped: bool) -> LoadResult:
-    """load() of a torch DCP checkpoint, through DCP's reader."""
+def _load_foreign(state_dict: Any, path: str, fmt: _foreign.Format, strict: bool,
+                  process_group: dist.ProcessGroup | None, unsafe_pickle: bool, mapped: bool,
+                  skip: Callable[[str], bool] | None, options: LoadOptions) -> LoadResult:
+    """load() of another tool's checkpoint (shardsafe._foreign): a torch DCP
+    one through DCP's own resharding load where DCP knows every target,
+    else through shardsafe._import's loader."""
     if mapped:
-        raise InvalidStateError(f"{os.fspath(path)} is a torch DCP checkpoint: rename, experts "
-                                f"and skip_keys need a shardsafe one (shardsafe import SRC DST)")
-    missing, unexpected, seconds = peers.load_dcp(state_dict, path, strict=strict,
-                                                  process_group=process_group,
-                                                  unsafe_pickle=unsafe_pickle)
-    path = os.fspath(path)
-    return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected, None,
-                      0, seconds, 0, {})
+        raise InvalidStateError(f"{path} is a {fmt.name} checkpoint: rename and experts need a "
+                                f"shardsafe one (shardsafe import SRC DST)")
+    generic = skip is not None or _holds_sharded(state_dict)
+    comm = resolve(process_group)
+    if fmt is peers.FORMAT and comm is not None:  # one way on every rank
+        generic = any(agree(comm, None, generic))
+    if fmt is peers.FORMAT and not generic:
+        missing, unexpected, seconds = peers.load_dcp(state_dict, path, strict=strict,
+                                                      process_group=process_group,
+                                                      unsafe_pickle=unsafe_pickle)
+        return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
+                          None, 0, seconds, 0, {})
+    from . import _import
+
+    return _import.load_foreign(state_dict, path, fmt, strict=strict,
+                                process_group=process_group, unsafe_pickle=unsafe_pickle,
+                                convert_dtypes=bool(options.convert_dtypes), skip=skip)
+
+
+def _holds_sharded(node: Any) -> bool:
+    """Whether a state holds shardsafe.Sharded parts (which DCP cannot fill)."""
+    if isinstance(node, Sharded):
+        return True
+    if isinstance(node, Mapping):
+        return any(_holds_sharded(v) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return any(_holds_sharded(v) for v in node)
+    return False
 
 
 def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | None:

@@ -109,6 +109,28 @@ class CheckpointManager:
                 raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
         return load(state, self.path(step), process_group=self._group, **kwargs)
 
+    def export_hf(self, out: str | os.PathLike, step: int | None = None,
+                  **kwargs: Any) -> dict:
+        """Writes step `step`'s checkpoint (the latest by default) as the
+        Hugging Face directory `out`, collectively over the manager's group:
+        each rank writes its share of the weight files and `out` appears
+        once (NeMo's save_consolidated, torchtitan's last_save_in_hf). Call
+        it on every rank after save; it first waits for an async save in
+        flight (raising its failure). Keyword arguments as
+        shardsafe.hf.export (prefix="model." for the model of a training
+        state, dtype, max_shard_size, overwrite, ...); its stats."""
+        from . import hf
+
+        self._m.wait_async()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
+        group = self._group
+        if group is None and dist.is_available() and dist.is_initialized():
+            group = dist.group.WORLD
+        return hf.export(self.path(step), out, process_group=group, **kwargs)
+
     def list(self) -> list[dict]:
         return self._m.list()
 

@@ -1,7 +1,8 @@
 r"""Hugging Face interop: loading HF checkpoints into any layout (renamed
 keys, grouped MoE experts, FP8 block dequantisation; used by
 ``shardsafe.load``), exporting checkpoints as HF directories (``export``,
-``model_files``), and PEFT adapters (``save_adapter``).
+``model_files``; collectively with ``process_group``, each rank writing its
+share of the files), and PEFT adapters (``save_adapter``, ``load_adapter``).
 
     import shardsafe
     from shardsafe.hf import ExpertGroup, QWEN2_MOE_EXPERTS
@@ -55,21 +56,23 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from . import _C, _paths
-from ._comm import agree, resolve
+from . import _C, _hub, _paths
+from ._comm import TorchComm, agree, resolve
 from ._keys import (FP8_BLOCK, MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, SCALE_SUFFIX, ExpertGroup,
                     Rename, renamer)
+from ._load import LoadResult, load
 from ._save import save
 from ._state import DTYPE_NAMES
 from .errors import InvalidStateError, ShardsafeError
 
 __all__ = ["ExpertGroup", "QWEN2_MOE_EXPERTS", "MIXTRAL_EXPERTS", "Rename", "export",
-           "model_files", "save_adapter", "FP8_BLOCK", "SCALE_SUFFIX"]
+           "model_files", "save_adapter", "load_adapter", "FP8_BLOCK", "SCALE_SUFFIX"]
 
 
 # ----------------------------------------------------------------- export --
@@ -78,7 +81,8 @@ def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "
            include: Sequence[str] = (), exclude: Sequence[str] = (), rename: Rename = None,
            experts: Sequence[ExpertGroup] = (), dtype: torch.dtype | str | None = None,
            max_shard_size: int | str = "50GB", weights_name: str = "model",
-           overwrite: bool = False, verify_checksums: bool = True, io_threads: int = 4) -> dict:
+           overwrite: bool = False, verify_checksums: bool = True, io_threads: int = 4,
+           process_group: Any = None) -> dict:
     r"""Writes `source` (a checkpoint, root, HF directory or .safetensors file)
     as the Hugging Face weights directory `out`, as ``shardsafe export-hf``
     does (docs/format.md §7): ``model.safetensors`` or
@@ -93,8 +97,22 @@ def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "
     ones; then `rename` (RE2 rules, as for load, or a callable) maps
     every name. `dtype` (torch.bfloat16 or "BF16") casts floating tensors.
     Streams with bounded memory; verifies the source's checksums; `out`
-    appears atomically. Not collective: call it on one rank. Returns stats
-    (files, copied, tensors, bytes, total_parameters, seconds, ...).
+    appears atomically. Returns stats (files, copied, tensors, bytes,
+    total_parameters, bytes_read, chunks_verified, seconds, warnings).
+
+    Without `process_group` one process runs the export (call it on one
+    rank). With one (``torch.distributed.group.WORLD`` for all ranks) it is
+    collective, NeMo's ``save_consolidated`` / torchtitan's
+    ``last_save_in_hf`` at save time: every rank computes the same plan and
+    writes weight files i with ``i % world == rank`` into one temporary
+    directory next to `out` (a file system all ranks share), reading the
+    source itself; rank 0 then checks every file against the plan, writes
+    the index and saved files and publishes `out` with one rename. Any
+    rank's failure raises on every rank (naming the failed rank) and leaves
+    no output: `out` stays as it was (the previous export under overwrite).
+    Every rank must pass the same source and options. The stats, the same
+    on every rank, add ``files_by_rank`` (the weight files each rank wrote);
+    bytes_read and chunks_verified are summed over ranks.
     """
     if isinstance(dtype, torch.dtype):
         dtype = DTYPE_NAMES[dtype]
@@ -107,7 +125,50 @@ def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "
                    verify_checksums=verify_checksums, io_threads=io_threads)
     rules = [(list(g.sources), g.target, g.dim) for g in experts]
     fn = None if rename is None else renamer(rename)
-    return _C.export_hf(os.fspath(source), os.fspath(out), options, dtype, fn, rules)
+    args = (options, dtype, fn, rules)
+    comm = None if process_group is None else resolve(process_group)
+    if comm is None:
+        return _C.export_hf(os.fspath(source), os.fspath(out), *args)
+    return _export_collective(comm, source, out, args)
+
+
+def _export_collective(comm: TorchComm, source: str | os.PathLike, out: str | os.PathLike,
+                       args: tuple) -> dict:
+    """export() over `comm`: rank 0 stages (checks `out`, creates the
+    temporary directory), every rank writes its part, rank 0 publishes.
+    Each step ends in an agree(), so a rank's failure stops every rank
+    before the next step; rank 0 then removes the temporary directory."""
+    start = time.monotonic()
+    staging, error, where = None, None, None
+    if comm.rank == 0:
+        try:
+            staging = _C.ExportHfStaging(_paths.absolute(source), _paths.absolute(out), *args)
+            where = [staging.source, staging.dir]
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
+            error = e
+    try:
+        resolved, tmp = agree(comm, error, where)[0]
+        part, error = None, None
+        try:
+            part = _C.export_hf_part(resolved, tmp, *args, comm.rank, comm.size)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        parts = agree(comm, error, part)
+        stats, error = None, None
+        if staging is not None:
+            try:
+                stats = staging.finish()
+            except Exception as e:  # noqa: BLE001
+                error = e
+        stats = agree(comm, error, stats)[0]
+    finally:
+        if staging is not None:
+            staging.abort()  # removes the temporary directory unless published
+    stats["files_by_rank"] = [p["files"] for p in parts]
+    stats["bytes_read"] = sum(p["bytes_read"] for p in parts)
+    stats["chunks_verified"] = sum(p["chunks_verified"] for p in parts)
+    stats["seconds"] = time.monotonic() - start
+    return stats
 
 
 def model_files(model: Any = None, tokenizer: Any = None) -> dict[str, bytes]:
@@ -181,6 +242,123 @@ def save_adapter(model: Any, path: str | os.PathLike, *, adapter_config: Any = N
             shutil.rmtree(hidden, ignore_errors=True)
     agree(comm, error)
     return stats
+
+
+def load_adapter(model: Any, path: str | os.PathLike, *, adapter_name: str = "default",
+                 strict: bool = True, process_group: Any = None) -> LoadResult:
+    """Loads a PEFT adapter into the live ``peft.PeftModel`` `model`'s adapter
+    `adapter_name`, in place: to resume a PEFT run, or to start from a
+    published adapter. `path`: the directory peft's ``save_pretrained`` (or
+    save_adapter) writes, ``adapter_model.safetensors`` +
+    ``adapter_config.json``; a hub repo id of one in the local cache; or
+    any adapter shardsafe.load reads (a .safetensors file, a checkpoint of
+    ``get_peft_model_state_dict(model)``).
+
+    The saved keys are peft's, without the adapter name
+    (``base_model.model.x.lora_A.weight``); the live parameters
+    (``...lora_A.default.weight``) are the tensors peft's own
+    ``get_peft_model_state_dict(model, adapter_name=...)`` names so, which
+    share storage with the parameters: no rename rule is needed, and any
+    adapter name works. Embedding layers saved with the adapter (targeted
+    or resized embeddings) load too. Strict as shardsafe.load: a key the
+    adapter has and the file lacks, or the reverse, is a KeyMismatchError
+    naming it before anything changes; shapes and dtypes must match.
+    FSDP2 / tensor-parallel DTensors load their shards; collective over
+    `process_group` like load.
+
+    When ``adapter_config.json`` is there, it must agree with the live
+    adapter's config on what changes the adapter's output (peft type, r,
+    lora_alpha, target modules, use_rslora, use_dora, ...): an
+    InvalidStateError names the field otherwise (rebuild the model with
+    ``LoraConfig.from_pretrained(path)`` to take the saved one). Returns
+    load's LoadResult.
+    """
+    from peft import get_peft_model_state_dict
+
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, Mapping):
+        raise InvalidStateError(f"load_adapter: {type(model).__name__} is not a peft model "
+                                f"(no peft_config); wrap it with peft.get_peft_model first")
+    if adapter_name not in configs:
+        raise InvalidStateError(f"load_adapter: the model has no adapter {adapter_name!r} "
+                                f"(it has {sorted(configs)})")
+    weights, config_file = _adapter_files(_hub.resolve(os.fspath(path)))
+    if config_file is not None:
+        _check_adapter_config(config_file, configs[adapter_name], adapter_name)
+    state = get_peft_model_state_dict(model, adapter_name=adapter_name,
+                                      save_embedding_layers=False)
+    from . import describe
+
+    extra = set(describe(weights)["tensors"]) - set(state)
+    if extra:  # peft saves embedding layers with some adapters: take those saved
+        full = get_peft_model_state_dict(model, adapter_name=adapter_name,
+                                         save_embedding_layers=True)
+        state.update({k: v for k, v in full.items() if k in extra})
+    _check_in_place(model, state)
+    return load(state, weights, strict=strict, process_group=process_group)
+
+
+# What changes an adapter's output, compared between adapter_config.json and
+# the live config (fields a config type lacks are skipped).
+_CONFIG_FIELDS = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "fan_in_fan_out",
+                  "bias", "target_modules", "exclude_modules", "modules_to_save",
+                  "rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern",
+                  "trainable_token_indices", "lora_bias", "target_parameters")
+
+
+def _adapter_files(path: str) -> tuple[str, str | None]:
+    """(weights, adapter_config.json or None) of an adapter path."""
+    if not os.path.isdir(path):
+        return path, None
+    weights = os.path.join(path, "adapter_model.safetensors")
+    config = os.path.join(path, "adapter_config.json")
+    if os.path.isfile(weights):
+        return weights, config if os.path.isfile(config) else None
+    if os.path.isfile(os.path.join(path, "adapter_model.bin")):
+        raise InvalidStateError(f"{path}: holds adapter_model.bin (a pickle), not "
+                                f"adapter_model.safetensors; save the adapter with peft's "
+                                f"default safe_serialization=True")
+    return path, None
+
+
+def _normal(value: Any) -> Any:
+    """A config value in a form that compares equal across JSON and live
+    configs: sets and lists sorted, empty collections as None, enums as
+    their values."""
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return sorted(_normal(v) for v in value) if value else None
+    if isinstance(value, Mapping):
+        return {str(k): _normal(v) for k, v in value.items()} if value else None
+    return getattr(value, "value", value)
+
+
+def _check_adapter_config(config_file: str, live_config: Any, adapter_name: str) -> None:
+    with open(config_file, "rb") as f:
+        try:
+            saved = json.loads(f.read())
+        except ValueError as e:
+            raise InvalidStateError(f"{config_file}: not JSON ({e})") from None
+    live = live_config.to_dict()
+    for field in _CONFIG_FIELDS:
+        if field in saved and field in live and _normal(saved[field]) != _normal(live[field]):
+            raise InvalidStateError(f"{config_file}: {field} is {saved[field]!r}, but the live "
+                                    f"adapter {adapter_name!r} has {_normal(live[field])!r}")
+
+
+def _check_in_place(model: Any, state: Mapping[str, torch.Tensor]) -> None:
+    """Every tensor of `state` shares storage with a parameter or buffer of
+    `model`, so loading into it changes the model."""
+    from torch.distributed.tensor import DTensor
+
+    def storage(t: torch.Tensor) -> int:
+        return (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().data_ptr()
+
+    live = {storage(t) for t in (*model.parameters(), *model.buffers())}
+    for key, t in state.items():
+        if t.numel() and storage(t) not in live:
+            raise InvalidStateError(f"load_adapter: {key!r} (as peft names it) is not the "
+                                    f"storage of a parameter of the model; cannot load it "
+                                    f"in place")
 
 
 def _peft_config_bytes(model: Any, adapter_name: str) -> bytes:

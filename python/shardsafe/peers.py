@@ -1,35 +1,66 @@
-"""Checkpoints written by other tools, read through those tools' own readers.
+"""Other tools' checkpoints, and torch DCP ones read through torch's own
+DCP reader.
 
-torch DCP (a directory with ``.metadata`` and ``__R_N.distcp`` files, as
-torch.distributed.checkpoint, torchtitan, NeMo AutoModel and Megatron's
-``torch_dist`` write it): ``shardsafe.load(state, path)`` loads one into
-any layout (DCP's own reader and planner reshard it), and
 ``import_checkpoint(src, dst)`` (``shardsafe import SRC DST``, ``python -m
-shardsafe import SRC DST``) converts it into a shardsafe checkpoint. Its
-``.metadata`` and saved values are pickles: torch's DCP reader opens them,
-and values are unpickled with ``torch.load(weights_only=True)`` (tensors,
-containers and plain types only) unless ``unsafe_pickle=True``. The C++
-engine never reads a pickle.
+shardsafe import SRC DST``) converts a torch DCP, Megatron torch_dist,
+DeepSpeed or nanotron checkpoint into a shardsafe one, in bounded memory
+(shardsafe._import); ``shardsafe.load(state, path)`` loads any of them
+straight into a state of any layout.
+
+A torch DCP checkpoint is a directory with ``.metadata`` and
+``__R_N.distcp`` files, as torch.distributed.checkpoint, torchtitan, NeMo
+AutoModel and Megatron's ``torch_dist`` write it. ``shardsafe.load`` reads
+it through DCP's own reader and planner (load_dcp), or, for targets DCP
+does not know (shardsafe.Sharded parts, skip_keys), through shardsafe's
+loader of foreign checkpoints (shardsafe._import) and DcpCheckpoint.
+
+DcpCheckpoint is the ForeignCheckpoint (shardsafe._foreign) of a DCP
+directory: `read(key)` and `read_box(key, offset, size)` load one tensor (or
+one box of it) through DCP's reader and planner, reading only the chunks
+that hold it; `values()` are the saved non-tensor items. ``.metadata`` is a
+pickle that torch's reader opens (read once per DcpCheckpoint); saved values
+are unpickled with ``torch.load(weights_only=True)`` (tensors, containers
+and plain types only) unless ``unsafe_pickle=True``. The C++ engine never
+reads a pickle.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from ._save import save
-from .errors import CheckpointExistsError, CheckpointNotFoundError, ShardsafeError
+from . import _import
+from ._foreign import Format
+from .errors import CorruptCheckpointError, InvalidStateError, ShardsafeError
 
 DCP_METADATA = ".metadata"
+
+
+def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
+                      unsafe_pickle: bool = False, overwrite: bool = False,
+                      progress: bool | None = None) -> dict:
+    """Converts another tool's checkpoint at `src` (torch DCP, Megatron
+    torch_dist, DeepSpeed, nanotron) into a one-rank shardsafe checkpoint at
+    `dst`, in one commit and bounded memory; a tqdm progress bar on stderr
+    with progress=True (None: on a terminal). Returns {"source", "format",
+    "path", "tensors", "values", "bytes", "dropped", "files", "seconds"}
+    (shardsafe._import.import_checkpoint)."""
+    return _import.import_checkpoint(src, dst, unsafe_pickle=unsafe_pickle, overwrite=overwrite,
+                                     progress=progress)
 
 
 def is_dcp(path: str | os.PathLike) -> bool:
@@ -46,18 +77,86 @@ class _Planner(DefaultLoadPlanner):
     def __init__(self, strict: bool, unsafe_pickle: bool) -> None:
         super().__init__(allow_partial_load=not strict)
         self._unsafe_pickle = unsafe_pickle
+        self.error: ShardsafeError | None = None  # raised here; DCP wraps what it catches
 
     def load_bytes(self, read_item: Any, value: Any) -> None:
         key = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=not self._unsafe_pickle)
-        except Exception as e:  # torch's unpickler refuses a type
-            raise ShardsafeError(f"value {key!r}: {type(e).__name__}: {str(e).splitlines()[0]} "
-                                 f"(unsafe_pickle=True unpickles any object)") from None
+        except Exception as e:
+            cls = InvalidStateError if refused(e) else CorruptCheckpointError
+            info = (self.metadata.storage_data or {}).get(read_item.storage_index)
+            where = f" in {info.relative_path}" if info is not None else ""
+            self.error = cls(f"value {key!r}{where}: {unpickle_error(e)}")
+            raise self.error from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[key], obj)
         else:
             self.state_dict[key] = obj
+
+
+class _BoxPlanner(_Planner):
+    """Reads one box (offset, size) of one saved tensor into the state's
+    only tensor (DCP's resharding reads: only the chunks that overlap it)."""
+
+    def __init__(self, key: str, offset: tuple[int, ...], size: tuple[int, ...]) -> None:
+        super().__init__(strict=False, unsafe_pickle=False)
+        self._box = (key, offset, size)
+
+    def create_local_plan(self) -> LoadPlan:
+        key, offset, size = self._box
+        chunk = ChunkStorageMetadata(offsets=torch.Size(offset), sizes=torch.Size(size))
+        return LoadPlan(create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key],
+                                                         [chunk]))
+
+    def lookup_tensor(self, index: Any) -> torch.Tensor:
+        # The box itself (read items address it by the box's global offset).
+        return self.state_dict[index.fqn]
+
+
+class _Reader(dcp.FileSystemReader):
+    """DCP's file system reader, its metadata read once (a DcpCheckpoint
+    reads key by key: one DCP load each)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.metadata = read_metadata(path)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self.metadata
+
+
+def read_metadata(path: str) -> Metadata:
+    """The DCP metadata of the checkpoint at `path` (torch's reader unpickles
+    it); CorruptCheckpointError naming the file if it cannot."""
+    file = os.path.join(path, DCP_METADATA)
+    try:
+        return dcp.FileSystemReader(path).read_metadata()
+    except ModuleNotFoundError as e:
+        raise InvalidStateError(f"{file}: the DCP metadata refers to module {e.name!r}, which is "
+                                f"not installed (install the package that wrote it)") from None
+    except Exception as e:  # a truncated or foreign pickle
+        raise CorruptCheckpointError(f"{file}: unreadable DCP metadata: {_one_line(e)}",
+                                     "DATA_LOSS") from None
+
+
+def refused(e: BaseException) -> bool:
+    """Whether torch.load failed because weights_only refused a type."""
+    return str(e).startswith("Weights only load failed")
+
+
+def unpickle_error(e: BaseException) -> str:
+    """torch.load's failure in one line: what weights_only refused (and the
+    way out), or the first line of any other error."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if refused(e):
+        cause = next((ln.removeprefix("WeightsUnpickler error:").split(". Please")[0].strip()
+                      for ln in lines
+                      if ln.startswith(("WeightsUnpickler error:", "Trying to load"))),
+                     "a type weights_only does not allow")
+        return f"torch.load(weights_only=True) refused it: {cause} (unsafe_pickle=True " \
+               f"unpickles any object: only for checkpoints you trust)"
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def _one_line(e: BaseException) -> str:
@@ -66,6 +165,15 @@ def _one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
     return last if isinstance(e, CheckpointException) else f"{type(e).__name__}: {last}"
+
+
+def _dcp_load(state: dict, reader: dcp.FileSystemReader, planner: DefaultLoadPlanner,
+              process_group: dist.ProcessGroup | None = None, alone: bool = True) -> None:
+    """dcp.load, without its warning that a process loads alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, planner=planner, process_group=process_group,
+                 no_dist=alone)
 
 
 def load_dcp(state_dict: dict, path: str | os.PathLike, *, strict: bool = True,
@@ -78,61 +186,99 @@ def load_dcp(state_dict: dict, path: str | os.PathLike, *, strict: bool = True,
     path = os.fspath(path)
     start = time.monotonic()
     planner = _Planner(strict, unsafe_pickle)
-    no_dist = not (dist.is_available() and dist.is_initialized())
+    alone = not (dist.is_available() and dist.is_initialized())
     try:
-        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(path), planner=planner,
-                 process_group=process_group, no_dist=no_dist)
-    except ShardsafeError:
-        raise
+        _dcp_load(state_dict, dcp.FileSystemReader(path), planner, process_group, alone)
     except (Exception, CheckpointException) as e:  # the latter: every rank's failure
+        if planner.error is not None:
+            raise type(planner.error)(f"{path}: {planner.error}") from None
+        if isinstance(e, ShardsafeError):
+            raise
         raise ShardsafeError(f"loading DCP checkpoint {path}: {_one_line(e)}") from None
     saved = set(planner.metadata.state_dict_metadata)
     wanted = set(planner.state_dict)
     return sorted(wanted - saved), sorted(saved - wanted), time.monotonic() - start
 
 
-def _nest(flat: dict[str, Any], paths: Any) -> dict[str, Any]:
-    """The state DCP flattened, nested again along the paths its planner
-    recorded (metadata.planner_data: key -> path of dict keys), so that a
-    saved dict value ("extra": {"lr": ...}) is one value again, as
-    shardsafe.save and load see it. Keys without a path of strings stay flat."""
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        path = paths.get(key) if isinstance(paths, dict) else None
-        if not path or not all(isinstance(p, str) for p in path):
-            path = (key,)
-        node = out
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = value
-    return out
+class DcpCheckpoint:
+    """A torch DCP checkpoint as a ForeignCheckpoint (shardsafe._foreign)."""
+
+    format = "torch DCP"
+
+    def __init__(self, path: str | os.PathLike, *, unsafe_pickle: bool = False) -> None:
+        self.path = os.fspath(path)
+        self._unsafe_pickle = unsafe_pickle
+        self._reader = _Reader(self.path)
+        self.metadata = self._reader.metadata
+        self._tensors = {k: (m.properties.dtype, tuple(m.size))
+                         for k, m in self.metadata.state_dict_metadata.items()
+                         if isinstance(m, TensorStorageMetadata)}
+
+    def tensors(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        return dict(self._tensors)
+
+    def read(self, key: str) -> torch.Tensor:
+        dtype, shape = self._tensor(key)
+        out = torch.empty(shape, dtype=dtype)
+        self._load({key: out}, _Planner(strict=False, unsafe_pickle=False), [key])
+        return out
+
+    def read_box(self, key: str, offset: tuple[int, ...], size: tuple[int, ...]) -> torch.Tensor:
+        """The box (offset, size) of tensor `key`, reading only its chunks."""
+        dtype, shape = self._tensor(key)
+        if len(offset) != len(shape) or any(o + s > n for o, s, n in zip(offset, size, shape)):
+            raise InvalidStateError(f"{self.path}: tensor {key!r} of shape {list(shape)} has no "
+                                    f"box at {list(offset)} of size {list(size)}")
+        out = torch.empty(size, dtype=dtype)
+        if out.numel():
+            self._load({key: out}, _BoxPlanner(key, tuple(offset), tuple(size)), [key])
+        return out
+
+    def value_keys(self) -> list[str]:
+        """The DCP keys of the saved non-tensor items."""
+        return [k for k in self.metadata.state_dict_metadata if k not in self._tensors]
+
+    def values(self, keys: list[str] | None = None) -> dict[str, Any]:
+        """The saved non-tensor items (all, or those of `keys`), nested again
+        along the paths DCP's planner recorded (metadata.planner_data), as
+        the state that was saved held them."""
+        keys = self.value_keys() if keys is None else keys
+        flat: dict[str, Any] = {k: None for k in keys}
+        if flat:
+            self._load(flat, _Planner(strict=False, unsafe_pickle=self._unsafe_pickle), keys)
+        paths = self.metadata.planner_data if isinstance(self.metadata.planner_data, dict) else {}
+        return unflatten_state_dict(flat, {k: tuple(paths.get(k) or (k,)) for k in flat})
+
+    def close(self) -> None:
+        pass
+
+    def _tensor(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        found = self._tensors.get(key)
+        if found is None:
+            raise InvalidStateError(f"{self.path}: no tensor {key!r} in this DCP checkpoint")
+        return found
+
+    def _load(self, state: dict, planner: DefaultLoadPlanner, keys: list[str]) -> None:
+        try:
+            _dcp_load(state, self._reader, planner)
+        except (Exception, CheckpointException) as e:
+            if isinstance(planner, _Planner) and planner.error is not None:
+                raise type(planner.error)(f"{self.path}: {planner.error}") from None
+            raise CorruptCheckpointError(
+                f"{self.path}: reading {', '.join(map(repr, keys[:4]))}"
+                f"{' and more' if len(keys) > 4 else ''} from {self._files(keys)}: "
+                f"{_one_line(e)}", "DATA_LOSS") from None
+
+    def _files(self, keys: list[str]) -> str:
+        """The data files that hold `keys`."""
+        wanted = set(keys)
+        files = sorted({info.relative_path for index, info in self.metadata.storage_data.items()
+                        if index.fqn in wanted})
+        return ", ".join(files) if files else "(no data file)"
 
 
-def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
-                      unsafe_pickle: bool = False, overwrite: bool = False) -> dict:
-    """Converts the DCP checkpoint at `src` into a one-rank shardsafe
-    checkpoint at `dst`: every tensor whole (under its DCP key), every saved
-    value as a value. Returns {"tensors", "values", "bytes"}. Reads the whole
-    state into memory."""
-    src, dst = os.fspath(src), os.fspath(dst)
-    if not is_dcp(src):
-        raise CheckpointNotFoundError(f"no torch DCP checkpoint ({DCP_METADATA}) in {src}")
-    if os.path.exists(dst) and not overwrite:
-        raise CheckpointExistsError(f"checkpoint {dst} already exists")
-    metadata = dcp.FileSystemReader(src).read_metadata()
-    state: dict[str, Any] = {}
-    nbytes = 0
-    for key, m in metadata.state_dict_metadata.items():
-        if isinstance(m, TensorStorageMetadata):
-            state[key] = torch.empty(m.size, dtype=m.properties.dtype)
-            nbytes += state[key].numel() * state[key].element_size()
-        else:
-            state[key] = None  # a saved value: the load puts it here
-    missing, _, _ = load_dcp(state, src, unsafe_pickle=unsafe_pickle)
-    assert not missing, missing  # every key came from the metadata
-    state = _nest(state, metadata.planner_data)
-    save(state, dst, overwrite=overwrite)
-    tensors = sum(isinstance(m, TensorStorageMetadata)
-                  for m in metadata.state_dict_metadata.values())
-    return {"tensors": tensors, "values": len(metadata.state_dict_metadata) - tensors,
-            "bytes": nbytes}
+def _detect(path: str) -> bool:
+    return is_dcp(path)
+
+
+FORMAT = Format("torch DCP", _detect, DcpCheckpoint)

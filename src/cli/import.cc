@@ -4,10 +4,14 @@
 // an ordinary safetensors file, so this also converts the other way round
 // in effect: DST/data-00000-000.safetensors is loadable by any reader.
 //
-// A torch DCP checkpoint (SRC/.metadata: a pickle, which the engine never
-// reads) is handed to the Python package's importer: this process becomes
-// `python3 -m shardsafe import SRC DST` (the python3 next to this program
-// when there is one, as in a virtual environment; else the PATH's).
+// A directory the engine cannot open (NotFound: no checkpoint, model or
+// safetensors file it knows) is handed to the Python package's importer,
+// which reads other tools' checkpoints (torch DCP, Megatron torch_dist,
+// DeepSpeed, nanotron: their pickles, which the engine never reads) with a
+// bounded memory and a progress bar: this process becomes `python3 -c BOOT
+// ENGINE_ERROR import SRC DST ...` running shardsafe.__main__ (the python3
+// next to this program when there is one, as in a virtual environment; else
+// the PATH's). Nothing claims the path: the engine's message, extended.
 //
 // Everything is read into memory first (Save needs every buffer at once),
 // with checksums verified for native sources. Saved JSON values, metadata
@@ -39,9 +43,8 @@ struct ImportSummary {
   SaveStats stats;
 };
 
-Result<ImportSummary> Import(const std::string& src_path, const std::string& dst,
+Result<ImportSummary> Import(const CheckpointSource& src, const std::string& dst, bool overwrite,
                              ProgressLine* progress) {
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(*DefaultFileSystem(), src_path));
   ImportSummary summary;
   summary.source = src.path;
   summary.native = src.native;
@@ -86,42 +89,50 @@ Result<ImportSummary> Import(const std::string& src_path, const std::string& dst
   }
 
   SaveOptions save_options;
+  save_options.overwrite = overwrite;
   if (progress) save_options.progress = progress->Callback();
   SS_ASSIGN_OR_RETURN(summary.stats, Save(state, dst, *comm, save_options));
   if (progress) progress->Finish();
   return summary;
 }
 
-bool IsTorchDcp(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(JoinPath(path, ".metadata"), ec) &&
-         !std::filesystem::exists(JoinPath(path, kIndexFileName), ec);
-}
+// Runs shardsafe.__main__ in place of this process; returns only on failure.
+// Its bootstrap reports a missing Python package with the engine's message.
+constexpr const char* kPythonBoot =
+    "import sys\n"
+    "try:\n"
+    "    from shardsafe.__main__ import main\n"
+    "except ImportError as e:\n"
+    "    print(f'shardsafe: error: {sys.argv[1]} (other tools\\' checkpoints are read by the "
+    "shardsafe Python package, which is not importable: {e})', file=sys.stderr)\n"
+    "    sys.exit(2)\n"
+    "sys.exit(main(sys.argv[2:] + ['--engine-error', sys.argv[1]]))\n";
 
-// Runs the Python importer in place of this process; returns only on failure.
-Status ExecPythonImport(const std::string& src, const std::string& dst) {
+Status ExecPythonImport(const std::string& src, const std::string& dst,
+                        const std::string& engine_error, const std::vector<std::string>& flags) {
   std::error_code ec;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const auto sibling = self.parent_path() / "python3";
   const std::string python =
       !ec && std::filesystem::exists(sibling, ec) ? sibling.string() : std::string("python3");
-  std::vector<std::string> args = {python, "-m", "shardsafe", "import", src, dst};
+  std::vector<std::string> args = {python, "-c", kPythonBoot, engine_error, "import", src, dst};
+  args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::cout.flush();
   execvp(argv[0], argv.data());
-  return UnavailableError(src + " is a torch DCP checkpoint, which the Python package imports: "
-                          "running " + python + " -m shardsafe import failed: " +
-                          std::strerror(errno));
+  return NotFoundError(engine_error + " (other tools' checkpoints are read by the Python "
+                       "package: running " + python + " failed: " + std::strerror(errno) + ")");
 }
 
 }  // namespace
 
 void AddImport(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand(
-      "import", "Copy every tensor of SRC (safetensors file, Hugging Face dir, checkpoint) "
-                "into a new one-rank checkpoint DST");
+      "import", "Copy every tensor of SRC (safetensors file, Hugging Face dir, checkpoint; "
+                "torch DCP, Megatron torch_dist, DeepSpeed or nanotron checkpoint through the "
+                "Python package) into a new one-rank checkpoint DST");
   auto src = std::make_shared<std::string>();
   auto dst = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
@@ -129,14 +140,30 @@ void AddImport(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("DST", *dst, "checkpoint directory to create (its name is the tag)")
       ->required();
+  auto overwrite = std::make_shared<bool>(false);
+  auto unsafe_pickle = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "machine-readable output");
+  cmd->add_flag("--overwrite", *overwrite, "replace DST if it exists");
+  cmd->add_flag("--unsafe-pickle", *unsafe_pickle,
+                "other tools' checkpoints: unpickle saved values of any type (only for "
+                "checkpoints you trust)");
   cmd->callback([=] {
-    if (IsTorchDcp(*src)) {  // text output only
-      *exit_code = Fail(ExecPythonImport(*src, *dst));
+    auto source = OpenSource(*DefaultFileSystem(), *src);
+    std::error_code ec;
+    if (!source.ok() && source.status().code() == StatusCode::kNotFound &&
+        std::filesystem::is_directory(*src, ec)) {
+      std::vector<std::string> flags = {*json ? "--json" : "--progress"};
+      if (*overwrite) flags.push_back("--overwrite");
+      if (*unsafe_pickle) flags.push_back("--unsafe-pickle");
+      *exit_code = Fail(ExecPythonImport(*src, *dst, source.status().message(), flags));
+      return;
+    }
+    if (!source.ok()) {
+      *exit_code = Fail(source.status());
       return;
     }
     ProgressLine progress(!*json);
-    auto summary = Import(*src, *dst, &progress);
+    auto summary = Import(*source, *dst, *overwrite, &progress);
     progress.Finish();
     if (!summary.ok()) {
       *exit_code = Fail(summary.status());

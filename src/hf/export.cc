@@ -1,6 +1,9 @@
 // ExportHf: plan, stream every shard into a temporary directory next to
 // OUT, verify what the streaming could not, write the index and saved
-// files, then publish the directory with one rename.
+// files, then publish the directory with one rename. A collective export
+// runs the same steps split over processes: ExportHfStaging::Create is
+// steps 1-2, ExportHfPart steps 3-4 for one process's files, and
+// ExportHfStaging::Finish steps 5-6 after checking every file is there.
 //
 // Steps and what a crash between them leaves behind:
 //  1. Plan (no I/O beyond reading the source's index).
@@ -8,8 +11,9 @@
 //     (after removing unlocked leftovers of earlier exports to the same OUT).
 //  3. Write the shards, io_threads at a time, each fdatasync'ed.
 //  4. Verify the source chunks the batches did not verify whole.
-//  5. Write the index (sharded exports) and the saved files, fdatasync'ed;
-//     fsync the temporary directory.
+//  5. Check each shard's size and header against the plan; write the index
+//     (sharded exports) and the saved files, fdatasync'ed; fsync the
+//     temporary directory.
 //  6. Rename it to OUT (or swap it with an existing OUT under overwrite, and
 //     remove the old one); fsync PARENT.
 // A crash before 6 leaves only the hidden temporary directory (removed by
@@ -142,13 +146,17 @@ class ShardWriter {
   int64_t staged_entry_ = -1;
 };
 
-Status WriteShard(Job& job, const ExportShard& shard) {
+Result<SafetensorsLayout> LayoutOf(const ExportPlan& plan, const ExportShard& shard) {
   std::vector<EntrySpec> specs;
   for (uint32_t e : shard.entries) {
-    const ExportEntry& entry = job.plan.entries[e];
+    const ExportEntry& entry = plan.entries[e];
     specs.push_back({entry.name, entry.dtype, entry.shape, entry.bytes});
   }
-  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, BuildSafetensorsHeader(specs, kHfMetadata));
+  return BuildSafetensorsHeader(specs, kHfMetadata);
+}
+
+Status WriteShard(Job& job, const ExportShard& shard) {
+  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(job.plan, shard));
   WriteOptions wo;
   wo.direct = job.options.direct_io;
   wo.size_hint = layout.file_size;
@@ -160,24 +168,54 @@ Status WriteShard(Job& job, const ExportShard& shard) {
   return out->Close();
 }
 
-Status WriteShards(Job& job) {
-  const auto& shards = job.plan.shards;
-  ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), shards.size()));
-  TaskGroup group(&pool);
-  for (const ExportShard& shard : shards) {
-    group.Add([&job, &shard] {
-      return WriteShard(job, shard).WithContext("writing " + shard.file);
-    });
+using Shards = std::vector<const ExportShard*>;
+
+// The plan's shards i with i % count == index.
+Shards ShareOf(const ExportPlan& plan, int index, int count) {
+  Shards share;
+  for (size_t i = index; i < plan.shards.size(); i += count) share.push_back(&plan.shards[i]);
+  return share;
+}
+
+// Steps 3-4 for `shards`: written io_threads at a time, then every source
+// chunk of their tensors verified.
+Status WriteShards(Job& job, const Shards& shards) {
+  if (shards.empty()) return Status();
+  uint64_t total = 0;
+  std::set<std::string> keys;
+  for (const ExportShard* shard : shards) {
+    total += shard->bytes;
+    for (uint32_t e : shard->entries) keys.insert(job.plan.entries[e].key);
   }
-  auto report = [&job] {
-    if (job.options.progress) {
-      job.options.progress({"write", job.written.load(), job.plan.total_bytes});
+  {
+    ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), shards.size()));
+    TaskGroup group(&pool);
+    for (const ExportShard* shard : shards) {
+      group.Add([&job, shard] {
+        return WriteShard(job, *shard).WithContext("writing " + shard->file);
+      });
     }
-  };
-  while (!group.WaitFor(std::chrono::milliseconds(250))) report();
-  SS_RETURN_IF_ERROR(group.Wait());
-  report();
-  return Status();
+    auto report = [&job, total] {
+      if (job.options.progress) job.options.progress({"write", job.written.load(), total});
+    };
+    while (!group.WaitFor(std::chrono::milliseconds(250))) report();
+    SS_RETURN_IF_ERROR(group.Wait());
+    report();
+  }
+  if (job.options.progress) job.options.progress({"verify", 0, 0});
+  return job.reader.VerifyRest(keys, job.options.io_threads);
+}
+
+// The weight files of `shards` and what they hold, into `stats`.
+void CountShards(const ExportPlan& plan, const Shards& shards, ExportHfStats* stats) {
+  for (const ExportShard* shard : shards) {
+    stats->files.push_back(shard->file);
+    stats->tensors += shard->entries.size();
+    stats->bytes += shard->bytes;
+    for (uint32_t e : shard->entries) {
+      stats->total_parameters += *NumElements(plan.entries[e].shape);
+    }
+  }
 }
 
 bool IsCopiedExtension(std::string_view name) {
@@ -261,65 +299,160 @@ Status Publish(FileSystem& fs, const std::string& tmp, const std::string& out, b
   return Status();
 }
 
-// Steps 3-5 into `tmp`.
-Status WriteAll(Job& job, const std::map<std::string, std::string>& files, ExportHfStats* stats) {
-  SS_RETURN_IF_ERROR(WriteShards(job));
-  std::set<std::string> keys;
-  for (const ExportEntry& e : job.plan.entries) keys.insert(e.key);
-  if (job.options.progress) job.options.progress({"verify", 0, 0});
-  SS_RETURN_IF_ERROR(job.reader.VerifyRest(keys, job.options.io_threads));
-  if (!job.plan.index_file.empty()) {
-    const std::string index = JoinPath(job.dir, job.plan.index_file);
-    SS_RETURN_IF_ERROR(WriteBytes(job.fs, index, job.plan.index_json));
-  }
-  for (const auto& [name, data] : files) {
-    SS_RETURN_IF_ERROR(WriteBytes(job.fs, JoinPath(job.dir, name), data));
-    stats->copied.push_back(name);
+// Step 5's check: every shard in `dir` with the plan's size and header
+// (another process wrote it from its own plan).
+Status CheckShards(FileSystem& fs, const ExportPlan& plan, const std::string& dir) {
+  for (const ExportShard& shard : plan.shards) {
+    SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(plan, shard));
+    const std::string path = JoinPath(dir, shard.file);
+    Result<FileInfo> info = fs.Stat(path);
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      return FailedPreconditionError(shard.file + " was not written: the process whose share "
+                                     "it is did not write it here (a file system not shared?)");
+    }
+    SS_RETURN_IF_ERROR(info.status());
+    std::string header(layout.header.size(), '\0');
+    if (info->size == layout.file_size) {
+      SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
+      SS_RETURN_IF_ERROR(file->ReadAt(0, header.data(), header.size()));
+    }
+    if (info->size != layout.file_size || header != layout.header) {
+      return FailedPreconditionError(
+          shard.file + " differs from this process's plan (" + std::to_string(info->size) +
+          " bytes, planned " + std::to_string(layout.file_size) +
+          "): every process must export the same source with the same options");
+    }
   }
   return Status();
 }
 
 }  // namespace
 
-Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out,
-                               const ExportHfOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+struct ExportHfStaging::State {
+  FileSystem* fs = nullptr;
+  CheckpointSource src;
+  ExportPlan plan;
+  std::map<std::string, std::string> files;  // saved files to copy
+  std::string out, tmp;
+  bool exists = false;  // `out` existed at Create (replaced under overwrite)
+  std::unique_ptr<FileLock> lock;  // on tmp, where the file system has locks
+  std::vector<std::string> warnings;
+  bool finished = false;   // Finish was called
+  bool published = false;  // tmp is `out` now
+};
+
+ExportHfStaging::ExportHfStaging(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+ExportHfStaging::~ExportHfStaging() {
+  if (!state_->published) state_->fs->RemoveAll(state_->tmp).IgnoreError();
+}
+
+const std::string& ExportHfStaging::source() const { return state_->src.path; }
+const std::string& ExportHfStaging::dir() const { return state_->tmp; }
+size_t ExportHfStaging::num_files() const { return state_->plan.shards.size(); }
+
+Result<std::unique_ptr<ExportHfStaging>> ExportHfStaging::Create(const std::string& source,
+                                                                 const std::string& out,
+                                                                 const ExportHfOptions& options) {
+  auto s = std::make_unique<State>();
+  s->fs = options.fs ? options.fs : DefaultFileSystem();
+  FileSystem& fs = *s->fs;
   SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
                          .WithContext("weights name"));
   if (options.progress) options.progress({"plan", 0, 0});
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(fs, source));
-  SS_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(src.index.tensors, options));
-  ExportHfStats stats;
-  stats.source = src.path;
-  SS_ASSIGN_OR_RETURN(auto files, SavedFiles(fs, src, plan, &stats.warnings));
+  SS_ASSIGN_OR_RETURN(s->src, OpenSource(fs, source));
+  SS_ASSIGN_OR_RETURN(s->plan, PlanExport(s->src.index.tensors, options));
+  SS_ASSIGN_OR_RETURN(s->files, SavedFiles(fs, s->src, s->plan, &s->warnings));
 
-  const bool exists = fs.Stat(out).ok();
-  if (exists && !options.overwrite) return AlreadyExistsError(out + " already exists");
+  s->exists = fs.Stat(out).ok();
+  if (s->exists && !options.overwrite) return AlreadyExistsError(out + " already exists");
   const std::string parent = ParentDir(out), base = BaseName(out);
   if (base.empty() || base == "." || base == "..") {
     return InvalidArgumentError("bad output directory \"" + out + "\"");
   }
   SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
   RemoveStaleExports(fs, parent, base).IgnoreError();  // harmless if it fails
-  const std::string tmp =
-      JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
-  SS_RETURN_IF_ERROR(fs.CreateDir(tmp));
-  auto lock = fs.TryLock(tmp, LockMode::kExclusive);  // held until published or removed
+  s->out = out;
+  s->tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
+  SS_RETURN_IF_ERROR(fs.CreateDir(s->tmp));
+  auto lock = fs.TryLock(s->tmp, LockMode::kExclusive);  // held until published or removed
+  if (lock.ok()) s->lock = std::move(*lock);
+  return std::unique_ptr<ExportHfStaging>(new ExportHfStaging(std::move(s)));
+}
 
-  SourceReader reader(src, fs, options.verify_checksums);
-  Job job{options, src, plan, fs, reader, tmp};
-  Status s = WriteAll(job, files, &stats);
-  if (s.ok()) s = Publish(fs, tmp, out, exists, &stats.warnings);
-  if (!s.ok()) {
-    fs.RemoveAll(tmp).IgnoreError();
-    return s.WithContext("exporting " + src.path + " to " + out);
+Result<ExportHfStats> ExportHfStaging::Finish() {
+  State& s = *state_;
+  if (s.finished) return FailedPreconditionError("the export to " + s.out + " was finished");
+  s.finished = true;
+  FileSystem& fs = *s.fs;
+  ExportHfStats stats;
+  Status st = CheckShards(fs, s.plan, s.tmp);
+  if (st.ok() && !s.plan.index_file.empty()) {
+    st = WriteBytes(fs, JoinPath(s.tmp, s.plan.index_file), s.plan.index_json);
   }
-  for (const ExportShard& shard : plan.shards) stats.files.push_back(shard.file);
-  if (!plan.index_file.empty()) stats.files.push_back(plan.index_file);
-  stats.tensors = plan.entries.size();
-  stats.bytes = plan.total_bytes;
-  stats.total_parameters = plan.total_parameters;
+  for (auto it = s.files.begin(); st.ok() && it != s.files.end(); ++it) {
+    st = WriteBytes(fs, JoinPath(s.tmp, it->first), it->second);
+    stats.copied.push_back(it->first);
+  }
+  if (st.ok()) st = Publish(fs, s.tmp, s.out, s.exists, &s.warnings);
+  if (!st.ok()) {
+    fs.RemoveAll(s.tmp).IgnoreError();
+    return st.WithContext("exporting " + s.src.path + " to " + s.out);
+  }
+  s.published = true;
+  stats.source = s.src.path;
+  Shards all;
+  for (const ExportShard& shard : s.plan.shards) all.push_back(&shard);
+  CountShards(s.plan, all, &stats);
+  if (!s.plan.index_file.empty()) stats.files.push_back(s.plan.index_file);
+  stats.warnings = s.warnings;
+  return stats;
+}
+
+Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out,
+                               const ExportHfOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  SS_ASSIGN_OR_RETURN(auto staging, ExportHfStaging::Create(source, out, options));
+  ExportHfStaging::State& s = *staging->state_;
+  SourceReader reader(s.src, *s.fs, options.verify_checksums);
+  Job job{options, s.src, s.plan, *s.fs, reader, s.tmp};
+  Status st = WriteShards(job, ShareOf(s.plan, 0, 1));
+  if (!st.ok()) return st.WithContext("exporting " + s.src.path + " to " + out);
+  SS_ASSIGN_OR_RETURN(ExportHfStats stats, staging->Finish());
+  stats.bytes_read = reader.bytes_read();
+  stats.chunks_verified = reader.chunks_verified();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+Result<ExportHfStats> ExportHfPart(const std::string& source, const std::string& dir,
+                                   const ExportHfOptions& options, int index, int count) {
+  const auto start = std::chrono::steady_clock::now();
+  if (count < 1 || index < 0 || index >= count) {
+    return InvalidArgumentError("export part " + std::to_string(index) + " of " +
+                                std::to_string(count) + ": not 0 <= part < count");
+  }
+  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
+                         .WithContext("weights name"));
+  if (options.progress) options.progress({"plan", 0, 0});
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(fs, source));
+  SS_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(src.index.tensors, options));
+  Result<FileInfo> info = fs.Stat(dir);
+  if (!info.ok() || !info->is_dir) {
+    return FailedPreconditionError(
+        "the export's temporary directory " + dir + " is not a directory on this process's "
+        "file system: the output must be on a file system every process shares");
+  }
+  SourceReader reader(src, fs, options.verify_checksums);
+  Job job{options, src, plan, fs, reader, dir};
+  const Shards share = ShareOf(plan, index, count);
+  SS_RETURN_IF_ERROR(WriteShards(job, share).WithContext(
+      "exporting part " + std::to_string(index) + " of " + std::to_string(count) + " of " +
+      src.path + " into " + dir));
+  ExportHfStats stats;
+  stats.source = src.path;
+  CountShards(plan, share, &stats);
   stats.bytes_read = reader.bytes_read();
   stats.chunks_verified = reader.chunks_verified();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "engine/load/convert.h"
 #include "engine/test_util.h"
@@ -299,6 +301,124 @@ TEST_F(ExportTest, BadArgumentsAreClearErrors) {
   EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("rename pattern \"(\""));
   EXPECT_FALSE(Exists(dir_ + "/x"));
+}
+
+// ---- collective export: parts written by several processes, one publish --
+
+std::vector<std::string> Listing(const std::string& dir) {
+  auto entries = DefaultFileSystem()->ListDir(dir);
+  EXPECT_TRUE(entries.ok());
+  std::vector<std::string> names;
+  for (const DirEntry& e : *entries) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(ExportTest, PartsWrittenAtOnceGiveTheOneProcessExportByteForByte) {
+  ExportHfOptions o = Options();
+  o.max_shard_bytes = 1'000'000;  // 3 weight files
+  const std::string one = dir_ + "/one", out = dir_ + "/hf";
+  ASSERT_TRUE(ExportHf(ckpt_, one, o).ok());
+
+  auto staging = ExportHfStaging::Create(ckpt_, out, o);
+  ASSERT_TRUE(staging.ok()) << staging.status().message();
+  EXPECT_EQ((*staging)->num_files(), 3u);
+  EXPECT_EQ((*staging)->source(), ckpt_);
+  EXPECT_FALSE(Exists(out));
+  std::vector<Result<ExportHfStats>> parts(2, InternalError("not run"));
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 2; ++p) {
+    threads.emplace_back([&, p] { parts[p] = ExportHfPart(ckpt_, (*staging)->dir(), o, p, 2); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const auto& part : parts) ASSERT_TRUE(part.ok()) << part.status().message();
+  EXPECT_EQ(parts[0]->files, (std::vector<std::string>{"model-00001-of-00003.safetensors",
+                                                         "model-00003-of-00003.safetensors"}));
+  EXPECT_EQ(parts[1]->files, std::vector<std::string>{"model-00002-of-00003.safetensors"});
+  EXPECT_EQ(parts[0]->tensors + parts[1]->tensors, 6u);
+  EXPECT_GT(parts[1]->chunks_verified, 0u);
+  EXPECT_FALSE(Exists(out));  // nothing is published before Finish
+
+  auto stats = (*staging)->Finish();
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_EQ(stats->bytes, parts[0]->bytes + parts[1]->bytes);
+  EXPECT_EQ(stats->copied, std::vector<std::string>{"config.json"});
+  EXPECT_EQ(stats->files.back(), "model.safetensors.index.json");
+  const auto names = Listing(out);
+  EXPECT_EQ(names, Listing(one));
+  for (const std::string& name : names) {
+    EXPECT_EQ(ReadAll(out + "/" + name), ReadAll(one + "/" + name)) << name;
+  }
+  EXPECT_EQ(Listing(dir_), (std::vector<std::string>{"ckpt", "hf", "one"}));
+  EXPECT_EQ((*staging)->Finish().status().code(), StatusCode::kFailedPrecondition);
+  staging->reset();
+  EXPECT_TRUE(Exists(out + "/model.safetensors.index.json"));  // published stays
+
+  // A process past the plan's files writes nothing.
+  auto staging2 = ExportHfStaging::Create(ckpt_, dir_ + "/hf2", o);
+  ASSERT_TRUE(staging2.ok());
+  auto idle = ExportHfPart(ckpt_, (*staging2)->dir(), o, 3, 4);
+  ASSERT_TRUE(idle.ok()) << idle.status().message();
+  EXPECT_TRUE(idle->files.empty());
+  EXPECT_EQ(idle->bytes_read, 0u);
+}
+
+TEST_F(ExportTest, FinishRefusesAMissingOrMismatchedShareAndLeavesNothing) {
+  ExportHfOptions o = Options();
+  o.max_shard_bytes = 1'000'000;
+  const std::string out = dir_ + "/hf";
+  {
+    auto staging = ExportHfStaging::Create(ckpt_, out, o);
+    ASSERT_TRUE(staging.ok());
+    ASSERT_TRUE(ExportHfPart(ckpt_, (*staging)->dir(), o, 0, 2).ok());  // part 1 never runs
+    auto stats = (*staging)->Finish();
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(stats.status().message(),
+                HasSubstr("model-00002-of-00003.safetensors was not written"));
+    EXPECT_FALSE(Exists(out));
+    EXPECT_EQ(Listing(dir_), std::vector<std::string>{"ckpt"});
+  }
+  // A process that planned with other options (a dtype cast) is caught.
+  auto staging = ExportHfStaging::Create(ckpt_, out, o);
+  ASSERT_TRUE(staging.ok());
+  ExportHfOptions cast = o;
+  cast.dtype = DType::kBF16;
+  ASSERT_TRUE(ExportHfPart(ckpt_, (*staging)->dir(), cast, 0, 2).ok());
+  ASSERT_TRUE(ExportHfPart(ckpt_, (*staging)->dir(), o, 1, 2).ok());
+  auto stats = (*staging)->Finish();
+  ASSERT_FALSE(stats.ok());
+  EXPECT_THAT(stats.status().message(),
+              HasSubstr("model-00001-of-00003.safetensors differs from this process's plan"));
+  EXPECT_FALSE(Exists(out));
+  EXPECT_EQ(Listing(dir_), std::vector<std::string>{"ckpt"});
+}
+
+TEST_F(ExportTest, AbandonedStagingKeepsThePreviousOutput) {
+  ExportHfOptions o = Options();
+  o.max_shard_bytes = 1'000'000;
+  const std::string out = dir_ + "/hf";
+  ASSERT_TRUE(ExportHf(ckpt_, out, o).ok());
+  const std::string before = ReadAll(out + "/model-00002-of-00003.safetensors");
+  o.overwrite = true;
+  o.dtype = DType::kBF16;
+  auto staging = ExportHfStaging::Create(ckpt_, out, o);
+  ASSERT_TRUE(staging.ok());
+  ASSERT_TRUE(ExportHfPart(ckpt_, (*staging)->dir(), o, 1, 2).ok());
+  staging->reset();  // another process failed: no Finish
+  EXPECT_EQ(ReadAll(out + "/model-00002-of-00003.safetensors"), before);
+  EXPECT_EQ(Listing(dir_), (std::vector<std::string>{"ckpt", "hf"}));
+}
+
+TEST_F(ExportTest, PartArgumentsAndUnsharedDirectoryAreClearErrors) {
+  const ExportHfOptions o = Options();
+  EXPECT_EQ(ExportHfPart(ckpt_, dir_, o, 2, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ExportHfPart(ckpt_, dir_, o, 0, 0).status().code(), StatusCode::kInvalidArgument);
+  auto s = ExportHfPart(ckpt_, dir_ + "/.tmp-export-hf.gone", o, 0, 1);
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("every process shares"));
+  EXPECT_EQ(ExportHfStaging::Create(dir_ + "/missing", dir_ + "/x", o).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST(ParseByteSizeTest, UnitsAsHuggingFaceHubAndBinary) {

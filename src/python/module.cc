@@ -400,6 +400,32 @@ nb::dict ToDict(const ExportHfStats& s) {
   return d;
 }
 
+// ExportHfStaging for Python: abort() removes the temporary directory now
+// (dropping the object does too, later); finish() publishes it.
+class ExportStaging {
+ public:
+  ExportStaging(const std::string& source, const std::string& out, nb::dict options,
+                std::optional<std::string> dtype, nb::object rename,
+                const std::vector<ExpertSpec>& experts) {
+    ExportHfOptions o = ParseExportOptions(options, dtype, rename, experts);
+    s_ = Released([&] { return ExportHfStaging::Create(source, out, o); });
+  }
+  std::string source() const { return Get().source(); }
+  std::string dir() const { return Get().dir(); }
+  nb::dict Finish() { return ToDict(Released([&] { return Get().Finish(); })); }
+  void Abort() {
+    nb::gil_scoped_release release;
+    s_.reset();
+  }
+
+ private:
+  ExportHfStaging& Get() const {
+    if (!s_) Check(FailedPreconditionError("the export was aborted"));
+    return *s_;
+  }
+  std::unique_ptr<ExportHfStaging> s_;
+};
+
 class Handle {
  public:
   explicit Handle(std::shared_ptr<AsyncSaveHandle> h) : h_(std::move(h)) {}
@@ -553,6 +579,25 @@ NB_MODULE(_C, m) {
           return ToDict(Released([&] { return ExportHf(source, out, o); }));
         },
         "source"_a, "out"_a, "options"_a, "dtype"_a.none(), "rename"_a.none(), "experts"_a);
+  // A collective export (shardsafe.hf.export with a process group): the
+  // publishing rank holds the staging; every rank writes its part.
+  nb::class_<ExportStaging>(m, "ExportHfStaging")
+      .def(nb::init<const std::string&, const std::string&, nb::dict, std::optional<std::string>,
+                    nb::object, const std::vector<ExpertSpec>&>(),
+           "source"_a, "out"_a, "options"_a, "dtype"_a.none(), "rename"_a.none(), "experts"_a)
+      .def_prop_ro("source", &ExportStaging::source)
+      .def_prop_ro("dir", &ExportStaging::dir)
+      .def("finish", &ExportStaging::Finish)
+      .def("abort", &ExportStaging::Abort);
+  m.def("export_hf_part",
+        [](const std::string& source, const std::string& dir, nb::dict options,
+           std::optional<std::string> dtype, nb::object rename,
+           const std::vector<ExpertSpec>& experts, int index, int count) {
+          ExportHfOptions o = ParseExportOptions(options, dtype, rename, experts);
+          return ToDict(Released([&] { return ExportHfPart(source, dir, o, index, count); }));
+        },
+        "source"_a, "dir"_a, "options"_a, "dtype"_a.none(), "rename"_a.none(), "experts"_a,
+        "index"_a, "count"_a);
   // The rules kept once, in the engine: tag names (docs/format.md §1) and
   // transformers' expert layouts (shardsafe/hf.h).
   m.def("validate_tag", [](const std::string& tag) { Check(ValidateTag(tag)); }, "tag"_a);

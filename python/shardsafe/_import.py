@@ -1,0 +1,491 @@
+"""Other tools' checkpoints (shardsafe._foreign) loaded into any layout, and
+imported as shardsafe checkpoints.
+
+load_foreign(state, checkpoint): shardsafe.load of a foreign checkpoint. Each
+of the state's tensor targets (plain tensors, DTensor shards,
+shardsafe.Sharded parts, flat ranges included) gets its box of the global
+tensor of its key: each key this rank needs is read once (`read(key)`, or
+`read_box` where the format has it and the targets are boxes, not the
+whole tensor) and copied into every target of it, then dropped, so memory
+is about the largest tensor. Values come from `values()`, looked up by
+the state's key paths ("optim.param_groups" finds values()["optim"]
+["param_groups"]); a tensor the format keeps among its values (an RNG
+state) loads like a tensor. Strict key matching and its report are the
+native load's: a key missing on any rank, or saved and wanted by no rank,
+is a KeyMismatchError on every rank before anything changes (one
+all_gather); a failure reading on any rank is raised on every rank (one
+more). Every rank reads what it needs itself: no data moves between ranks.
+
+import_checkpoint(src, dst): a foreign checkpoint converted into a one-rank
+shardsafe checkpoint, in one commit, in bounded memory. Its tensors are
+handed to the engine's synchronous save as tensors "on a device" whose
+addresses are a synthetic address space (_LazyCopier): the engine asks for
+their bytes a write buffer at a time (shardsafe._device.DeviceCopier's
+contract), and the copier reads each tensor through `read(key)` when first
+asked and drops it once all its bytes are copied. With one file written at
+a time (io_threads=1) memory is the tensor being written (two at most,
+one a re-read) plus the engine's write buffers. Values JSON can hold are
+carried over under the keys shardsafe.save would give them; tensors among
+the values are saved as tensors; what JSON cannot hold is dropped and
+reported (a warning and the result's "dropped" keys).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+from ._boxes import Boxes, dtype_name
+from ._comm import agree, resolve
+from ._device import _host_view
+from ._foreign import KNOWN, ForeignCheckpoint, Format, detect
+from ._options import SaveOptions
+from ._parts import PerRank
+from ._state import (DTYPE_NAMES, Flat, encode_values, flatten, from_json, join, rebuild,
+                     to_json)
+from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                     DTypeMismatchError, InvalidStateError, KeyMismatchError,
+                     ShapeMismatchError, ShardsafeError)
+
+TQDM_PIN = "tqdm==4.70.1"
+
+
+# ------------------------------------------------------------------ load --
+
+@dataclass
+class _Target:
+    """One box (or flat range of a box) of a global tensor that a state
+    tensor on this rank holds."""
+
+    key: str
+    dest: torch.Tensor  # shaped `size`; for a flat range, any shape with that many elements
+    shape: tuple[int, ...]  # global
+    offset: tuple[int, ...]
+    size: tuple[int, ...]
+    flat: tuple[int, int] | None = None
+
+
+def _targets(flat: Flat) -> list[_Target]:
+    box = Boxes()
+    out = []
+    for leaf in flat.tensors:
+        b = box(leaf.key, leaf.tensor)
+        out.append(_Target(leaf.key, b.local, b.shape, b.offset, b.size))
+    for key, sharded in flat.sharded.items():
+        for p in sharded.parts:
+            out.append(_Target(key, p.local, sharded.shape, p.offset, p.size, p.flat))
+    for t in out:
+        dtype_name(t.key, t.dest)
+        if t.dest.is_meta:
+            raise InvalidStateError(f"tensor {t.key!r} is on the meta device: it has no memory "
+                                    f"to load into (materialize the model first, e.g. "
+                                    f"module.to_empty(device=...))")
+    return out
+
+
+def _index(values: Any, prefix: str = "", out: dict | None = None) -> dict[str, Any]:
+    """Every node of the nested values by its joined key path."""
+    out = {} if out is None else out
+    if isinstance(values, Mapping):
+        items = values.items()
+    elif isinstance(values, (list, tuple)) and prefix:
+        items = enumerate(values)
+    else:
+        return out
+    for k, v in items:
+        key = join(prefix, k)
+        out[key] = v
+        _index(v, key, out)
+    return out
+
+
+def _unwanted(values: Any, wanted: set[str], prefix: str = "") -> list[str]:
+    """The largest subtrees of the nested values that no wanted key reaches."""
+    out = []
+    items = values.items() if isinstance(values, Mapping) else enumerate(values)
+    for k, v in items:
+        key = join(prefix, k)
+        if key in wanted:
+            continue
+        below = key + "."
+        if isinstance(v, (Mapping, list, tuple)) and v and any(w.startswith(below)
+                                                               for w in wanted):
+            out += _unwanted(v, wanted, key)
+        else:
+            out.append(key)
+    return out
+
+
+@dataclass
+class _Match:
+    """This rank's key matching: where each target reads from, and the report."""
+
+    saved: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    values: dict[str, Any]
+    index: dict[str, Any]
+    targets: list[_Target]
+    missing: list[str]
+    unexpected: list[str]
+
+
+def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
+           skip: Callable[[str], bool] | None) -> _Match:
+    saved = fc.tensors()
+    values = fc.values()
+    index = _index(values)
+    targets, missing = [], []
+    for t in _targets(flat):
+        found = saved.get(t.key)
+        if found is None and isinstance(index.get(t.key), torch.Tensor):
+            found = (index[t.key].dtype, tuple(index[t.key].shape))
+        if found is None:
+            if t.key not in missing:
+                missing.append(t.key)
+            continue
+        dtype, shape = found
+        if tuple(shape) != t.shape:
+            raise ShapeMismatchError(f"{fc.path}: tensor {t.key!r}: shape mismatch: checkpoint "
+                                     f"has {list(shape)}, target has {list(t.shape)}",
+                                     "INVALID_ARGUMENT")
+        if dtype != t.dest.dtype and not convert:
+            raise DTypeMismatchError(f"{fc.path}: tensor {t.key!r}: dtype mismatch: checkpoint "
+                                     f"has {dtype}, target has {t.dest.dtype} (allow conversion "
+                                     f"with convert_dtypes)", "INVALID_ARGUMENT")
+        targets.append(t)
+    missing += [k for k in flat.values if k not in index]
+    missing += list(flat.per_rank)  # no foreign format has shardsafe's per-rank values
+    wanted = {t.key for t in targets} | set(flat.values)
+    unexpected = sorted({k for k in saved if k not in wanted}
+                        | (set(_unwanted(values, wanted)) - set(saved)))
+    if skip is not None:
+        unexpected = [k for k in unexpected if not skip(k)]
+    return _Match(saved, values, index, targets, missing, unexpected)
+
+
+def _copy(t: _Target, box: torch.Tensor, whole: bool) -> None:
+    """Copies target `t`'s part from `box`: the global tensor (whole) or
+    exactly t's box."""
+    src = box[tuple(slice(o, o + s) for o, s in zip(t.offset, t.size))] if whole else box
+    if t.flat is None:
+        t.dest.copy_(src)
+        return
+    try:
+        dest = t.dest.view(-1)
+    except RuntimeError:
+        raise InvalidStateError(f"tensor {t.key!r}: a flat range loads into a tensor that can "
+                                f"be viewed as 1-D (a contiguous one)") from None
+    dest.copy_(src.reshape(-1)[t.flat[0]:t.flat[1]])
+
+
+def _read_all(m: _Match, fc: ForeignCheckpoint) -> int:
+    """Reads each key this rank's targets need, once, into its targets;
+    returns the bytes read."""
+    by_key: dict[str, list[_Target]] = {}
+    for t in m.targets:
+        by_key.setdefault(t.key, []).append(t)
+    read_box = getattr(fc, "read_box", None)
+    nbytes = 0
+    with torch.no_grad():
+        for key in sorted(by_key):
+            targets = by_key[key]
+            if key not in m.saved:  # a tensor among the values
+                for t in targets:
+                    _copy(t, m.index[key], whole=True)
+                continue
+            covered = sum(math.prod(t.size) for t in targets)
+            if (read_box is not None and covered < math.prod(targets[0].shape)
+                    and all(t.flat is None for t in targets)):
+                for t in targets:  # each box alone: only the chunks that hold it
+                    box = read_box(key, t.offset, t.size)
+                    nbytes += box.numel() * box.element_size()
+                    _copy(t, _checked(fc, key, box, tuple(t.size), m.saved[key][0]), whole=False)
+                continue
+            whole = _checked(fc, key, fc.read(key), m.saved[key][1], m.saved[key][0])
+            nbytes += whole.numel() * whole.element_size()
+            for t in targets:
+                _copy(t, whole, whole=True)
+            del whole
+    return nbytes
+
+
+def _checked(fc: ForeignCheckpoint, key: str, t: torch.Tensor, shape: tuple[int, ...],
+             dtype: torch.dtype) -> torch.Tensor:
+    """`t` as read, if it has the dtype and shape the checkpoint lists."""
+    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise CorruptCheckpointError(f"{fc.path}: tensor {key!r} reads as {t.dtype} "
+                                     f"{list(t.shape)}, its checkpoint lists {dtype} "
+                                     f"{list(shape)}", "DATA_LOSS")
+    return t
+
+
+def _value(saved: Any, like: Any) -> Any:
+    """A saved value shaped after the target's (tuples, int dict keys), as a
+    native load gives it; one JSON cannot hold as it is."""
+    try:
+        return from_json(to_json(saved, "value"), like)
+    except InvalidStateError:
+        return saved
+
+
+def load_foreign(state_dict: Any, path: str, fmt: Format, *, strict: bool = True,
+                 process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
+                 convert_dtypes: bool = False,
+                 skip: Callable[[str], bool] | None = None) -> Any:
+    """shardsafe.load of the foreign checkpoint at `path` (of format `fmt`)
+    into `state_dict` in place; returns a shardsafe.LoadResult. Collective
+    over `process_group` (see the module doc)."""
+    from ._load import LoadResult  # _load dispatches here
+
+    start = time.monotonic()
+    comm = resolve(process_group)
+    fc = m = flat = error = report = None
+    try:
+        fc = fmt.open(path, unsafe_pickle=unsafe_pickle)
+        flat = flatten(state_dict, for_load=True)
+        if skip is not None:
+            flat.drop(skip)
+        m = _match(flat, fc, convert_dtypes, skip)
+        report = {"missing": m.missing, "unexpected": m.unexpected}
+    except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
+        error = e
+    try:
+        reports = agree(comm, error, report)
+        missing = sorted({k for r in reports for k in r["missing"]})
+        unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
+        if strict and (missing or unexpected):
+            raise KeyMismatchError(missing, unexpected, path)
+        error = None
+        try:
+            nbytes = _read_all(m, fc)
+        except Exception as e:  # noqa: BLE001 - as above
+            error, nbytes = e, 0
+        agree(comm, error)
+    finally:
+        if fc is not None:
+            fc.close()
+    if flat.values or flat.state_dicts or flat.per_rank:
+        rebuild(state_dict, flat, lambda key, t: None,
+                lambda key, old: (old if isinstance(old, PerRank) or key not in m.index
+                                  else _value(m.index[key], old)))
+    return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
+                      None, nbytes, time.monotonic() - start, 0, m.values)
+
+
+# ---------------------------------------------------------------- import --
+
+class _LazyCopier:
+    """The engine's DeviceCopier (shardsafe._device) for an import: each
+    foreign tensor has a range of a synthetic address space, and its bytes
+    are read (ForeignCheckpoint.read) when the engine first asks for any of
+    them. A tensor is dropped once every byte of it was copied; at most
+    MAX_HELD tensors are held (the oldest dropped first, read again if asked
+    again), so memory stays bounded whatever order the engine asks in."""
+
+    BASE = 1 << 46  # no real host or device memory is handed out here
+    ALIGN = 4096
+    MAX_HELD = 2
+
+    def __init__(self, fc: ForeignCheckpoint, progress: Callable[[int], None]) -> None:
+        self._fc = fc
+        self._progress = progress
+        self._starts: list[int] = []
+        self._items: list[tuple[str, torch.dtype, tuple[int, ...], int]] = []
+        self._held: OrderedDict[int, list] = OrderedDict()  # item -> [bytes, left to copy]
+        self._lock = threading.Lock()
+        self._end = self.BASE
+        self.error: BaseException | None = None  # the first failure, raised by the caller
+        self.reads = 0
+
+    def add(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int) -> int:
+        """The synthetic address of a tensor's bytes."""
+        address = self._end
+        self._starts.append(address)
+        self._items.append((key, dtype, shape, nbytes))
+        self._end += -(-max(nbytes, 1) // self.ALIGN) * self.ALIGN
+        return address
+
+    def copy_to_host(self, copies: list[tuple[int, int, int]]) -> None:
+        try:
+            with self._lock:
+                for dst, src, n in copies:
+                    self._copy(dst, src, n)
+        except BaseException as e:
+            if self.error is None:
+                self.error = e
+            raise
+
+    def copy_to_device(self, copies: list[tuple[int, int, int]]) -> None:
+        raise InvalidStateError("an import copies to the host only (engine bug)")
+
+    def _copy(self, dst: int, src: int, n: int) -> None:
+        i = bisect.bisect_right(self._starts, src) - 1
+        if n == 0:
+            return
+        if i < 0 or src + n > self._starts[i] + self._items[i][3]:
+            raise InvalidStateError(f"no imported tensor holds [{src:#x}, +{n}) (engine bug)")
+        held = self._take(i)
+        off = src - self._starts[i]
+        _host_view(dst, n).copy_(held[0][off:off + n])
+        held[1] -= n
+        if held[1] <= 0:
+            del self._held[i]
+        self._progress(n)
+
+    def _take(self, i: int) -> list:
+        held = self._held.get(i)
+        if held is not None:
+            self._held.move_to_end(i)
+            return held
+        key, dtype, shape, nbytes = self._items[i]
+        t = _checked(self._fc, key, self._fc.read(key), shape, dtype)
+        self.reads += 1
+        held = [t.contiguous().reshape(-1).view(torch.uint8), nbytes]
+        self._held[i] = held
+        while len(self._held) > self.MAX_HELD:
+            self._held.popitem(last=False)
+        return held
+
+
+def _plain_values(values: Any, key: str, dropped: list[str]) -> Any:
+    """The nested values with what JSON cannot hold (and is no tensor) left
+    out (_DROPPED), its keys added to `dropped`. A list or tuple with such
+    an item is dropped whole: a hole would shift the items after it."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu()
+    if isinstance(values, Mapping):
+        out = {}
+        for k, v in values.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                dropped.append(join(key, repr(k)))
+                continue
+            v = _plain_values(v, join(key, k), dropped)
+            if v is not _DROPPED:
+                out[k] = v
+        return out
+    if isinstance(values, (list, tuple)) and not hasattr(values, "_fields"):
+        below: list[str] = []
+        items = [_plain_values(v, join(key, i), below) for i, v in enumerate(values)]
+        if any(v is _DROPPED for v in items):
+            dropped.append(key)
+            return _DROPPED
+        dropped += below
+        return items
+    if type(values).__module__ == "numpy" and not getattr(values, "shape", None):
+        values = values.item()  # a NumPy scalar: its exact Python value
+    try:
+        to_json(values, key)
+    except InvalidStateError:
+        dropped.append(key)
+        return _DROPPED
+    return values
+
+
+_DROPPED = object()
+
+
+def _progress_bar(show: bool | None, total: int, desc: str) -> Any:
+    """A tqdm bar on stderr, shown when asked (True) or on a terminal (None)."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise InvalidStateError(f"a progress bar needs tqdm (pip install {TQDM_PIN}), or pass "
+                                f"progress=False") from None
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 5.0,
+                dynamic_ncols=True, leave=True)
+
+
+def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
+                      unsafe_pickle: bool = False, overwrite: bool = False,
+                      progress: bool | None = None) -> dict:
+    """Converts the foreign checkpoint at `src` (any registered format) into
+    a one-rank shardsafe checkpoint at `dst`, in one commit: every tensor
+    whole under its key, the values JSON can hold as values. Memory: about
+    the largest tensor plus the engine's write buffers (module doc).
+    progress: a tqdm bar on stderr (None: on a terminal only). Returns
+    {"source", "format", "path", "tensors", "values", "bytes", "dropped",
+    "files", "seconds"}."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    start = time.monotonic()
+    fmt = detect(src)
+    if fmt is None:
+        raise CheckpointNotFoundError(f"no {KNOWN} checkpoint in {src}")
+    if os.path.exists(dst) and not overwrite:
+        raise CheckpointExistsError(f"checkpoint {dst} already exists (overwrite=True, or "
+                                    f"--overwrite, replaces it)")
+    fc = fmt.open(src, unsafe_pickle=unsafe_pickle)
+    try:
+        done = _import(fc, dst, overwrite, progress)
+    finally:
+        fc.close()
+    done["seconds"] = time.monotonic() - start
+    return done
+
+
+def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | None) -> dict:
+    tensors = fc.tensors()
+    dropped: list[str] = []
+    values = _plain_values(fc.values(), "", dropped)
+    if dropped:
+        warnings.warn(f"{fc.path}: {len(dropped)} value(s) that JSON cannot hold were not "
+                      f"imported: {', '.join(dropped[:16])}{' ...' if len(dropped) > 16 else ''}",
+                      stacklevel=3)
+    flat = flatten(values)  # tensors among the values stay tensors, as save keeps them
+    clash = sorted(({leaf.key for leaf in flat.tensors} | set(flat.values)) & set(tensors))
+    if clash:
+        raise CorruptCheckpointError(f"{fc.path}: {clash[0]!r} is both a tensor and a value",
+                                     "DATA_LOSS")
+    json_values, _ = encode_values(flat.values, unsafe_pickle=False)
+    total = sum(math.prod(s) * torch.empty((), dtype=d).element_size()
+                for d, s in tensors.values())
+    bar = _progress_bar(progress, total, f"import {fc.format}")
+    copier = _LazyCopier(fc, bar.update if bar is not None else lambda n: None)
+    specs = []
+    for key, (dtype, shape) in tensors.items():
+        name = DTYPE_NAMES.get(dtype)
+        if name is None:
+            raise InvalidStateError(f"{fc.path}: tensor {key!r}: dtype {dtype} cannot be stored "
+                                    f"in safetensors")
+        shape = tuple(shape)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        specs.append((key, name, shape, (0,) * len(shape), shape,
+                      copier.add(key, dtype, shape, nbytes)))
+    host = [(leaf.key, leaf.tensor.contiguous()) for leaf in flat.tensors]
+    host_specs = [(k, DTYPE_NAMES[t.dtype], tuple(t.shape), (0,) * t.dim(), tuple(t.shape),
+                   t.data_ptr()) for k, t in host]
+    metadata = json.dumps({"imported_from": {"format": fc.format, "path": fc.path}})
+    # One file at a time, through small write buffers: the bound of the module doc.
+    options = SaveOptions(overwrite=overwrite, io_threads=1, io_buffer_bytes=8 << 20).engine()
+    call = _C.SaveCall(host_specs, [], json.dumps(json_values, allow_nan=False), metadata, None,
+                       options, None, (copier, specs) if specs else None)
+    try:
+        stats = _C.save(call, dst)
+    except ShardsafeError:
+        if copier.error is not None:  # the foreign reader's own error, not the engine's wrap
+            raise copier.error from None
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"source": fc.path, "format": fc.format, "path": dst, "tensors": len(specs) + len(host),
+            "values": len(flat.values), "bytes": total + sum(t.numel() * t.element_size()
+                                                              for _, t in host),
+            "dropped": dropped, "files": stats.get("files"), "reads": copier.reads}
