@@ -324,11 +324,11 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     path = _hub.resolve(os.fspath(path))
     options = LoadOptions.of(options, kwargs)
     skip = _skipper(skip_keys)
-    fmt = _foreign.detect(path)
+    comm = resolve(process_group)
+    fmt = _detect_on_every_rank(path, comm)
     if fmt is not None:
         return _load_foreign(state_dict, path, fmt, strict, process_group, unsafe_pickle,
                              rename is not None or bool(experts), skip, options)
-    comm = resolve(process_group)
     flat = plan = desc = keys = source = values = None
     error, report = None, None
     try:
@@ -394,6 +394,24 @@ def _load_foreign(state_dict: Any, path: str, fmt: _foreign.Format, strict: bool
     return _import.load_foreign(state_dict, path, fmt, strict=strict,
                                 process_group=process_group, unsafe_pickle=unsafe_pickle,
                                 convert_dtypes=bool(options.convert_dtypes), skip=skip)
+
+
+def _detect_on_every_rank(path: str, comm: TorchComm | None) -> _foreign.Format | None:
+    """The other tool's format `path` holds (None: shardsafe's own or a
+    model), the same on every rank: ranks that see the file system
+    differently (a `latest` rewritten meanwhile, a lagging shared file
+    system) would otherwise take different paths and wait on each other."""
+    fmt, error = None, None
+    try:
+        fmt = _foreign.detect(path)
+    except ShardsafeError as e:
+        error = e
+    names = agree(comm, error, None if fmt is None else fmt.name)
+    if len(set(names)) > 1:
+        seen = ", ".join(f"rank {r}: {n or 'a shardsafe checkpoint or model'}"
+                         for r, n in enumerate(names))
+        raise InvalidStateError(f"{path}: ranks see different checkpoints there ({seen})")
+    return fmt
 
 
 def _holds_sharded(node: Any) -> bool:

@@ -273,6 +273,21 @@ def load_adapter(model: Any, path: str | os.PathLike, *, adapter_name: str = "de
     ``LoraConfig.from_pretrained(path)`` to take the saved one). Returns
     load's LoadResult.
     """
+    # Every rank's checks fail every rank before the collective load, so
+    # none is left waiting in it.
+    state = weights = error = None
+    try:
+        state, weights = _adapter_state(model, path, adapter_name)
+    except (ShardsafeError, OSError, ValueError, TypeError) as e:
+        error = e
+    agree(resolve(process_group), error)
+    return load(state, weights, strict=strict, process_group=process_group)
+
+
+def _adapter_state(model: Any, path: str | os.PathLike,
+                   adapter_name: str) -> tuple[dict[str, Any], str]:
+    """load_adapter's checks; the live adapter tensors peft names as the
+    files do, and the weights file."""
     from peft import get_peft_model_state_dict
 
     configs = getattr(model, "peft_config", None)
@@ -295,7 +310,7 @@ def load_adapter(model: Any, path: str | os.PathLike, *, adapter_name: str = "de
                                          save_embedding_layers=True)
         state.update({k: v for k, v in full.items() if k in extra})
     _check_in_place(model, state)
-    return load(state, weights, strict=strict, process_group=process_group)
+    return state, weights
 
 
 # What changes an adapter's output, compared between adapter_config.json and
@@ -326,7 +341,11 @@ def _normal(value: Any) -> Any:
     configs: sets and lists sorted, empty collections as None, enums as
     their values."""
     if isinstance(value, (set, frozenset, list, tuple)):
-        return sorted(_normal(v) for v in value) if value else None
+        # Sorted by their JSON text: items may be of types that do not
+        # compare (dicts, None beside strings).
+        items = [_normal(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str)) \
+            if items else None
     if isinstance(value, Mapping):
         return {str(k): _normal(v) for k, v in value.items()} if value else None
     return getattr(value, "value", value)

@@ -38,16 +38,15 @@ from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata,
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, StorageMeta,
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from . import _import
+from . import _dcp_metadata, _import
+from ._dcp_metadata import DCP_METADATA
 from ._foreign import Format
 from .errors import CorruptCheckpointError, InvalidStateError, ShardsafeError
-
-DCP_METADATA = ".metadata"
 
 
 def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
@@ -115,34 +114,27 @@ class _BoxPlanner(_Planner):
 
 
 class _Reader(dcp.FileSystemReader):
-    """DCP's file system reader, its metadata read once (a DcpCheckpoint
-    reads key by key: one DCP load each)."""
+    """DCP's file system reader with its metadata read once, with globals
+    restricted (shardsafe._dcp_metadata: torch's reader would unpickle it
+    with a plain pickle.load) and checked. A DcpCheckpoint reads key by key:
+    one DCP load each."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, unsafe_pickle: bool = False) -> None:
         super().__init__(path)
-        self.metadata = read_metadata(path)
+        self.metadata = _dcp_metadata.read(path, unsafe_pickle=unsafe_pickle)
+        if getattr(self.metadata, "storage_meta", None) is None:
+            self.metadata.storage_meta = StorageMeta()
+        self.metadata.storage_meta.load_id = self.load_id
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         return self.metadata
 
 
-def read_metadata(path: str) -> Metadata:
-    """The DCP metadata of the checkpoint at `path` (torch's reader unpickles
-    it); CorruptCheckpointError naming the file if it cannot."""
-    file = os.path.join(path, DCP_METADATA)
-    try:
-        return dcp.FileSystemReader(path).read_metadata()
-    except ModuleNotFoundError as e:
-        raise InvalidStateError(f"{file}: the DCP metadata refers to module {e.name!r}, which is "
-                                f"not installed (install the package that wrote it)") from None
-    except Exception as e:  # a truncated or foreign pickle
-        raise CorruptCheckpointError(f"{file}: unreadable DCP metadata: {_one_line(e)}",
-                                     "DATA_LOSS") from None
-
-
 def refused(e: BaseException) -> bool:
-    """Whether torch.load failed because weights_only refused a type."""
-    return str(e).startswith("Weights only load failed")
+    """Whether torch.load failed because weights_only refused a type (not
+    because the pickle is damaged: torch words both "Weights only load
+    failed")."""
+    return "Unsupported global" in str(e)
 
 
 def unpickle_error(e: BaseException) -> str:
@@ -188,7 +180,7 @@ def load_dcp(state_dict: dict, path: str | os.PathLike, *, strict: bool = True,
     planner = _Planner(strict, unsafe_pickle)
     alone = not (dist.is_available() and dist.is_initialized())
     try:
-        _dcp_load(state_dict, dcp.FileSystemReader(path), planner, process_group, alone)
+        _dcp_load(state_dict, _Reader(path, unsafe_pickle), planner, process_group, alone)
     except (Exception, CheckpointException) as e:  # the latter: every rank's failure
         if planner.error is not None:
             raise type(planner.error)(f"{path}: {planner.error}") from None
@@ -208,7 +200,7 @@ class DcpCheckpoint:
     def __init__(self, path: str | os.PathLike, *, unsafe_pickle: bool = False) -> None:
         self.path = os.fspath(path)
         self._unsafe_pickle = unsafe_pickle
-        self._reader = _Reader(self.path)
+        self._reader = _Reader(self.path, unsafe_pickle)
         self.metadata = self._reader.metadata
         self._tensors = {k: (m.properties.dtype, tuple(m.size))
                          for k, m in self.metadata.state_dict_metadata.items()

@@ -285,8 +285,9 @@ TEST_F(SaveLoadTest, RepeatedSavesOfAnUnchangedLayoutReuseThePlan) {
   expect(save("h", [](int, SaveState&, SaveOptions& o, std::string&, std::string&) {
     o.max_file_bytes = 1 << 20;
   }), 0);
+  expect(save("h2", same), 0);  // the default cap again
   // Values that differ, and destinations that differ, are still caught and
-  // named, though the layout is unchanged.
+  // named, though every rank's layout is the cached one.
   for (const Status& st : save("i", [](int r, SaveState& state, SaveOptions&, std::string&,
                                         std::string&) {
          if (r == 1) state.values = R"({"step": 2})";
@@ -297,6 +298,7 @@ TEST_F(SaveLoadTest, RepeatedSavesOfAnUnchangedLayoutReuseThePlan) {
                                         std::string& path) { path = Path("j" + std::to_string(r)); })) {
     EXPECT_THAT(st.message(), HasSubstr("rank 0 saves to"));
   }
+  expect(save("k", same), 1);  // the failed saves left the cached plan as it was
   // Every checkpoint holds what was saved.
   std::vector<std::vector<OwnedTarget>> load(1);
   load[0].push_back(MakeTarget("w", DType::kF32, s, Whole(s)));

@@ -212,3 +212,53 @@ def test_damaged_dcp_checkpoints_are_one_line_errors_naming_the_file(tmp_path, r
     meta.write_bytes(meta.read_bytes()[:50])
     with pytest.raises(shardsafe.CorruptCheckpointError, match=r"cut/\.metadata: unreadable"):
         DcpCheckpoint(tmp_path / "cut")
+
+
+class _RunsCode:
+    """Unpickling this runs code: what a crafted .metadata would do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_dcp_metadata_runs_no_code_and_must_tile_its_tensors(tmp_path):
+    """.metadata is unpickled with DCP's own classes only: a global outside
+    them is refused (torch's reader would run it); and each tensor's chunks
+    must tile it, so a damaged file cannot leave part of a tensor unread."""
+    import pickle
+
+    import torch.distributed.checkpoint.metadata as md
+
+    _dcp_save({"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "step": 1},
+              tmp_path / "dcp")
+    meta_file = tmp_path / "dcp" / ".metadata"
+    good = meta_file.read_bytes()
+    meta = pickle.loads(good)
+    marker = tmp_path / "ran"
+    meta.planner_data = {"step": ("step",), "evil": _RunsCode(str(marker))}
+    meta_file.write_bytes(pickle.dumps(meta))
+    for attempt in (lambda: DcpCheckpoint(tmp_path / "dcp"),
+                    lambda: shardsafe.load({"w": torch.zeros(8, 8), "step": 0}, tmp_path / "dcp")):
+        with pytest.raises(shardsafe.InvalidStateError) as info:
+            attempt()
+        msg = str(info.value)
+        assert "\n" not in msg and "io.open" in msg and "unsafe_pickle" in msg, msg
+    assert not marker.exists(), "unpickling .metadata ran code"
+
+    # A chunk list with a gap (the second half of the rows dropped), and one
+    # with a chunk stored twice.
+    meta = pickle.loads(good)
+    w = meta.state_dict_metadata["w"]
+    whole = w.chunks[0]
+    for chunks in ([md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 8]))],
+                   [whole, whole]):
+        w.chunks = chunks
+        meta_file.write_bytes(pickle.dumps(meta))
+        with pytest.raises(shardsafe.CorruptCheckpointError, match=r"'w'.*do not tile it"):
+            DcpCheckpoint(tmp_path / "dcp")
+    meta_file.write_bytes(good)
+    assert torch.equal(DcpCheckpoint(tmp_path / "dcp").read("w"),
+                       torch.arange(64, dtype=torch.float32).reshape(8, 8))

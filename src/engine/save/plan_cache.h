@@ -9,16 +9,17 @@
 // small agreement:
 //
 //   every rank sends (its layout is byte-for-byte its cached one, and the
-//   planner's options are the same?,
-//   the cached digest, a digest of its destination and values)  -- 41 bytes
+//   planner's options are the same?, the cached digest, a digest of its
+//   destination and values)                                     -- 33 bytes
 //
 // The cached plan is reused when every rank's layout is unchanged and every
 // rank sends the same digests. That is exact: each rank compares its own
 // layout in full, so no change goes unseen, and equal digests of all
 // layouts on every rank mean their cached plans were made from the same
-// layouts (128-bit digests: two CRC-64s with different polynomials, so
-// distinct histories colliding is a 2^-128 accident, never a layout change
-// slipping through). Otherwise the full exchange and planning run, and
+// layouts (128-bit digests: two CRC-64s with different polynomials; CRCs
+// are no defence against crafted input, but ranks of one job are not
+// adversaries, and a collision needs two ranks whose caches come from
+// different saves, never a layout change slipping through). Otherwise the full exchange and planning run, and
 // every rank caches the new plan. Destinations and values are compared by
 // digest in the agreement; a difference falls back to the full exchange,
 // which names the ranks and keys that differ.
