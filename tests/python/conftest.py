@@ -81,6 +81,20 @@ def describe(proc: subprocess.CompletedProcess) -> str:
     return f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
 
 
+@pytest.fixture(autouse=True)
+def _torch_determinism_restored():
+    """Trainers switch torch's deterministic algorithms on for the whole
+    process (Lightning's deterministic=True); a later test would then run
+    under them (torch.empty of some dtypes fails there). Restored after
+    every test."""
+    import torch
+
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 @pytest.fixture(scope="session")
 def run(shardsafe_bin) -> Runner:
     return Runner(shardsafe_bin)
