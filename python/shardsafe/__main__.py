@@ -4,7 +4,11 @@ into a shardsafe one (shardsafe._import.import_checkpoint), with a progress
 bar on a terminal (--progress: always; --no-progress: never). The
 `shardsafe import` command hands every directory the engine cannot open
 to this (their pickles are read here, never by the engine), passing
---engine-error with the engine's own message for a path nothing claims."""
+--engine-error with the engine's own message for a path nothing claims.
+What the import leaves out (values JSON cannot hold, the reader's
+not_imported() lines) is printed as notes on stdout, also with --json (as
+the result's "dropped" and "not_imported"); any other warning raised during
+the import is printed on stderr, never dropped."""
 
 from __future__ import annotations
 
@@ -41,13 +45,15 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        with warnings.catch_warnings(record=True):  # dropped values are reported below
+        with warnings.catch_warnings(record=True) as caught:
             done = _import.import_checkpoint(
                 args.src, args.dst, unsafe_pickle=args.unsafe_pickle, overwrite=args.overwrite,
                 progress=False if args.json else args.progress)
-    except ShardsafeError as e:
+    except (ShardsafeError, ImportError) as e:  # ImportError: a reader's package is missing
+        _print_warnings(caught)
         print(f"shardsafe: error: {e}", file=sys.stderr)
         return 2
+    _print_warnings(caught)
     if args.json:
         print(json.dumps({**done, "native": False}))
         return 0
@@ -57,7 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(done["dropped"][:16]) + (" ..." if len(done["dropped"]) > 16 else "")
         print(f"note: {len(done['dropped'])} value(s) that JSON cannot hold were not imported: "
               f"{shown}")
+    for line in done["not_imported"]:
+        print(f"note: not imported: {line}")
     return 0
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Every warning recorded during the import but those the result
+    reports (NotImportedWarning), on stderr, one line each."""
+    for w in caught:
+        if not issubclass(w.category, _import.NotImportedWarning):
+            text = " ".join(str(w.message).split())
+            print(f"warning: {w.category.__name__}: {text}", file=sys.stderr)
 
 
 if __name__ == "__main__":

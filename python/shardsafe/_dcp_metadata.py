@@ -5,8 +5,8 @@ plain pickle.load, which runs whatever a crafted file names. torch's
 weights_only unpickler cannot read it either (DCP pickles with protocol 4
 framing, which that unpickler refuses). So the file is unpickled here with
 globals restricted to what DCP's metadata is made of: its dataclasses
-(Metadata, TensorStorageMetadata, ...), torch.Size, torch dtypes, layouts
-and memory formats, and paths; any other global (a Megatron class, a
+(Metadata, TensorStorageMetadata, ..., and the save plans Megatron keeps
+there), torch.Size, torch dtypes, layouts and memory formats, and paths; any other global (a Megatron class, a
 function) is refused with a one-line error, unless the caller passed
 unsafe_pickle=True for a checkpoint it trusts.
 
@@ -36,6 +36,10 @@ _ALLOWED: dict[str, set[str]] = {
         "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
         "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    # Megatron's torch_dist keeps its save plans in the metadata.
+    "torch.distributed.checkpoint.planner": {
+        "SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData",
+        "LoadPlan", "ReadItem", "LoadItemType"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
     "pathlib": {"PosixPath", "PurePosixPath", "Path"},

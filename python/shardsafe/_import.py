@@ -27,7 +27,13 @@ a time (io_threads=1) memory is the tensor being written (two at most,
 one a re-read) plus the engine's write buffers. Values JSON can hold are
 carried over under the keys shardsafe.save would give them; tensors among
 the values are saved as tensors; what JSON cannot hold is dropped and
-reported (a warning and the result's "dropped" keys).
+reported (a warning and the result's "dropped" keys): _plain_values is the
+one place that cleans foreign values for JSON (readers return them as
+saved). What the reader itself could not carry over (its optional
+not_imported()) is reported the same way (a warning and the result's
+"not_imported" lines, one warning for all). Both warnings are
+NotImportedWarning, which the CLI (shardsafe.__main__) prints from the
+result instead.
 """
 
 from __future__ import annotations
@@ -62,6 +68,11 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
                      ShapeMismatchError, ShardsafeError)
 
 TQDM_PIN = "tqdm==4.70.1"
+
+
+class NotImportedWarning(UserWarning):
+    """Part of a foreign checkpoint an import leaves out (also listed in its
+    result: "dropped", "not_imported")."""
 
 
 # ------------------------------------------------------------------ load --
@@ -422,7 +433,9 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     the largest tensor plus the engine's write buffers (module doc).
     progress: a tqdm bar on stderr (None: on a terminal only). Returns
     {"source", "format", "path", "tensors", "values", "bytes", "dropped",
-    "files", "seconds"}."""
+    "not_imported", "files", "seconds"}: "dropped" the value keys JSON
+    cannot hold, "not_imported" the reader's lines about what it could not
+    carry over (both also told by a NotImportedWarning)."""
     src, dst = os.fspath(src), os.fspath(dst)
     start = time.monotonic()
     fmt = detect(src)
@@ -440,13 +453,28 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     return done
 
 
+def _not_imported(fc: ForeignCheckpoint) -> list[str]:
+    """The reader's lines about what it could not carry over (its optional
+    not_imported()); asked after tensors() and values(), which may find more."""
+    lines = getattr(fc, "not_imported", None)
+    return list(lines()) if lines is not None else []
+
+
+def _some(items: list[str], limit: int = 16, sep: str = ", ") -> str:
+    return sep.join(items[:limit]) + (" ..." if len(items) > limit else "")
+
+
 def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | None) -> dict:
     tensors = fc.tensors()
     dropped: list[str] = []
     values = _plain_values(fc.values(), "", dropped)
+    not_imported = _not_imported(fc)
     if dropped:
         warnings.warn(f"{fc.path}: {len(dropped)} value(s) that JSON cannot hold were not "
-                      f"imported: {', '.join(dropped[:16])}{' ...' if len(dropped) > 16 else ''}",
+                      f"imported: {_some(dropped)}", NotImportedWarning, stacklevel=3)
+    if not_imported:
+        warnings.warn(f"{fc.path}: {len(not_imported)} part(s) not imported (the result's "
+                      f"\"not_imported\"): {_some(not_imported, 4, '; ')}", NotImportedWarning,
                       stacklevel=3)
     flat = flatten(values)  # tensors among the values stay tensors, as save keeps them
     clash = sorted(({leaf.key for leaf in flat.tensors} | set(flat.values)) & set(tensors))
@@ -460,17 +488,14 @@ def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | N
     copier = _LazyCopier(fc, bar.update if bar is not None else lambda n: None)
     specs = []
     for key, (dtype, shape) in tensors.items():
-        name = DTYPE_NAMES.get(dtype)
-        if name is None:
-            raise InvalidStateError(f"{fc.path}: tensor {key!r}: dtype {dtype} cannot be stored "
-                                    f"in safetensors")
+        name = _dtype_name(fc, key, dtype)
         shape = tuple(shape)
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         specs.append((key, name, shape, (0,) * len(shape), shape,
                       copier.add(key, dtype, shape, nbytes)))
     host = [(leaf.key, leaf.tensor.contiguous()) for leaf in flat.tensors]
-    host_specs = [(k, DTYPE_NAMES[t.dtype], tuple(t.shape), (0,) * t.dim(), tuple(t.shape),
-                   t.data_ptr()) for k, t in host]
+    host_specs = [(k, _dtype_name(fc, k, t.dtype), tuple(t.shape), (0,) * t.dim(),
+                   tuple(t.shape), t.data_ptr()) for k, t in host]
     metadata = json.dumps({"imported_from": {"format": fc.format, "path": fc.path}})
     # One file at a time, through small write buffers: the bound of the module doc.
     options = SaveOptions(overwrite=overwrite, io_threads=1, io_buffer_bytes=8 << 20).engine()
@@ -488,4 +513,14 @@ def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | N
     return {"source": fc.path, "format": fc.format, "path": dst, "tensors": len(specs) + len(host),
             "values": len(flat.values), "bytes": total + sum(t.numel() * t.element_size()
                                                               for _, t in host),
-            "dropped": dropped, "files": stats.get("files"), "reads": copier.reads}
+            "dropped": dropped, "not_imported": not_imported, "files": stats.get("files"),
+            "reads": copier.reads}
+
+
+def _dtype_name(fc: ForeignCheckpoint, key: str, dtype: torch.dtype) -> str:
+    """The stored name of a tensor's dtype, or a one-line error naming it."""
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise InvalidStateError(f"{fc.path}: tensor {key!r}: dtype {dtype} cannot be stored in "
+                                f"safetensors")
+    return name

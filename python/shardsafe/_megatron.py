@@ -20,9 +20,11 @@ instead of common.pt (Megatron's notes in shared/reference/peers.md); both
 are read. A checkpoint directory or its root (the tracker names the
 iteration) opens. Tensors are the DCP checkpoint's (shardsafe.peers);
 values() are the common state, argparse.Namespace objects (Megatron's
-`args`) as dicts, and the ShardedObjects under their DCP keys. common.pt is
-unpickled with torch.load(weights_only=True) allowing argparse.Namespace
-(attributes only, no code) unless unsafe_pickle=True.
+`args`) as dicts, and the ShardedObjects under their DCP keys, as saved
+(the importer drops and reports what JSON cannot hold). Everything is read:
+not_imported() is empty. common.pt is unpickled with
+torch.load(weights_only=True) allowing argparse.Namespace (attributes only,
+no code) unless unsafe_pickle=True (shardsafe._foreign.torch_load).
 """
 
 from __future__ import annotations
@@ -32,11 +34,10 @@ import json
 import os
 from typing import Any
 
-import torch
-
-from ._foreign import Format
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError
-from .peers import DcpCheckpoint, is_dcp, refused, unpickle_error
+from ._foreign import Format, as_dicts, one_line, read_latest, torch_load
+from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                     StorageError)
+from .peers import DcpCheckpoint, is_dcp
 
 TRACKER = "latest_checkpointed_iteration.txt"
 CONFIG = "metadata.json"
@@ -47,14 +48,12 @@ COMMON_ITEM = "common_state"  # newer Megatron: the common state as a DCP bytes 
 def _iteration_dir(root: str) -> str | None:
     """The checkpoint directory the root's tracker names (None: no tracker,
     or not a name of Megatron's)."""
-    try:
-        with open(os.path.join(root, TRACKER)) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
+    text = read_latest(os.path.join(root, TRACKER))
     if text == "release":
         return os.path.join(root, "release")
-    return os.path.join(root, f"iter_{int(text):07d}") if text.isdigit() else None
+    if not text or not (text.isascii() and text.isdigit()):
+        return None
+    return os.path.join(root, f"iter_{int(text):07d}")
 
 
 def _resolve(path: str) -> str:
@@ -75,27 +74,21 @@ def _detect(path: str) -> bool:
 def _config(path: str) -> dict:
     file = os.path.join(path, CONFIG)
     try:
-        with open(file) as f:
+        with open(file, encoding="utf-8") as f:
             config = json.load(f)
-    except (OSError, ValueError) as e:
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{file}: missing (not a Megatron torch_dist checkpoint)",
+                                      "NOT_FOUND") from None
+    except OSError as e:
+        raise StorageError(f"{file}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
+    except ValueError as e:  # UnicodeDecodeError included
         raise CorruptCheckpointError(f"{file}: unreadable Megatron checkpoint config: "
-                                     f"{type(e).__name__}: {e}", "DATA_LOSS") from None
+                                     f"{one_line(e)}", "DATA_LOSS") from None
     if not isinstance(config, dict) or config.get("sharded_backend") != "torch_dist":
         backend = config.get("sharded_backend") if isinstance(config, dict) else None
         raise InvalidStateError(f"{file}: Megatron sharded_backend {backend!r} is not supported "
                                 f"(only 'torch_dist')")
     return config
-
-
-def _plain(value: Any) -> Any:
-    """The common state with argparse.Namespace objects as dicts."""
-    if isinstance(value, argparse.Namespace):
-        value = vars(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value) if not hasattr(value, "_fields") else value
-    return value
 
 
 class MegatronCheckpoint(DcpCheckpoint):
@@ -108,7 +101,7 @@ class MegatronCheckpoint(DcpCheckpoint):
         path = _resolve(root)
         if not os.path.isdir(path):
             raise CheckpointNotFoundError(f"{root}: its {TRACKER} names {path}, which does not "
-                                          f"exist")
+                                          f"exist", "NOT_FOUND")
         self.config = _config(path)
         super().__init__(path, unsafe_pickle=unsafe_pickle)
 
@@ -132,25 +125,21 @@ class MegatronCheckpoint(DcpCheckpoint):
             items = [k for k in self.value_keys() if _is_common(k)]
             if not items:
                 raise CheckpointNotFoundError(f"{file}: missing (the Megatron checkpoint's common "
-                                              f"state: iteration, args, ...)")
+                                              f"state: iteration, args, ...)", "NOT_FOUND")
             found = super().values(items)
             common = found.get(COMMON_ITEM, found)
         if not isinstance(common, dict):
             raise CorruptCheckpointError(f"{file}: the common state is a "
                                          f"{type(common).__name__}, not a dict", "DATA_LOSS")
-        return _plain(common)
+        return as_dicts(common)
 
     def _load_common(self, file: str) -> Any:
-        try:
-            if self._unsafe_pickle:
-                return torch.load(file, map_location="cpu", weights_only=False)
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                return torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as e:
-            if refused(e):  # torch's unpickler refuses a type
-                raise InvalidStateError(f"{file}: the common state: {unpickle_error(e)}") from None
-            raise CorruptCheckpointError(f"{file}: unreadable common state: "
-                                         f"{unpickle_error(e)}", "DATA_LOSS") from None
+        return torch_load(file, unsafe_pickle=self._unsafe_pickle,
+                          safe_globals=[argparse.Namespace])
+
+    def not_imported(self) -> list[str]:
+        """Nothing: every tensor, the common state and every object is read."""
+        return []
 
 
 def _is_common(key: str) -> bool:

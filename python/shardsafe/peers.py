@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from . import _dcp_metadata, _import
 from ._dcp_metadata import DCP_METADATA
-from ._foreign import Format
+from ._foreign import Format, refused_global
 from .errors import CorruptCheckpointError, InvalidStateError, ShardsafeError
 
 
@@ -134,7 +134,7 @@ def refused(e: BaseException) -> bool:
     """Whether torch.load failed because weights_only refused a type (not
     because the pickle is damaged: torch words both "Weights only load
     failed")."""
-    return "Unsupported global" in str(e)
+    return refused_global(e) is not None
 
 
 def unpickle_error(e: BaseException) -> str:

@@ -223,11 +223,38 @@ def test_megatron_hostile_checkpoints(megatron_root, tmp_path):
     (cut / "common.pt").write_bytes(data[:len(data) // 2])
     with pytest.raises(shardsafe.CorruptCheckpointError, match=r"cut/common.pt: unreadable"):
         MegatronCheckpoint(cut).values()
+    # Garbage bytes: torch words this failure "Weights only load failed" too,
+    # but it is a damaged file, not a type to allow with unsafe_pickle.
+    (cut / "common.pt").write_bytes(b"\xff" * 64)
+    with pytest.raises(shardsafe.CorruptCheckpointError) as info:
+        MegatronCheckpoint(cut).values()
+    msg = str(info.value)
+    assert "\n" not in msg and "cut/common.pt: unreadable pickle" in msg, msg
+    assert "unsafe_pickle" not in msg, msg
+
+    tracker = tmp_path / "tracker"  # a tracker that is not UTF-8 names nothing
+    _copy_megatron(megatron_root, tracker / "iter_0000007")
+    (tracker / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe7")
+    assert _foreign.detect(tracker) is None
 
     zarr = _copy_megatron(megatron_root, tmp_path / "zarr")
     (zarr / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
     with pytest.raises(shardsafe.InvalidStateError, match="sharded_backend 'zarr'"):
         shardsafe.load(_zeros(), zarr)
+
+
+def test_a_value_tensor_of_an_unstorable_dtype_is_one_clear_error(tmp_path):
+    state = {"w": torch.ones(3), "obj": (torch.zeros(2, dtype=torch.complex128), 1)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
+    fc = _foreign.open_checkpoint(tmp_path / "dcp")
+    assert list(fc.tensors()) == ["w"]  # DCP pickled the tuple: a value holding a tensor
+    with pytest.raises(shardsafe.InvalidStateError) as info:
+        _import.import_checkpoint(tmp_path / "dcp", tmp_path / "out")
+    assert str(info.value) == (f"{tmp_path / 'dcp'}: tensor 'obj.0': dtype torch.complex128 cannot "
+                               f"be stored in safetensors")
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------- bounded import --

@@ -28,9 +28,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import shardsafe
 from deepspeed_train import CLIENT_STATE, STEPS
-from shardsafe import _deepspeed
-from shardsafe.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError
+from shardsafe import _deepspeed, _import
+from shardsafe.errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                              StorageError)
 
 DEEPSPEED_VERSION = "0.19.8"
 WORLD = 3
@@ -182,6 +184,8 @@ def test_without_zero(ckpts):
     assert ck.format == "DeepSpeed"
     assert same(ck.read("module.lin1.weight"), r["lp"]["lin1.weight"])
     assert "optimizer" in ck.values()["deepspeed"]["not_imported"]
+    assert ck.not_imported() == ["optimizer: without ZeRO the optimizer state is indexed by "
+                                 "parameter position, not by name"]
 
 
 def test_detect_and_open_the_tag_directory(ckpts, tmp_path):
@@ -336,8 +340,104 @@ def test_pickles_are_weights_only_unless_unsafe(ckpts, tmp_path):
         _deepspeed.open(root)
     assert "mp_rank_00_model_states.pt" in one_line(e)
     ck = _deepspeed.open(root, unsafe_pickle=True)
-    assert "client_state.when" in ck.values()["deepspeed"]["not_imported"]
+    assert ck.values()["client_state"]["when"] == datetime.date(2024, 1, 2)  # as saved
     assert same(ck.read("lin1.bias"), ref(ckpts, "z2")["zero_to_fp32"]["lin1.bias"])
+    # The importer drops (and reports) what JSON cannot hold: the date, and
+    # DeepSpeed's own LossScaler object, which unsafe_pickle unpickles as is.
+    done = _import.import_checkpoint(root, tmp_path / "out", unsafe_pickle=True, progress=False)
+    assert done["dropped"] == ["deepspeed.loss_scaler", "client_state.when"]
+    assert done["not_imported"] == []
+
+
+def test_a_damaged_pickle_is_corrupt_not_refused(ckpts, tmp_path):
+    """torch's weights_only unpickler words every failure "Weights only load
+    failed", garbage bytes included: a damaged file, never "pass
+    unsafe_pickle"."""
+    root, tag = copy(ckpts, "z2", tmp_path)
+    optim(tag, 1).write_bytes(b"\xff" * 64)  # not a zip: read as a legacy pickle, an unknown opcode
+    ck = _deepspeed.open(root)
+    with pytest.raises(CorruptCheckpointError) as e:
+        ck.read("norm.bias")  # elements 9..18 of group 1: ranks 0 and 1
+    msg = one_line(e)
+    assert str(optim(tag, 1)) in msg and "norm.bias" in msg and "unreadable pickle" in msg
+    assert "unsafe_pickle" not in msg and e.value.code == "DATA_LOSS"
+
+
+def test_an_io_error_is_a_storage_error(ckpts, tmp_path):
+    """A rank file whose read fails with EIO (a link to /proc/self/mem, whose
+    offset 0 is never mapped) is an I/O failure, not a damaged checkpoint."""
+    root, tag = copy(ckpts, "z2", tmp_path)
+    optim(tag, 2).unlink()
+    optim(tag, 2).symlink_to("/proc/self/mem")
+    ck = _deepspeed.open(root)
+    with pytest.raises(StorageError) as e:
+        ck.read("optimizer.state.lin2.bias.exp_avg")  # in ranks 1 and 2's partitions
+    msg = one_line(e)
+    assert str(optim(tag, 2)) in msg and "lin2.bias" in msg and "Input/output error" in msg
+
+
+def test_a_list_in_the_client_state_keeps_its_items_in_place(ckpts, tmp_path):
+    """A tensor in a list stays in the list (taken out as its own key, the
+    items after it would shift); tensors reached through dicts are keys."""
+    root, tag = copy(ckpts, "z2", tmp_path)
+    buf, inner = torch.arange(3.0), torch.ones(2, dtype=torch.int64)
+    rewrite(tag / "mp_rank_00_model_states.pt",
+            lambda s: s.update(buf=[buf, 5], deep={"t": inner, "l": [1, {"x": inner * 2}]}))
+    ck = _deepspeed.open(root)
+    keys = [k for k in ck.tensors() if k.startswith("client_state.")]
+    assert sorted(keys) == ["client_state.deep.t", "client_state.ema.w"]
+    client = ck.values()["client_state"]
+    assert len(client["buf"]) == 2 and same(client["buf"][0], buf) and client["buf"][1] == 5
+    assert client["deep"]["l"][0] == 1 and same(client["deep"]["l"][1]["x"], inner * 2)
+    assert same(ck.read("client_state.deep.t"), inner)
+    done = _import.import_checkpoint(root, tmp_path / "out", progress=False)
+    assert done["dropped"] == []
+    got = {"client_state": {"buf": [torch.zeros(3), 0],
+                            "deep": {"t": torch.zeros(2, dtype=torch.int64),
+                                     "l": [0, {"x": torch.zeros(2, dtype=torch.int64)}]}}}
+    shardsafe.load(got, tmp_path / "out", strict=False)
+    assert same(got["client_state"]["buf"][0], buf) and got["client_state"]["buf"][1] == 5
+    assert same(got["client_state"]["deep"]["t"], inner)
+    assert got["client_state"]["deep"]["l"][0] == 1
+    assert same(got["client_state"]["deep"]["l"][1]["x"], inner * 2)
+
+
+def _renamed(d, old: str, new: str):
+    """The dict with key `old` renamed `new`, in place of the old key."""
+    return type(d)((new if k == old else k, v) for k, v in d.items())
+
+
+def test_only_a_real_key_collision_is_refused(ckpts, tmp_path):
+    """A model whose parameter is named module.lin1.weight (a submodule
+    named `module`) lists it, and module.module.lin1.weight; a module entry
+    that would be listed under the same key as a parameter is refused."""
+    root, tag = copy(ckpts, "z2", tmp_path)
+    r = ref(ckpts, "z2")
+
+    def rename(state):
+        state["param_shapes"][0] = _renamed(state["param_shapes"][0], "lin1.weight",
+                                            "module.lin1.weight")
+        state["module"] = _renamed(state["module"], "lin1.weight", "module.lin1.weight")
+    rewrite(tag / "mp_rank_00_model_states.pt", rename)
+    ck = _deepspeed.open(root)
+    assert same(ck.read("module.lin1.weight"), r["zero_to_fp32"]["lin1.weight"])
+    assert same(ck.read("module.module.lin1.weight"), r["lp"]["lin1.weight"])
+    assert "lin1.weight" not in ck.tensors()
+    rewrite(tag / "mp_rank_00_model_states.pt",
+            lambda s: s.update(module=_renamed(s["module"], "module.lin1.weight", "lin1.weight")))
+    with pytest.raises(InvalidStateError, match="both be listed as 'module.lin1.weight'") as e:
+        _deepspeed.open(root)
+    one_line(e)
+
+
+def test_a_parameter_in_two_groups_is_corrupt(ckpts, tmp_path):
+    root, tag = copy(ckpts, "z2", tmp_path)
+    rewrite(tag / "mp_rank_00_model_states.pt", lambda s: s["param_shapes"].__setitem__(
+        1, _renamed(s["param_shapes"][1], "lin1.bias", "lin1.weight")))
+    with pytest.raises(CorruptCheckpointError,
+                       match="parameter 'lin1.weight' in param_shapes groups 0 and 1") as e:
+        _deepspeed.open(root)
+    assert "mp_rank_00_model_states.pt" in one_line(e)
 
 
 def test_malformed_metadata(ckpts, tmp_path):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -47,7 +48,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from shardsafe import _nanotron
+from conftest import EXIT_OK, describe
+from shardsafe import _import, _nanotron, _nanotron_weights
 from shardsafe.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError
 
 VERSION = "1.4"
@@ -313,7 +315,8 @@ def test_read_assembles_tp_and_pp_shards_bit_exact(ckpt):
         assert torch.equal(bits(got), bits(full)), name
     # the chunked column (q, k, v) really is interleaved per rank: rank 1's
     # file starts with q rows 16:32, not rows 32:64
-    tp1 = _nanotron._read_tensor(str(weight_path(root, QKV, "_pp-rank-0-of-2_tp-rank-1-of-2")), QKV)
+    tp1_file = weight_path(root, QKV, "_pp-rank-0-of-2_tp-rank-1-of-2")
+    tp1 = _nanotron_weights.read_tensor(str(tp1_file), QKV)
     assert torch.equal(bits(tp1[:16]), bits(weights[QKV][16:32]))
     assert torch.equal(bits(tp1[16:24]), bits(weights[QKV][40:48]))
     ck.close()
@@ -368,11 +371,15 @@ def test_values_carry_step_metadata_scheduler_and_what_was_not_read(ckpt):
     assert nano["model_config"]["tie_word_embeddings"] is True
     assert nano["no_weight_decay"] == {A_LOG: True}
     assert "tie group" in nano["tied_parameters"]
-    randoms = [k for k in nano["not_imported"] if os.sep + "random" + os.sep in k]
-    assert len(randoms) == 4 and all("RandomStates" in nano["not_imported"][k] for k in randoms)
+    # the random states: one line for their directory, also in not_imported()
+    assert list(nano["not_imported"]) == [str(root / "random")]
+    assert nano["not_imported"][str(root / "random")].startswith("4 per-rank RNG state")
+    assert opened(root).not_imported() == [f"{root / 'random'}: 4 per-rank RNG state file(s) "
+                                           f"pickled as nanotron.random.RandomStates (restorable "
+                                           f"only into the same topology, by nanotron); not read"]
     assert v["optimizer"]["type"] == "OptimizerFromGradientAccumulator"
     assert v["optimizer"]["step"] == 1.0
-    assert v["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.95]
+    assert v["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)  # as saved
     assert v["lr_scheduler"]["last_epoch"] == sched["last_epoch"] == 4
     assert v["lr_scheduler"]["_last_lr"] == sched["_last_lr"]
 
@@ -520,33 +527,60 @@ def test_optimizer_copies_that_differ_are_refused(ckpt):
     assert str(path) in str(info.value) and "differs" in str(info.value)
 
 
-def test_optimizer_state_without_names_is_not_guessed(ckpt):
-    root = ckpt[0]
-    path = root / "optimizer" / "optimizer_pp-0-of-2_tp-1-of-2_exp-0-of-1.pt"
+OPT = "optimizer_pp-{}-of-2_tp-{}-of-2_exp-0-of-1.pt"  # a ZeRO-0 optimizer file of ckpt
+STAGE0_SHARDED = [QKV, O_PROJ]  # only pp 0 holds them (EMB's tp shards: also pp 1, tied)
+
+
+def optimizer_keys(listed) -> set[str]:
+    return {k for k in listed if k.startswith("optimizer.")}
+
+
+def all_optimizer_keys(names=SPEC) -> set[str]:
+    return {f"optimizer.{kind}.{n}" + suffix for n in names
+            for kind, suffix in (("state", ".exp_avg"), ("state", ".exp_avg_sq"),
+                                 ("gradient_accumulator", ""))}
+
+
+def test_optimizer_state_without_names_leaves_out_only_what_it_holds(ckpt):
+    """pp 0 tp 1's file has no "names": its states cannot be matched with
+    certainty. Only the parameters whose shards no other file holds are left
+    out (QKV and O_PROJ's tp 1 shards), each reported; the tied embedding's
+    tp 1 shard is also on pp 1 and the unsharded LN0 on tp 0: read."""
+    root, _, opt_globals, _ = ckpt
+    path = root / "optimizer" / OPT.format(0, 1)
     sd = torch.load(path, weights_only=True)
     del sd["names"]
     torch.save(sd, path)
     ck = opened(root)
-    with pytest.warns(UserWarning, match="optimizer state not imported: no 'names'"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported by not_imported(), not warned
         listed = ck.tensors()
-    assert not [k for k in listed if k.startswith("optimizer.")]
-    assert len(listed) == len(SPEC)
+    assert optimizer_keys(listed) == all_optimizer_keys() - all_optimizer_keys(STAGE0_SHARDED)
+    for n in (EMB, LN0):
+        assert torch.equal(ck.read(f"optimizer.state.{n}.exp_avg"), opt_globals["exp_avg"][n]), n
+    lines = ck.not_imported()
+    assert f"{path}: optimizer state not imported: no 'names'" in "\n".join(lines)
+    for key in all_optimizer_keys(STAGE0_SHARDED):
+        assert any(ln.startswith(f"{key}: optimizer state not imported") and str(path) in ln
+                   for ln in lines), key
     assert "no 'names'" in ck.values()["nanotron"]["not_imported"][str(path)]
 
 
-def test_a_pickle_weights_only_refuses_is_skipped_unless_unsafe(ckpt):
-    root = ckpt[0]
-    path = root / "optimizer" / "optimizer_pp-0-of-2_tp-0-of-2_exp-0-of-1.pt"
+def test_a_pickle_weights_only_refuses_is_left_out_unless_unsafe(ckpt):
+    root, _, opt_globals, _ = ckpt
+    path = root / "optimizer" / OPT.format(0, 0)
     sd = torch.load(path, weights_only=True)
     sd["param_groups"][0]["schedule"] = Opaque(3)
     torch.save(sd, path)
-    with pytest.warns(UserWarning, match="unsafe_pickle=True"):
-        listed = opened(root).tensors()
-    assert not [k for k in listed if k.startswith("optimizer.")]
+    ck = opened(root)
+    listed = ck.tensors()
+    assert optimizer_keys(listed) == all_optimizer_keys() - all_optimizer_keys(STAGE0_SHARDED)
+    line = next(ln for ln in ck.not_imported() if ln.startswith(str(path)))
+    assert "refuses the global" in line and "Opaque" in line and "unsafe_pickle=True" in line
     ck = _nanotron.FORMAT.open(str(root), unsafe_pickle=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert torch.equal(ck.read(f"optimizer.state.{QKV}.exp_avg"), ckpt[2]["exp_avg"][QKV])
+    assert optimizer_keys(ck.tensors()) == all_optimizer_keys()
+    assert torch.equal(ck.read(f"optimizer.state.{QKV}.exp_avg"), opt_globals["exp_avg"][QKV])
+    assert ck.not_imported() == [f"{root / 'random'}: 4 {_nanotron.RANDOM_NOTE}"]
 
 
 class Opaque:  # an object torch.load(weights_only=True) refuses
@@ -554,18 +588,81 @@ class Opaque:  # an object torch.load(weights_only=True) refuses
         self.n = n
 
 
-def test_an_optimizer_state_of_a_shard_no_file_holds_is_not_listed(ckpt):
+@pytest.mark.parametrize("what", ["optimizer", "lr_scheduler"])
+def test_a_damaged_pickle_is_corrupt_not_refused(ckpt, what):
+    """torch's weights_only unpickler words every failure "Weights only load
+    failed", a stream of garbage bytes included: that is a damaged file
+    (CorruptCheckpointError naming it), never a refusal to skip."""
     root = ckpt[0]
-    path = root / "optimizer" / "optimizer_pp-0-of-2_tp-1-of-2_exp-0-of-1.pt"
+    path = (root / "optimizer" / OPT.format(1, 0) if what == "optimizer"
+            else root / "lr_scheduler" / "lr_scheduler.pt")
+    path.write_bytes(b"\xff" * 64)  # not a zip: read as a legacy pickle, an unknown opcode
+    with pytest.raises(CorruptCheckpointError) as info:
+        opened(root).values()
+    msg = str(info.value)
+    assert "\n" not in msg and str(path) in msg and "unreadable pickle" in msg, msg
+    assert "unsafe_pickle" not in msg, msg
+
+
+def test_a_missing_optimizer_file_is_named(ckpt):
+    """Every (pp, tp) process writes its optimizer file: one missing is a
+    missing part of the checkpoint, named, never state quietly left out."""
+    root = ckpt[0]
+    gone = root / "optimizer" / OPT.format(1, 0)
+    gone.unlink()
+    with pytest.raises(CheckpointNotFoundError) as info:
+        opened(root).tensors()
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{gone}: missing optimizer file (3 of 4"), msg
+
+
+def test_an_optimizer_state_missing_for_one_shard_is_corrupt(ckpt):
+    root = ckpt[0]
+    path = root / "optimizer" / OPT.format(0, 1)
     sd = torch.load(path, weights_only=True)
     index = next(i for i, n in sd["names"].items() if n == O_PROJ)
     del sd["state"][index]["exp_avg"]
     torch.save(sd, path)
-    ck = opened(root)
-    with pytest.warns(UserWarning, match="no optimizer file holds the state of shard"):
-        listed = ck.tensors()
-    assert f"optimizer.state.{O_PROJ}.exp_avg" not in listed
-    assert f"optimizer.state.{O_PROJ}.exp_avg_sq" in listed
+    with pytest.raises(CorruptCheckpointError) as info:
+        opened(root).tensors()
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: no 'optimizer.state.{O_PROJ}.exp_avg' for weight shard "), msg
+    assert "other shards have it" in msg
+
+
+def test_opening_without_safetensors_says_how_to_install_it(ckpt, monkeypatch):
+    """Detection reads file names only; opening needs the safetensors
+    package (sys.modules[name] = None makes its import fail, as when it is
+    not installed)."""
+    root = ckpt[0]
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    assert _nanotron.FORMAT.detect(str(root))
+    with pytest.raises(ImportError, match=r"needs the safetensors package \(pip install "
+                                          r"safetensors\)"):
+        opened(root)
+
+
+def test_shardsafe_import_prints_what_was_not_imported(ckpt, run, tmp_path):
+    """The CLI prints the reader's not_imported() lines, and any other
+    warning of the import (here torch's about a pickle protocol its
+    weights_only unpickler was not written for) on stderr."""
+    root = ckpt[0]
+    path = root / "optimizer" / OPT.format(0, 1)
+    sd = torch.load(path, weights_only=True)
+    del sd["names"]
+    torch.save(sd, path)
+    sched = root / "lr_scheduler" / "lr_scheduler.pt"
+    torch.save(torch.load(sched, weights_only=True), sched, pickle_protocol=3)
+    proc = run("import", root.parent, tmp_path / "out")
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert "from nanotron checkpoint" in proc.stdout, describe(proc)
+    notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: not imported: ")]
+    assert f"note: not imported: {path}: optimizer state not imported: no 'names'" in \
+        "\n".join(notes), describe(proc)
+    assert len(notes) == 1 + len(all_optimizer_keys(STAGE0_SHARDED)) + 1, describe(proc)  # + random
+    assert "warning: UserWarning: Detected pickle protocol 3" in proc.stderr, describe(proc)
+    out = _import.import_checkpoint(root, tmp_path / "again", progress=False)
+    assert [f"note: not imported: {ln}" for ln in out["not_imported"]] == notes
 
 
 # ------------------------------------------------------------- ZeRO-1 --
@@ -636,8 +733,17 @@ def test_zero1_dp_pieces_join_into_global_states(tmp_path):
     (odir / "optimizer_config.json").write_text(json.dumps(config))
     with pytest.raises(CorruptCheckpointError, match="optimizer_config.json says \\[0, 2\\]"):
         opened(root).read(f"optimizer.state.{LN0}.exp_avg")
-    os.remove(odir / "optimizer_pp-0-of-1_dp-1-of-2_tp-1-of-2_exp-0-of-1.pt")
     config["configs"]["param_name_to_dp_rank_offsets"] = {}
     (odir / "optimizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(CorruptCheckpointError, match=r"ranks \[0\] hold 256 of the 512 elements"):
+    one = odir / "optimizer_pp-0-of-1_dp-1-of-2_tp-1-of-2_exp-0-of-1.pt"
+    sd = torch.load(one, weights_only=True)
+    index = next(i for i, n in sd["names"].items() if n == O_PROJ)
+    for state in sd["state"][index].values():
+        if state.dim():
+            state.resize_(state.numel() - 1)
+    torch.save(sd, one)
+    with pytest.raises(CorruptCheckpointError, match=r"ranks \[0, 1\] hold 511 of the 512 "):
         opened(root).read(f"optimizer.state.{O_PROJ}.exp_avg")
+    os.remove(one)
+    with pytest.raises(CheckpointNotFoundError, match=f"{one}: missing optimizer file"):
+        opened(root).tensors()
