@@ -8,7 +8,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from ._engine import without_gc
 from ._options import LoadOptions
 from ._parts import PerRank, Sharded, decode_per_rank
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
-                     TensorLeaf, decode_value, flatten, from_json, rebuild)
+                     TensorLeaf, decode_value, flatten, from_json, holds, rebuild)
 from .errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
                      ShapeMismatchError, ShardsafeError)
 
@@ -379,7 +379,8 @@ def _load_foreign(state_dict: Any, path: str, fmt: _foreign.Format, strict: bool
     if mapped:
         raise InvalidStateError(f"{path} is a {fmt.name} checkpoint: rename and experts need a "
                                 f"shardsafe one (shardsafe import SRC DST)")
-    generic = skip is not None or _holds_sharded(state_dict)
+    # DCP's own load cannot fill shardsafe.Sharded parts.
+    generic = skip is not None or holds(state_dict, lambda v: isinstance(v, Sharded))
     comm = resolve(process_group)
     if fmt is peers.FORMAT and comm is not None:  # one way on every rank
         generic = any(agree(comm, None, generic))
@@ -412,17 +413,6 @@ def _detect_on_every_rank(path: str, comm: TorchComm | None) -> _foreign.Format 
                          for r, n in enumerate(names))
         raise InvalidStateError(f"{path}: ranks see different checkpoints there ({seen})")
     return fmt
-
-
-def _holds_sharded(node: Any) -> bool:
-    """Whether a state holds shardsafe.Sharded parts (which DCP cannot fill)."""
-    if isinstance(node, Sharded):
-        return True
-    if isinstance(node, Mapping):
-        return any(_holds_sharded(v) for v in node.values())
-    if isinstance(node, (list, tuple)):
-        return any(_holds_sharded(v) for v in node)
-    return False
 
 
 def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | None:

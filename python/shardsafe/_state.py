@@ -69,14 +69,19 @@ def is_stateful(x: Any) -> bool:
     return callable(getattr(x, "state_dict", None)) and callable(getattr(x, "load_state_dict", None))
 
 
-def holds_tensors(x: Any) -> bool:
-    if isinstance(x, (torch.Tensor, Sharded, PerRank)) or is_stateful(x):
+def holds(x: Any, leaf: Callable[[Any], bool]) -> bool:
+    """Whether `x`, or anything in its dicts, lists and tuples, is a `leaf`."""
+    if leaf(x):
         return True
     if isinstance(x, Mapping):
-        return any(holds_tensors(v) for v in x.values())
+        return any(holds(v, leaf) for v in x.values())
     if isinstance(x, (list, tuple)):
-        return any(holds_tensors(v) for v in x)
+        return any(holds(v, leaf) for v in x)
     return False
+
+
+def holds_tensors(x: Any) -> bool:
+    return holds(x, lambda v: isinstance(v, (torch.Tensor, Sharded, PerRank)) or is_stateful(v))
 
 
 @dataclass

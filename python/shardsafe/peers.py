@@ -83,7 +83,7 @@ class _Planner(DefaultLoadPlanner):
         try:
             obj = torch.load(value, weights_only=not self._unsafe_pickle)
         except Exception as e:
-            cls = InvalidStateError if refused(e) else CorruptCheckpointError
+            cls = InvalidStateError if refused_global(e) else CorruptCheckpointError
             info = (self.metadata.storage_data or {}).get(read_item.storage_index)
             where = f" in {info.relative_path}" if info is not None else ""
             self.error = cls(f"value {key!r}{where}: {unpickle_error(e)}")
@@ -130,18 +130,11 @@ class _Reader(dcp.FileSystemReader):
         return self.metadata
 
 
-def refused(e: BaseException) -> bool:
-    """Whether torch.load failed because weights_only refused a type (not
-    because the pickle is damaged: torch words both "Weights only load
-    failed")."""
-    return refused_global(e) is not None
-
-
 def unpickle_error(e: BaseException) -> str:
     """torch.load's failure in one line: what weights_only refused (and the
     way out), or the first line of any other error."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    if refused(e):
+    if refused_global(e):
         cause = next((ln.removeprefix("WeightsUnpickler error:").split(". Please")[0].strip()
                       for ln in lines
                       if ln.startswith(("WeightsUnpickler error:", "Trying to load"))),

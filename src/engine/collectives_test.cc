@@ -66,6 +66,13 @@ class CollectivesTest : public ::testing::Test {
     return MakeShard(key, DType::kF32, kShape, {Box{{4ull * r, 0}, {4, 4}}, std::nullopt});
   }
 
+  // A state of one shard.
+  static SaveState StateOf(const OwnedShard& shard) {
+    SaveState state;
+    state.tensors.push_back(shard.View());
+    return state;
+  }
+
   static inline const Shape kShape = {8, 4};
   std::string root_;
 };
@@ -79,9 +86,7 @@ TEST_F(CollectivesTest, SaveMakesFiveThenFourWithAnUnchangedLayout) {
   for (int expected : {5, 4, 4}) {
     auto counts = Count([&](int r, Comm& comm) {
       OwnedShard shard = Half(r, "save-makes-five");
-      SaveState state;
-      state.tensors.push_back(shard.View());
-      return Save(state, root_ + "/a" + std::to_string(expected), comm, {.overwrite = true})
+      return Save(StateOf(shard), root_ + "/a" + std::to_string(expected), comm, {.overwrite = true})
           .status();
     });
     EXPECT_THAT(counts, ::testing::Each(expected));
@@ -94,10 +99,8 @@ TEST_F(CollectivesTest, ManagerSaveWithRetentionMakesFiveThenFour) {
   for (int64_t step : {1, 2, 3}) {
     auto counts = Count([&](int r, Comm& comm) {
       OwnedShard shard = Half(r, "manager-makes-five");
-      SaveState state;
-      state.tensors.push_back(shard.View());
       CheckpointManager manager(root_ + "/m", {.keep_last = 1});
-      return manager.Save(step, state, comm, {}).status();
+      return manager.Save(step, StateOf(shard), comm, {}).status();
     });
     EXPECT_THAT(counts, ::testing::Each(step == 1 ? 5 : 4)) << "step " << step;
   }
@@ -113,9 +116,7 @@ TEST_F(CollectivesTest, ManagerSaveWithRetentionMakesFiveThenFour) {
 TEST_F(CollectivesTest, LoadMakesTwoOrThreeWithSharedReads) {
   Count([&](int r, Comm& comm) {
     OwnedShard shard = Half(r);
-    SaveState state;
-    state.tensors.push_back(shard.View());
-    return Save(state, root_ + "/l", comm, {}).status();
+    return Save(StateOf(shard), root_ + "/l", comm, {}).status();
   });
   for (bool share : {false, true}) {
     auto counts = Count([&](int r, Comm& comm) {
@@ -137,11 +138,9 @@ TEST_F(CollectivesTest, LocalFailureReachesEveryRankThroughTheFirstCollective) {
   testing::RunRanks(3, [&](int r, Comm& comm) {
     CountingComm counting(comm);
     OwnedShard shard = MakeShard("w", DType::kF32, {3}, {Box{{1ull * r}, {1}}, std::nullopt});
-    SaveState state;
-    state.tensors.push_back(shard.View());
     SaveOptions options;
     if (r == 1) options.local_failure = InvalidArgumentError("state walk: bad value 'x'");
-    out[r] = Save(state, root_ + "/f", counting, options).status();
+    out[r] = Save(StateOf(shard), root_ + "/f", counting, options).status();
     EXPECT_EQ(counting.count, 1) << "rank " << r;
   });
   for (const Status& s : out) {

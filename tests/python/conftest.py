@@ -122,3 +122,18 @@ def read_safetensors_header(path: Path) -> tuple[int, dict]:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         return n, json.loads(f.read(n))
+
+
+def import_error_without(package: str, module: str) -> str:
+    """What importing `module` prints as its ImportError, in a fresh
+    interpreter where `package` cannot be imported."""
+    import sys
+
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            "import shardsafe\n"
+            "try:\n"
+            f"    import {module}\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True).stdout

@@ -16,8 +16,6 @@ import argparse
 import collections
 import os
 import resource
-import subprocess
-import sys
 
 import lightning as L
 import pytest
@@ -26,6 +24,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import shardsafe
+from conftest import import_error_without
 from dist_util import run_workers
 from shardsafe.integrations.lightning import (LAYOUT_KEY, ShardsafeAsyncCheckpointIO,
                                               ShardsafeCheckpointIO)
@@ -325,12 +324,5 @@ def test_storage_options_and_torch_files(tmp_path):
 
 
 def test_import_without_lightning_names_the_extra():
-    code = ("import sys; sys.modules['lightning'] = None\n"
-            "import shardsafe\n"
-            "try:\n"
-            "    import shardsafe.integrations.lightning\n"
-            "except ImportError as e:\n"
-            "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = import_error_without("lightning", "shardsafe.integrations.lightning")
     assert "pip install shardsafe[lightning]" in out, out

@@ -16,8 +16,6 @@ import of this module: never a skip.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -30,6 +28,7 @@ from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersCon
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
 import shardsafe
+from conftest import import_error_without
 from dist_util import run_workers
 from shardsafe.integrations.torchtitan import ShardsafeCheckpointManager
 
@@ -144,12 +143,5 @@ def test_config_builds_the_shardsafe_manager():
 
 
 def test_import_without_torchtitan_names_the_extra():
-    code = ("import sys; sys.modules['torchtitan'] = None\n"
-            "import shardsafe\n"
-            "try:\n"
-            "    import shardsafe.integrations.torchtitan\n"
-            "except ImportError as e:\n"
-            "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = import_error_without("torchtitan", "shardsafe.integrations.torchtitan")
     assert "pip install shardsafe[torchtitan]" in out, out

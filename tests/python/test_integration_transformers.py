@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,6 +24,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 import shardsafe
 import shardsafe.hf
+from conftest import import_error_without
 from hf_models import TINY
 from shardsafe.integrations.transformers import ShardsafeTrainer, is_shardsafe_checkpoint
 
@@ -198,12 +197,5 @@ def test_save_only_model(tmp_path):
 
 
 def test_import_without_transformers_names_the_extra():
-    code = ("import sys; sys.modules['transformers'] = None\n"
-            "import shardsafe\n"
-            "try:\n"
-            "    import shardsafe.integrations.transformers\n"
-            "except ImportError as e:\n"
-            "    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = import_error_without("transformers", "shardsafe.integrations.transformers")
     assert "pip install shardsafe[transformers]" in out, out
