@@ -6,13 +6,13 @@
 #   PREFIX/lib/pkgconfig/             shardsafe.pc, shardsafe-mpi.pc
 #   PREFIX/bin/shardsafe              the command-line tool
 # The module libraries stay static and internal: the shared library carries
-# their dependencies (ISA-L, simdjson, RE2) as its own, so a program links
+# their dependencies (ISA-L, simdjson, RE2, libcurl, OpenSSL, pugixml) as its own, so a program links
 # shardsafe::shardsafe and nothing else. tests/install builds the README's
 # C++ examples against the installed package.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_shardsafe_modules ss_base ss_format ss_layout ss_storage ss_comm ss_engine_catalog
+set(_shardsafe_modules ss_base ss_format ss_layout ss_storage ss_s3 ss_comm ss_engine_catalog
     ss_engine_save ss_engine_shared_reads ss_engine_load ss_engine_tools ss_engine ss_hf)
 list(JOIN _shardsafe_modules "," _shardsafe_whole)
 add_library(shardsafe_lib SHARED ${PROJECT_SOURCE_DIR}/cmake/shardsafe_lib.cc)

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -206,10 +207,41 @@ class FileSystem {
   virtual Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) {
     return UnimplementedError("locking " + path + " is not supported");
   }
+
+  // An object store (S3): no rename, no directories, no locks; a file
+  // appears whole once written (WritableFile::Sync). Saves commit there
+  // with the conditional writes below instead of a rename
+  // (docs/design.md, "Object storage").
+  virtual bool IsObjectStore() const { return false; }
+  // Creates `path` holding `data` in one step unless it exists:
+  // AlreadyExists if it does (S3: If-None-Match: *).
+  virtual Status CreateFileExclusive(const std::string& path, std::string_view data) {
+    return UnimplementedError("conditional writes of " + path + " are not supported");
+  }
+  // A whole small file (ResourceExhausted above `max_bytes`) and, in
+  // `*version`, a token that changes whenever the file does (S3: the ETag).
+  virtual Result<std::string> ReadFileVersioned(const std::string& path, uint64_t max_bytes,
+                                                std::string* version) {
+    return UnimplementedError("versioned reads of " + path + " are not supported");
+  }
+  // Replaces `path` with `data` if it still has `version` (nullopt: if it
+  // does not exist), in one step: FailedPrecondition if it changed (S3:
+  // If-Match: ETAG, or If-None-Match: *).
+  virtual Status ReplaceFileIfVersion(const std::string& path, std::string_view data,
+                                      const std::optional<std::string>& version) {
+    return UnimplementedError("conditional writes of " + path + " are not supported");
+  }
 };
 
 // The POSIX file system. Lives for the whole process.
 FileSystem* DefaultFileSystem();
+
+// The file system `path` lies on: `given` when not null; for an s3:// URI
+// the object store (src/s3/s3_file_system.h), one per configuration, made
+// from the AWS_* variables on first use and kept for the process
+// (InvalidArgument when they are missing or malformed); else
+// DefaultFileSystem().
+Result<FileSystem*> FileSystemFor(std::string_view path, FileSystem* given = nullptr);
 
 // What DefaultFileSystem() refuses before any system call: a path with a
 // NUL byte (InvalidArgument: it would name another file as a C string) and

@@ -49,12 +49,16 @@ ReadOptions SourceReadOptions(const CheckpointSource& src);
 // Opens `path` on this process alone. NotFound if nothing loadable is
 // there; DataLoss for a corrupt index or header (naming the file and rule).
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path);
+// OpenSource on the file system `path` lies on (FileSystemFor).
+Result<CheckpointSource> OpenSource(const std::string& path);
 
 // Collective: rank 0 resolves and reads `path` (OpenSource) and sends what
 // it read; every rank returns the same source, or the same error. Other
 // ranks never touch the index file.
 Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
                                               Comm& comm);
+// OpenSourceCollective on the file system `path` lies on (FileSystemFor).
+Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm);
 
 // Collective: Load (shardsafe/checkpoint.h) from a source every rank got
 // from OpenSourceCollective, so a caller that plans from the index does not

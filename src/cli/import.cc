@@ -148,7 +148,7 @@ void AddImport(CLI::App& app, int* exit_code) {
                 "other tools' checkpoints: unpickle saved values of any type (only for "
                 "checkpoints you trust)");
   cmd->callback([=] {
-    auto source = OpenSource(*DefaultFileSystem(), *src);
+    auto source = OpenSource(*src);
     std::error_code ec;
     if (!source.ok() && source.status().code() == StatusCode::kNotFound &&
         std::filesystem::is_directory(*src, ec)) {

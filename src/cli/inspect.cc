@@ -72,7 +72,7 @@ void AddInspect(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", *json, "machine-readable output");
   cmd->add_flag("--chunks", *chunks, "list every chunk of every tensor");
   cmd->callback([=] {
-    auto src = OpenSource(*DefaultFileSystem(), *path);
+    auto src = OpenSource(*path);
     if (!src.ok()) {
       *exit_code = Fail(src.status());
       return;

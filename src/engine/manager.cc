@@ -60,9 +60,9 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
 }
 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() {
-  FileSystem& fs = options_.fs ? *options_.fs : *DefaultFileSystem();
-  if (!fs.Stat(root_).ok()) return std::optional<int64_t>();
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, &fs));
+  SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(root_, options_.fs));
+  if (!fs->Stat(root_).ok()) return std::optional<int64_t>();
+  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, fs));
   for (const CheckpointInfo& c : list) {
     if (c.is_latest) return c.step;
   }
@@ -85,7 +85,8 @@ Result<std::vector<CheckpointInfo>> CheckpointManager::List() {
 }
 
 Result<std::vector<std::string>> CheckpointManager::Prune(int keep) {
-  return PruneCheckpoints(options_.fs ? *options_.fs : *DefaultFileSystem(), root_, keep);
+  SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(root_, options_.fs));
+  return PruneCheckpoints(*fs, root_, keep);
 }
 
 }  // namespace shardsafe

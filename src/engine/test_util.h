@@ -132,6 +132,18 @@ class ForwardingFileSystem : public FileSystem {
   Result<std::unique_ptr<FileLock>> TryLock(const std::string& p, LockMode mode) override {
     return base_->TryLock(p, mode);
   }
+  bool IsObjectStore() const override { return base_->IsObjectStore(); }
+  Status CreateFileExclusive(const std::string& p, std::string_view data) override {
+    return base_->CreateFileExclusive(p, data);
+  }
+  Result<std::string> ReadFileVersioned(const std::string& p, uint64_t max,
+                                        std::string* version) override {
+    return base_->ReadFileVersioned(p, max, version);
+  }
+  Status ReplaceFileIfVersion(const std::string& p, std::string_view data,
+                              const std::optional<std::string>& version) override {
+    return base_->ReplaceFileIfVersion(p, data, version);
+  }
 
  protected:
   FileSystem* const base_;

@@ -133,7 +133,7 @@ class PendingSource {
   // Status: an exception must not leave the thread.
   static Result<CheckpointSource> Open(const std::string& path) {
     try {
-      return OpenSource(*DefaultFileSystem(), path);
+      return OpenSource(path);
     } catch (const std::bad_alloc&) {
       return ResourceExhaustedError("no memory to open " + path);
     } catch (const std::exception& e) {
@@ -172,7 +172,7 @@ nb::dict Fields(const CheckpointSource& source) {
 }
 
 nb::dict Describe(const std::string& path) {
-  const CheckpointSource source = Released([&] { return OpenSource(*DefaultFileSystem(), path); });
+  const CheckpointSource source = Released([&] { return OpenSource(path); });
   nb::dict d = Fields(source);
   d["tensors"] = TensorsDict(source.index.tensors);
   return d;
@@ -186,7 +186,7 @@ void BindOpenedSource(nb::module_& m) {
         [](const std::string& path, nb::handle comm) {
           std::unique_ptr<Comm> c = MakeComm(comm);
           return OpenedSource{
-              Released([&] { return OpenSourceCollective(*DefaultFileSystem(), path, *c); })};
+              Released([&] { return OpenSourceCollective(path, *c); })};
         },
         "path"_a, "comm"_a.none());
   nb::class_<PendingSource>(m, "PendingSource")

@@ -150,6 +150,19 @@ Status FaultInjectingFileSystem::RenameExchange(const std::string& a, const std:
   return base_->RenameExchange(a, b);
 }
 
+Status FaultInjectingFileSystem::CreateFileExclusive(const std::string& path,
+                                                     std::string_view data) {
+  SS_RETURN_IF_ERROR(BeforeOp(OpKind::kCreate));
+  return base_->CreateFileExclusive(path, data);
+}
+
+Status FaultInjectingFileSystem::ReplaceFileIfVersion(const std::string& path,
+                                                      std::string_view data,
+                                                      const std::optional<std::string>& version) {
+  SS_RETURN_IF_ERROR(BeforeOp(OpKind::kCreate));
+  return base_->ReplaceFileIfVersion(path, data, version);
+}
+
 Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
   SS_RETURN_IF_ERROR(BeforeOp(OpKind::kSyncDir));
   return base_->SyncDir(path);

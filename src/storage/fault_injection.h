@@ -1,10 +1,11 @@
 // FaultInjectingFileSystem: a FileSystem wrapper for tests that counts every
 // mutating operation and can make chosen ones fail.
 //
-// Counted operations, by kind: NewWritableFile (kCreate), Append, Sync and
-// Close on the files it returns (kAppend, kSync, kClose), Rename and
-// RenameExchange (kRename), SyncDir, CreateDir, RemoveFile and RemoveAll
-// (kRemove). Reads (NewRandomAccessFile, Stat, ListDir) pass through
+// Counted operations, by kind: NewWritableFile, CreateFileExclusive and
+// ReplaceFileIfVersion (kCreate), Append, Sync and Close on the files it
+// returns (kAppend, kSync, kClose), Rename and RenameExchange (kRename),
+// SyncDir, CreateDir, RemoveFile and RemoveAll (kRemove). Reads
+// (NewRandomAccessFile, Stat, ListDir, ReadFileVersioned) pass through
 // uncounted and never fail.
 //
 // Two ways to arm it:
@@ -81,6 +82,14 @@ class FaultInjectingFileSystem final : public FileSystem {
   Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) override {
     return base_->TryLock(path, mode);
   }
+  bool IsObjectStore() const override { return base_->IsObjectStore(); }
+  Status CreateFileExclusive(const std::string& path, std::string_view data) override;
+  Result<std::string> ReadFileVersioned(const std::string& path, uint64_t max_bytes,
+                                        std::string* version) override {
+    return base_->ReadFileVersioned(path, max_bytes, version);
+  }
+  Status ReplaceFileIfVersion(const std::string& path, std::string_view data,
+                              const std::optional<std::string>& version) override;
 
  private:
   struct Armed {

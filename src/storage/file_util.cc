@@ -92,6 +92,8 @@ Status RandomAccessFile::ReadScattered(uint64_t offset, std::span<const Piece> p
 }
 
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data) {
+  // An object appears whole when its upload completes.
+  if (fs.IsObjectStore()) return WriteAndSync(fs, path, data).WithContext("writing " + path);
   const std::string parent = ParentDir(path);
   const std::string tmp = JoinPath(parent, "." + BaseName(path) + ".tmp." + RandomSuffix());
   // 1. Write and sync the temporary. 2. Rename it over `path`. Before step 2

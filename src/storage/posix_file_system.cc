@@ -277,9 +277,13 @@ Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& pa
 }  // namespace
 
 Status CheckLocalPath(std::string_view path) {
-  if (std::string_view scheme = UriScheme(path); !scheme.empty()) {
+  if (std::string_view scheme = UriScheme(path); scheme == "s3") {
+    return UnimplementedError(std::string(path) +
+                              ": this operation does not support object storage (s3://) yet; "
+                              "save, load, ls, prune, inspect, verify, diff and import do");
+  } else if (!scheme.empty()) {
     return UnimplementedError(std::string(path) + ": no storage for " + std::string(scheme) +
-                              ":// URIs; shardsafe reads and writes local paths");
+                              ":// URIs; shardsafe reads and writes local paths and s3://");
   }
   if (path.find('\0') == std::string_view::npos) return Status();
   std::string shown(path);

@@ -606,10 +606,12 @@ def test_a_uri_is_an_error_not_a_local_folder(tmp_path, monkeypatch):
     # "s3://bucket/run" must not become the local directory "s3:/bucket/run".
     monkeypatch.chdir(tmp_path)
     state = {"w": torch.ones(2)}
-    for call in (lambda: shardsafe.save(state, "s3://bucket/run/step-1"),
-                 lambda: shardsafe.async_save(state, "s3://bucket/run/step-2").result(timeout=120),
-                 lambda: shardsafe.load(state, "gs://bucket/run"),
-                 lambda: shardsafe.CheckpointManager("s3://bucket/run").save(1, state)):
-        with pytest.raises(shardsafe.ShardsafeError, match=r"no storage for \w+:// URIs"):
+    s3 = r"s3://bucket/run\S*: writing to object storage is not supported yet"
+    for call, says in ((lambda: shardsafe.save(state, "s3://bucket/run/step-1"), s3),
+                       (lambda: shardsafe.async_save(state, "s3://bucket/run/step-2")
+                        .result(timeout=120), s3),
+                       (lambda: shardsafe.load(state, "gs://bucket/run"), r"no storage for gs://"),
+                       (lambda: shardsafe.CheckpointManager("s3://bucket/run").save(1, state), s3)):
+        with pytest.raises(shardsafe.ShardsafeError, match=says):
             call()
     assert not list(tmp_path.iterdir()), "a URI was taken for a local path"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <chrono>
 #include <thread>
 
@@ -19,6 +20,39 @@ bool IsTagChar(char c) {
 
 bool StartsWith(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
+}
+
+// The newest modification time of the files in `dir` (nullopt if it
+// cannot be listed or holds none).
+std::optional<int64_t> NewestMtime(FileSystem& fs, const std::string& dir) {
+  auto entries = fs.ListDir(dir);
+  if (!entries.ok()) return std::nullopt;
+  std::optional<int64_t> newest;
+  for (const DirEntry& e : *entries) {
+    auto info = fs.Stat(JoinPath(dir, e.name));
+    if (info.ok()) newest = std::max(newest.value_or(info->mtime_seconds), info->mtime_seconds);
+  }
+  return newest;
+}
+
+// ClaimLeftovers on an object store: what nobody can hold a lock on is
+// judged by age.
+std::vector<ClaimedDir> ClaimAgedLeftovers(FileSystem& fs, const std::string& root,
+                                           const std::vector<DirEntry>& entries) {
+  const int64_t before = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count() -
+                         ObjectLeftoverAge().count();
+  std::vector<ClaimedDir> claimed;
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(root, e.name);
+    const bool candidate = e.is_dir && (StartsWith(e.name, kTmpPrefix) ||
+                                        (ValidateTag(e.name).ok() && !IsCommitted(fs, path)));
+    if (!candidate) continue;
+    std::optional<int64_t> newest = NewestMtime(fs, path);
+    if (newest && *newest <= before) claimed.push_back(ClaimedDir{path, nullptr, nullptr});
+  }
+  return claimed;
 }
 
 // Sum of the sizes of a checkpoint's data files (*.safetensors).
@@ -120,7 +154,8 @@ bool IsCommitted(FileSystem& fs, const std::string& dir) {
 }
 
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, FileSystem* fsp) {
-  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(FileSystem * found, FileSystemFor(root, fsp));
+  FileSystem& fs = *found;
   // Shared: no commit or retention renames a checkpoint while it is listed
   // (a listing racing them could miss both the old and the new one).
   auto lock = LockRoot(fs, root, LockMode::kShared);
@@ -303,10 +338,15 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     if (!claimed) continue;  // a load is reading it
     // Hidden by one atomic rename, so a crash mid-removal never leaves a
     // half-deleted directory that still looks committed. The locks follow
-    // the directory.
-    claimed->path =
-        JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
-    SS_RETURN_IF_ERROR(fs.Rename(c.path, claimed->path));
+    // the directory. An object store has no rename: deleting the index
+    // un-commits the checkpoint in one step.
+    if (fs.IsObjectStore()) {
+      SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(c.path, kIndexFileName)));
+    } else {
+      claimed->path =
+          JoinPath(root, std::string(kTmpPrefix) + "pruned-" + c.tag + "." + RandomSuffix());
+      SS_RETURN_IF_ERROR(fs.Rename(c.path, claimed->path));
+    }
     hidden.push_back(std::move(*claimed));
     if (tags) tags->push_back(c.tag);
     --to_remove;
@@ -327,10 +367,24 @@ Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::str
   return tags;
 }
 
+std::chrono::seconds ObjectLeftoverAge() {
+  const char* env = std::getenv("SHARDSAFE_S3_LEFTOVER_AGE");
+  int64_t seconds = 0;
+  if (env != nullptr) {
+    const std::string_view text(env);
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+    if (ec == std::errc() && ptr == text.data() + text.size() && seconds >= 0) {
+      return std::chrono::seconds(seconds);
+    }
+  }
+  return std::chrono::hours(1);
+}
+
 std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root) {
   std::vector<ClaimedDir> claimed;
   auto entries = fs.ListDir(root);
   if (!entries.ok()) return claimed;
+  if (fs.IsObjectStore()) return ClaimAgedLeftovers(fs, root, *entries);
   for (const DirEntry& e : *entries) {
     const std::string path = JoinPath(root, e.name);
     if (e.is_dir && StartsWith(e.name, kTmpPrefix)) {

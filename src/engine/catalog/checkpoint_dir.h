@@ -101,7 +101,8 @@ std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir);
 // `root` (commit order) until `keep` remain (keep >= 1, else
 // InvalidArgument), but never the newest one, the latest one, nor one a
 // load is reading (it stays until a later prune finds it unused); each is
-// hidden by an atomic rename to a temporary name. Returns them, claimed,
+// hidden by an atomic rename to a temporary name (on an object store: its
+// index is deleted, which un-commits it). Returns them, claimed,
 // with their tags in `*tags` when it is set.
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
                                                    int keep,
@@ -114,8 +115,15 @@ Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::str
 
 // With the root locked: removes `.latest.tmp.*` files left in `root` by
 // interrupted saves and claims the `.tmp-*` directories nobody uses (a save
-// in progress holds its own locked; ClaimDir).
+// in progress holds its own locked; ClaimDir). On an object store, where
+// nothing is locked, it claims the `.tmp-*` prefixes and the tags without
+// an index whose newest object is older than ObjectLeftoverAge().
 std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root);
+
+// How old what a save left on an object store must be before another
+// process takes it for a killed save's and removes it: 1 hour, or
+// SHARDSAFE_S3_LEFTOVER_AGE seconds.
+std::chrono::seconds ObjectLeftoverAge();
 
 // ClaimLeftovers under the root's lock, then deletes what it claimed. Best
 // effort: failures are returned but harmless.

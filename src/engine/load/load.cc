@@ -132,9 +132,6 @@ Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResu
   return Status();
 }
 
-FileSystem& FsOf(const LoadOptions& options) {
-  return options.fs ? *options.fs : *DefaultFileSystem();
-}
 
 }  // namespace
 
@@ -245,14 +242,18 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
   return Execute(p, src, blobs_of_rank, fs, options, result);
 }
 
-Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
-                                              Comm& comm) {
+namespace {
+
+// OpenSourceCollective with rank 0's file system (or why it has none).
+Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std::string& path,
+                                        Comm& comm) {
   // Rank 0 opens and validates; the others parse the index bytes it read.
   Result<CheckpointSource> local_src = CheckpointSource();
   Result<std::string> opened = std::string();
   if (comm.rank() == 0) {
     std::string text;
-    local_src = OpenSource(fs, path, comm.size() > 1 ? &text : nullptr);
+    local_src = fs.ok() ? OpenSource(**fs, path, comm.size() > 1 ? &text : nullptr)
+                        : Result<CheckpointSource>(fs.status());
     opened = !local_src.ok()     ? Result<std::string>(local_src.status())
              : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src, text))
                                : Result<std::string>(std::string());
@@ -262,10 +263,24 @@ Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string&
   return local_src;
 }
 
+}  // namespace
+
+Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
+                                              Comm& comm) {
+  return OpenOnRankZero(&fs, path, comm);
+}
+
+Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm) {
+  // Only rank 0 reads here; a rank that cannot reach the store fails later,
+  // in LoadOpenedSource's agreement.
+  return OpenOnRankZero(comm.rank() == 0 ? FileSystemFor(path) : Result<FileSystem*>(nullptr),
+                        path, comm);
+}
+
 Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
                                     Comm& comm, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = FsOf(options);
+  Result<FileSystem*> fs = FileSystemFor(src.path, options.fs);
   LoadResult result;
   result.path = src.path;
   result.tag = src.index.tag;
@@ -274,7 +289,8 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
   result.layout = src.index.layout;
   result.saved_world_size = src.index.world_size;
   std::vector<std::string> written;
-  Status local = LoadLocal(request, src, comm, fs, options, &result, &written);
+  Status local = fs.status();
+  if (local.ok()) local = LoadLocal(request, src, comm, **fs, options, &result, &written);
   SS_RETURN_IF_ERROR(
       NameTouchedTargets(AgreeOnStatus(comm, local).WithContext("loading " + src.path), written));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -284,7 +300,9 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
 Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
                         const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourceCollective(FsOf(options), path, comm));
+  Result<CheckpointSource> opened = options.fs ? OpenSourceCollective(*options.fs, path, comm)
+                                                : OpenSourceCollective(path, comm);
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, std::move(opened));
   SS_ASSIGN_OR_RETURN(LoadResult result, LoadOpenedSource(request, src, comm, options));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

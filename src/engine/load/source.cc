@@ -260,6 +260,11 @@ Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
   return OpenSource(fs, path, nullptr);
 }
 
+Result<CheckpointSource> OpenSource(const std::string& path) {
+  SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(path));
+  return OpenSource(*fs, path);
+}
+
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
                                     std::string* index_text) {
   auto info = fs.Stat(path);

@@ -111,7 +111,9 @@ class Handle final : public AsyncSaveHandle {
 struct Job : StagedImages {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;
-  std::string root, tag, tmp_dir;
+  std::string root, tag;
+  SaveDirs dirs;
+  FileSystem* fs = nullptr;            // where root lies (FileSystemFor)
   std::shared_ptr<FileLock> tmp_lock;  // rank 0: keeps other saves' cleanup away
   int rank = 0, world = 1;
   UserJson json;  // for rank 0's index
@@ -123,14 +125,13 @@ struct Job : StagedImages {
   std::chrono::steady_clock::time_point start;
 };
 
-FileSystem& FsOf(const SaveOptions& o) { return o.fs ? *o.fs : *DefaultFileSystem(); }
-
 // Step d for file `index`, as far as the copy has staged it at each step.
 Status WriteStaged(const Job& job, size_t index) {
-  FileSystem& fs = FsOf(job.options);
+  FileSystem& fs = *job.fs;
   const StagedFile& f = job.files[index];
   const PlannedFile& planned = job.plan->files[f.plan_file];
-  const std::string path = JoinPath(job.tmp_dir, DataFileName(planned.rank, planned.number));
+  const std::string path = JoinPath(
+      job.dirs.data, DataFileName(planned.rank, planned.number, job.dirs.file_suffix));
   SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, DataFileOptions(job.options, f.size)));
   for (uint64_t done = 0; done < f.size;) {
     const uint64_t next = std::min(f.size, done + kWriteStep);
@@ -181,33 +182,34 @@ auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready) ->
 // A commit that failed once every rank was done: the other ranks learn why
 // from the `aborted` marker, which stays (with the directory, until the next
 // save removes it as a leftover) while the data files go now.
-void AbortKeepingTheReason(FileSystem& fs, const std::string& tmp_dir, const Status& why) {
-  if (!WriteFileAtomically(fs, JoinPath(tmp_dir, kAbortedMarker), why.message()).ok()) {
-    AbandonSave(fs, tmp_dir);  // they will see it vanish
+void AbortKeepingTheReason(FileSystem& fs, const SaveDirs& dirs, const Status& why) {
+  if (!WriteFileAtomically(fs, JoinPath(dirs.tmp, kAbortedMarker), why.message()).ok()) {
+    AbandonSave(fs, dirs);  // they will see it vanish
     return;
   }
-  auto entries = fs.ListDir(tmp_dir);
+  if (!dirs.file_suffix.empty()) AbandonSave(fs, SaveDirs{"", dirs.data, dirs.file_suffix});
+  auto entries = fs.ListDir(dirs.tmp);
   if (!entries.ok()) return;
   for (const DirEntry& e : *entries) {
-    if (e.name != kAbortedMarker) fs.RemoveAll(JoinPath(tmp_dir, e.name)).IgnoreError();
+    if (e.name != kAbortedMarker) fs.RemoveAll(JoinPath(dirs.tmp, e.name)).IgnoreError();
   }
 }
 
 // Step f, waiting part: every rank's report, or the first failure.
 Result<std::vector<std::string>> GatherMarkers(const Job& job) {
-  FileSystem& fs = FsOf(job.options);
+  FileSystem& fs = *job.fs;
   std::vector<std::string> reports(job.world);
   std::vector<bool> seen(job.world, false);
   using R = std::optional<Result<std::vector<std::string>>>;
   return PollUntil(job, "the other ranks' completion markers", [&]() -> R {
-    if (!fs.Stat(job.tmp_dir).ok()) {
-      return R(UnavailableError("temporary directory " + job.tmp_dir + " vanished"));
+    if (!fs.Stat(job.dirs.tmp).ok()) {
+      return R(UnavailableError("temporary directory " + job.dirs.tmp + " vanished"));
     }
     for (int r = 0; r < job.world; ++r) {
       if (seen[r]) continue;
-      auto failed = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("failed-", r)), 1 << 20);
+      auto failed = ReadFileToString(fs, JoinPath(job.dirs.tmp, RankMarker("failed-", r)), 1 << 20);
       if (failed.ok()) return R(Status(StatusCode::kUnavailable, "rank " + std::to_string(r) + ": " + *failed));
-      auto done = ReadFileToString(fs, JoinPath(job.tmp_dir, RankMarker("done-", r)), uint64_t{1} << 30);
+      auto done = ReadFileToString(fs, JoinPath(job.dirs.tmp, RankMarker("done-", r)), uint64_t{1} << 30);
       if (!done.ok()) return std::nullopt;
       reports[r] = std::move(*done);
       seen[r] = true;
@@ -218,20 +220,20 @@ Result<std::vector<std::string>> GatherMarkers(const Job& job) {
 
 // Steps f (rank 0): commit when every rank is done, else leave `aborted`.
 Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
-  FileSystem& fs = FsOf(job.options);
+  FileSystem& fs = *job.fs;
   auto reports = GatherMarkers(job);
   if (!reports.ok()) {
-    WriteFileAtomically(fs, JoinPath(job.tmp_dir, kAbortedMarker), reports.status().message())
+    WriteFileAtomically(fs, JoinPath(job.dirs.tmp, kAbortedMarker), reports.status().message())
         .IgnoreError();
     return reports.status();
   }
   for (int r = 0; r < job.world; ++r) {
-    SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.tmp_dir, RankMarker("done-", r))));
+    SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
   auto committed = CommitOnLeader(fs, *job.plan, *reports, job.json, job.root, job.tag,
-                                  job.tmp_dir, job.world, job.commit);
+                                  job.dirs, job.world, job.commit);
   if (!committed.ok()) {
-    AbortKeepingTheReason(fs, job.tmp_dir, committed.status());
+    AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
   }
   return SplitLines(*committed);
@@ -239,14 +241,14 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
 
 // Step g (ranks other than 0).
 Status AwaitCommit(const Job& job) {
-  FileSystem& fs = FsOf(job.options);
+  FileSystem& fs = *job.fs;
   const std::string index = JoinPath(JoinPath(job.root, job.tag), "shardsafe.json");
   using R = std::optional<Status>;
   return PollUntil(job, "rank 0 to commit", [&]() -> R {
     if (fs.Stat(index).ok()) return R(Status());
-    auto aborted = ReadFileToString(fs, JoinPath(job.tmp_dir, kAbortedMarker), 1 << 20);
+    auto aborted = ReadFileToString(fs, JoinPath(job.dirs.tmp, kAbortedMarker), 1 << 20);
     if (aborted.ok()) return R(UnavailableError("save aborted by rank 0: " + *aborted));
-    if (!fs.Stat(job.tmp_dir).ok() && !fs.Stat(index).ok()) {
+    if (!fs.Stat(job.dirs.tmp).ok() && !fs.Stat(index).ok()) {
       return R(UnavailableError("save abandoned by rank 0 (its commit failed)"));
     }
     return std::nullopt;
@@ -257,21 +259,21 @@ Status AwaitCommit(const Job& job) {
 // copy runs. A failure of that copy still goes through the markers, so that
 // rank 0 aborts and nobody waits for this rank.
 Status RunBackground(Job& job, std::vector<std::string>* warnings) {
-  FileSystem& fs = FsOf(job.options);
+  FileSystem& fs = *job.fs;
   Status written = WriteAllStaged(job);
   if (written.ok()) {
     RankReport report{{}, job.copies};
     for (const StagedFile& f : job.files) report.files.push_back(f.report);
-    written = WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("done-", job.rank)),
+    written = WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("done-", job.rank)),
                                   EncodeReport(report));
   }
   if (!written.ok()) {
     if (job.rank == 0) {  // nothing to wait for: tell the others and stop
-      WriteFileAtomically(fs, JoinPath(job.tmp_dir, kAbortedMarker), written.message())
+      WriteFileAtomically(fs, JoinPath(job.dirs.tmp, kAbortedMarker), written.message())
           .IgnoreError();
       return written;
     }
-    WriteFileAtomically(fs, JoinPath(job.tmp_dir, RankMarker("failed-", job.rank)),
+    WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("failed-", job.rank)),
                         written.message())
         .IgnoreError();
     return written;
@@ -349,7 +351,8 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->plan_reused = prepared.plan_reused;
   job->root = root;
   job->tag = tag;
-  job->tmp_dir = std::move(prepared.tmp_dir);
+  job->dirs = std::move(prepared.dirs);
+  job->fs = *FileSystemFor(root, options.fs);  // found by PlanAndPrepare
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device

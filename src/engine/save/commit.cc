@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "engine/catalog/checkpoint_dir.h"
+#include "engine/save/object_store_commit.h"
 
 namespace shardsafe {
 namespace {
@@ -58,6 +59,7 @@ Status Publish(FileSystem& fs, const std::string& tmp_dir, const std::string& ro
 Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
                            bool overwrite) {
   SS_RETURN_IF_ERROR(ValidateTag(tag));
+  if (fs.IsObjectStore()) return PrepareObjectStoreSave(fs, root, tag, overwrite);
   SS_RETURN_IF_ERROR(CreateDirs(fs, root));
   std::vector<ClaimedDir> leftovers;
   Result<TmpDir> tmp = [&]() -> Result<TmpDir> {
@@ -67,13 +69,14 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
     if (!overwrite && fs.Stat(final_dir).ok()) {
       return AlreadyExistsError("checkpoint " + final_dir + " already exists");
     }
-    TmpDir made{JoinPath(root, std::string(kTmpPrefix) + tag + "." + RandomSuffix()), nullptr};
-    SS_RETURN_IF_ERROR(fs.CreateDir(made.path));
-    auto lock = fs.TryLock(made.path, LockMode::kExclusive);
+    const std::string path = JoinPath(root, std::string(kTmpPrefix) + tag + "." + RandomSuffix());
+    TmpDir made{SaveDirs{path, path, ""}, nullptr};
+    SS_RETURN_IF_ERROR(fs.CreateDir(path));
+    auto lock = fs.TryLock(path, LockMode::kExclusive);
     if (lock.ok()) {
       made.lock = std::move(*lock);
     } else if (lock.status().code() != StatusCode::kUnimplemented) {
-      fs.RemoveAll(made.path).IgnoreError();
+      fs.RemoveAll(path).IgnoreError();
       return lock.status();
     }
     return made;
@@ -85,7 +88,7 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
                                    const UserJson& json, const std::string& tag,
-                                   int world_size) {
+                                   int world_size, const std::string& file_suffix) {
   CheckpointIndex index;
   index.tag = tag;
   index.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
@@ -109,7 +112,8 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
       if (wf.chunks.size() != pf.chunks.size() || wf.blobs.size() != pf.blobs.size()) {
         return InternalError("save report does not match the plan");
       }
-      index.files[wf.plan_file] = {DataFileName(pf.rank, pf.number), wf.bytes, pf.rank};
+      index.files[wf.plan_file] = {DataFileName(pf.rank, pf.number, file_suffix), wf.bytes,
+                                   pf.rank};
       for (size_t i = 0; i < pf.chunks.size(); ++i) {
         const PlannedChunk& c = plan.chunks[pf.chunks[i]];
         chunks[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
@@ -133,9 +137,11 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
   return index;
 }
 
-Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                   const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings) {
+  if (fs.IsObjectStore()) return CommitToObjectStore(fs, dirs, root, index, commit, warnings);
+  const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
   SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), SerializeIndex(index)));
   std::vector<ClaimedDir> replaced, pruned;
@@ -153,8 +159,15 @@ Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string&
   return Status();
 }
 
-void AbandonSave(FileSystem& fs, const std::string& tmp_dir) {
-  if (!tmp_dir.empty()) fs.RemoveAll(tmp_dir).IgnoreError();
+void AbandonSave(FileSystem& fs, const SaveDirs& dirs) {
+  if (!dirs.tmp.empty()) fs.RemoveAll(dirs.tmp).IgnoreError();
+  if (dirs.file_suffix.empty()) return;  // the data files were in dirs.tmp
+  auto entries = fs.ListDir(dirs.data);
+  if (!entries.ok()) return;
+  const std::string mine = dirs.file_suffix + ".safetensors";
+  for (const DirEntry& e : *entries) {
+    if (!e.is_dir && e.name.ends_with(mine)) fs.RemoveFile(JoinPath(dirs.data, e.name)).IgnoreError();
+  }
 }
 
 }  // namespace shardsafe

@@ -59,24 +59,41 @@
 
 namespace shardsafe {
 
-// A save's temporary directory and the lock rank 0 holds on it until the
-// save is committed or abandoned (null where the file system has no locks).
+// Where a save writes. On POSIX, `tmp` is the temporary directory the
+// data files are written into and that step 5 renames; `data` is `tmp`
+// and `file_suffix` "". On an object store (docs/design.md, "Object
+// storage"), `tmp` is ROOT/.tmp-TAG.NONCE, private to the save and holding
+// only an async save's markers; the data files go straight to `data`,
+// ROOT/TAG, named data-RRRRR-FFF`file_suffix`.safetensors with
+// `file_suffix` ".NONCE", a name no other save uses.
+struct SaveDirs {
+  std::string tmp;
+  std::string data;
+  std::string file_suffix;
+};
+
+// A save's directories and the lock rank 0 holds on the temporary one until
+// the save is committed or abandoned (null where the file system has no
+// locks).
 struct TmpDir {
-  std::string path;
+  SaveDirs dirs;
   std::shared_ptr<FileLock> lock;
 };
 
 // Step 1. Leftovers are temporary directories nobody holds a lock on (a
 // save killed before committing): saves of other tags still in progress,
-// in this process or another, are left alone.
+// in this process or another, are left alone. On an object store, where
+// nothing can be locked, leftovers are those older than ObjectLeftoverAge()
+// (checkpoint_dir.h).
 Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
                            bool overwrite);
 
-// The index of a save from its plan and what each rank wrote (by rank).
+// The index of a save from its plan and what each rank wrote (by rank),
+// its data files named with `file_suffix` (SaveDirs).
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
                                    const UserJson& json, const std::string& tag,
-                                   int world_size);
+                                   int world_size, const std::string& file_suffix);
 
 // How a save commits (steps 4-6).
 struct CommitOptions {
@@ -90,11 +107,15 @@ struct CommitOptions {
 // checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit
 // point is returned (nothing is committed); failures after it are appended
 // to `warnings` and the result is OK, because the checkpoint is committed.
-Status CommitSave(FileSystem& fs, const std::string& tmp_dir, const std::string& root,
+// On an object store the same steps run with conditional writes instead of
+// the lock and the rename (docs/design.md, "Object storage").
+Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                   const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings);
 
-// Best-effort removal of a failed save's temporary directory.
-void AbandonSave(FileSystem& fs, const std::string& tmp_dir);
+// Best-effort removal of what a failed save wrote: its temporary
+// directory and, on an object store, its data files (those with its
+// suffix; another save's files under the same tag stay).
+void AbandonSave(FileSystem& fs, const SaveDirs& dirs);
 
 }  // namespace shardsafe

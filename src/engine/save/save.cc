@@ -153,30 +153,33 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options) {
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  Result<FileSystem*> fs = FileSystemFor(root, options.fs);
   PreparedSave prepared;
-  Status local = ValidateTag(tag);
+  Status local = fs.status();
+  if (local.ok()) local = ValidateTag(tag);
   if (local.ok()) local = CheckLocalState(state, options, &prepared.json);
   SS_ASSIGN_OR_RETURN(AgreedPlan agreed, GatherAndPlan(state, JoinPath(root, tag), comm, options,
                                                        local, prepared.json));
   prepared.plan = std::move(agreed.plan);
   prepared.plan_reused = agreed.reused;
   // Step 1, once every rank has agreed (nothing is created before): rank 0
-  // prepares the temporary directory; everyone learns it.
-  Result<std::string> tmp = std::string();
+  // prepares the temporary directory; everyone learns where to write.
+  Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
-    Result<TmpDir> dir = PrepareSave(fs, root, tag, options.overwrite);
-    tmp = dir.ok() ? Result<std::string>(dir->path) : Result<std::string>(dir.status());
-    if (dir.ok()) prepared.lock = std::move(dir->lock);
+    Result<TmpDir> made = PrepareSave(**fs, root, tag, options.overwrite);
+    dirs = made.ok() ? Result<std::string>(EncodeSaveDirs(made->dirs))
+                     : Result<std::string>(made.status());
+    if (made.ok()) prepared.lock = std::move(made->lock);
   }
-  SS_ASSIGN_OR_RETURN(prepared.tmp_dir, BroadcastOrFail(comm, 0, tmp));
+  SS_ASSIGN_OR_RETURN(std::string sent, BroadcastOrFail(comm, 0, dirs));
+  SS_ASSIGN_OR_RETURN(prepared.dirs, DecodeSaveDirs(sent));
   return prepared;
 }
 
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
-                                   const std::string& tmp_dir, int world_size,
+                                   const SaveDirs& dirs, int world_size,
                                    const CommitOptions& commit) {
   std::vector<std::vector<WrittenFile>> by_rank(reports.size());
   std::vector<std::vector<CopyChecksum>> copies(reports.size());
@@ -191,9 +194,10 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
   }
   if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
   auto index =
-      s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size) : Result<CheckpointIndex>(s);
+      s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size, dirs.file_suffix)
+             : Result<CheckpointIndex>(s);
   std::vector<std::string> warnings;
-  s = index.ok() ? CommitSave(fs, tmp_dir, root, *index, commit, &warnings)
+  s = index.ok() ? CommitSave(fs, dirs, root, *index, commit, &warnings)
                  : index.status();
   if (!s.ok()) return s;
   std::string joined;
@@ -224,15 +228,15 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
                              const CommitOptions& commit) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
   const bool leader = comm.rank() == 0;
   auto report = [&](std::string_view phase, uint64_t done, uint64_t total) {
     if (options.progress) options.progress({phase, done, total});
   };
   report("plan", 0, 0);
   SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
+  FileSystem& fs = **FileSystemFor(root, options.fs);  // found by PlanAndPrepare
   const SavePlan& plan = *prepared.plan;
-  const std::string& tmp_dir = prepared.tmp_dir;
+  const SaveDirs& dirs = prepared.dirs;
 
   // Step 2: every rank writes its files, and checksums the replicas it
   // holds but does not write meanwhile.
@@ -242,7 +246,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                ? ChecksumCopies(plan, comm.rank(), state, options.device.get())
                : Result<std::vector<CopyChecksum>>(std::vector<CopyChecksum>());
   });
-  auto written = WriteRankFiles(plan, comm.rank(), state, tmp_dir, fs, options, &progress);
+  auto written = WriteRankFiles(plan, comm.rank(), state, dirs, fs, options, &progress);
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
@@ -250,7 +254,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto reports = GatherOrFail(
       comm, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
   if (!reports.ok()) {
-    if (leader) AbandonSave(fs, tmp_dir);
+    if (leader) AbandonSave(fs, dirs);
     return reports.status().WithContext("saving " + JoinPath(root, tag));
   }
 
@@ -258,9 +262,9 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
   Result<std::string> committed = std::string();
   if (leader) {
-    committed = CommitOnLeader(fs, plan, *reports, prepared.json, root, tag, tmp_dir, comm.size(),
+    committed = CommitOnLeader(fs, plan, *reports, prepared.json, root, tag, dirs, comm.size(),
                                commit);
-    if (!committed.ok()) AbandonSave(fs, tmp_dir);
+    if (!committed.ok()) AbandonSave(fs, dirs);
   }
   auto outcome = BroadcastOrFail(comm, 0, committed);
   SaveStats stats = StatsOf(plan, comm.rank());

@@ -15,7 +15,7 @@ struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;  // the cached plan of an unchanged layout
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
-  std::string tmp_dir;
+  SaveDirs dirs;
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
 
@@ -47,12 +47,12 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
 
 // Steps 4-6 on rank 0: checks the replicas and builds the index from every
 // rank's encoded report (save_messages.h), and commits. Returns the
-// post-commit warnings, one per line; on failure the temporary directory is
-// left for the caller to remove.
+// post-commit warnings, one per line; on failure what the save wrote is
+// left for the caller to remove (AbandonSave).
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
-                                   const std::string& tmp_dir, int world_size,
+                                   const SaveDirs& dirs, int world_size,
                                    const CommitOptions& commit);
 
 std::vector<std::string> SplitLines(const std::string& text);

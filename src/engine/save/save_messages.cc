@@ -159,4 +159,21 @@ Result<RankReport> DecodeReport(std::string_view msg) {
   return report;
 }
 
+std::string EncodeSaveDirs(const SaveDirs& dirs) {
+  wire::Writer w;
+  w.Str(dirs.tmp);
+  w.Str(dirs.data);
+  w.Str(dirs.file_suffix);
+  return w.Take();
+}
+
+Result<SaveDirs> DecodeSaveDirs(std::string_view msg) {
+  wire::Reader r(msg);
+  SaveDirs dirs;
+  SS_ASSIGN_OR_RETURN(dirs.tmp, r.Str());
+  SS_ASSIGN_OR_RETURN(dirs.data, r.Str());
+  SS_ASSIGN_OR_RETURN(dirs.file_suffix, r.Str());
+  return dirs;
+}
+
 }  // namespace shardsafe

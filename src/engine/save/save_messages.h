@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/save/commit.h"
 #include "engine/save/replica_check.h"
 #include "engine/save/save_writer.h"
 #include "layout/save_planner.h"
@@ -43,5 +44,9 @@ struct RankReport {
 
 std::string EncodeReport(const RankReport& report);
 Result<RankReport> DecodeReport(std::string_view msg);
+
+// Where a save writes (step 1, rank 0 to every rank).
+std::string EncodeSaveDirs(const SaveDirs& dirs);
+Result<SaveDirs> DecodeSaveDirs(std::string_view msg);
 
 }  // namespace shardsafe

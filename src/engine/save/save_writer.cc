@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "base/thread_pool.h"
+#include "engine/save/commit.h"
 #include "format/index.h"
 #include "format/safetensors.h"
 
@@ -25,11 +26,12 @@ Status CopyFromDevice(const Payload& p, char* dst, uint64_t offset, size_t bytes
 }
 
 Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const SaveState& state,
-                              const std::string& dir, FileSystem& fs, const SaveOptions& options,
+                              const SaveDirs& dirs, FileSystem& fs, const SaveOptions& options,
                               std::atomic<uint64_t>* progress) {
   const PlannedFile& planned = plan.files[file_index];
   SS_ASSIGN_OR_RETURN(FileImage image, DescribeFile(plan, file_index, state, options.device.get()));
-  const std::string path = JoinPath(dir, DataFileName(planned.rank, planned.number));
+  const std::string path =
+      JoinPath(dirs.data, DataFileName(planned.rank, planned.number, dirs.file_suffix));
   SS_ASSIGN_OR_RETURN(auto out,
                       fs.NewWritableFile(path, DataFileOptions(options, image.layout.file_size)));
   SS_RETURN_IF_ERROR(out->Append(image.layout.header.data(), image.layout.header.size()));
@@ -99,14 +101,14 @@ WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image
   return written;
 }
 
-std::string DataFileName(int rank, uint32_t number) {
+std::string DataFileName(int rank, uint32_t number, std::string_view suffix) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "data-%05d-%03u.safetensors", rank, number);
-  return buf;
+  std::snprintf(buf, sizeof buf, "data-%05d-%03u", rank, number);
+  return std::string(buf) + std::string(suffix) + ".safetensors";
 }
 
 Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
-                                                const SaveState& state, const std::string& dir,
+                                                const SaveState& state, const SaveDirs& dirs,
                                                 FileSystem& fs, const SaveOptions& options,
                                                 std::atomic<uint64_t>* progress) {
   std::vector<uint32_t> mine;
@@ -118,7 +120,7 @@ Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
   TaskGroup group(&pool);
   for (size_t i = 0; i < mine.size(); ++i) {
     group.Add([&, i]() -> Status {
-      auto r = WriteFile(plan, mine[i], state, dir, fs, options, progress);
+      auto r = WriteFile(plan, mine[i], state, dirs, fs, options, progress);
       if (!r.ok()) return r.status();
       written[i] = std::move(*r);
       return Status();

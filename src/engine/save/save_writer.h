@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format/safetensors.h"
@@ -26,8 +27,12 @@ struct WrittenFile {
   std::vector<WrittenEntry> blobs;   // parallel to PlannedFile::blobs
 };
 
-// "data-00003-001.safetensors"
-std::string DataFileName(int rank, uint32_t number);
+// "data-00003-001.safetensors", or with a suffix (SaveDirs, commit.h)
+// "data-00003-001.1a2b3c4d5e6f7a8b.safetensors".
+std::string DataFileName(int rank, uint32_t number, std::string_view suffix);
+
+// Where a save writes (defined in commit.h).
+struct SaveDirs;
 
 // The bytes of one entry of a data file, in the caller's memory (or, when
 // `device` is set, at a device address the engine reads through it).
@@ -56,12 +61,12 @@ WriteOptions DataFileOptions(const SaveOptions& options, uint64_t size);
 WrittenFile ReportOf(const SavePlan& plan, uint32_t file, const FileImage& image,
                      const std::vector<uint32_t>& crcs);
 
-// Writes every file of `plan` assigned to `rank` into `dir`, up to
+// Writes every file of `plan` assigned to `rank` into dirs.data, up to
 // options.io_threads files at once, each fdatasync'ed before returning.
 // `progress` is advanced by payload bytes as they are written. Errors carry
 // the file name.
 Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
-                                                const SaveState& state, const std::string& dir,
+                                                const SaveState& state, const SaveDirs& dirs,
                                                 FileSystem& fs, const SaveOptions& options,
                                                 std::atomic<uint64_t>* progress);
 

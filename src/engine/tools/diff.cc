@@ -59,8 +59,9 @@ void ComparePiece(DType dtype, const std::vector<char>& a, const std::vector<cha
   diff->max_abs_diff = worst;
 }
 
-Result<TensorDiff> CompareTensor(const CheckpointSource& a, const CheckpointSource& b,
-                                 FileSystem& fs, const std::string& key, uint64_t piece_bytes) {
+Result<TensorDiff> CompareTensor(const CheckpointSource& a, FileSystem& fs_a,
+                                 const CheckpointSource& b, FileSystem& fs_b,
+                                 const std::string& key, uint64_t piece_bytes) {
   const IndexTensor& ta = a.index.tensors.at(key);
   const IndexTensor& tb = b.index.tensors.at(key);
   TensorDiff diff = Verdict(key, "equal");
@@ -72,8 +73,8 @@ Result<TensorDiff> CompareTensor(const CheckpointSource& a, const CheckpointSour
   std::vector<char> pa, pb;
   for (uint64_t begin = 0; begin < diff.elements; begin += step) {
     const uint64_t end = std::min(diff.elements, begin + step);
-    SS_RETURN_IF_ERROR(ReadPiece(a, fs, key, ta, begin, end, &pa).WithContext("A"));
-    SS_RETURN_IF_ERROR(ReadPiece(b, fs, key, tb, begin, end, &pb).WithContext("B"));
+    SS_RETURN_IF_ERROR(ReadPiece(a, fs_a, key, ta, begin, end, &pa).WithContext("A"));
+    SS_RETURN_IF_ERROR(ReadPiece(b, fs_b, key, tb, begin, end, &pb).WithContext("B"));
     ComparePiece(ta.dtype, pa, pb, end - begin, &diff);
   }
   if (diff.differing_elements) diff.status = "differs";
@@ -92,9 +93,10 @@ bool DiffReport::identical() const {
 
 Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, FileSystem* fsp,
                                    uint64_t piece_bytes) {
-  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
-  SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSource(fs, a));
-  SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSource(fs, b));
+  SS_ASSIGN_OR_RETURN(FileSystem * fs_a, FileSystemFor(a, fsp));
+  SS_ASSIGN_OR_RETURN(FileSystem * fs_b, FileSystemFor(b, fsp));
+  SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSource(*fs_a, a));
+  SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSource(*fs_b, b));
   DiffReport report;
   // Equal as JSON (1 and 1.0, key order), not as text.
   auto parse = [](const std::string& t) { return nlohmann::json::parse(t, nullptr, false); };
@@ -104,7 +106,7 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, F
       report.tensors.push_back(Verdict(key, "only in A"));
       continue;
     }
-    SS_ASSIGN_OR_RETURN(TensorDiff d, CompareTensor(sa, sb, fs, key, piece_bytes));
+    SS_ASSIGN_OR_RETURN(TensorDiff d, CompareTensor(sa, *fs_a, sb, *fs_b, key, piece_bytes));
     report.tensors.push_back(std::move(d));
   }
   for (const auto& [key, t] : sb.index.tensors) {

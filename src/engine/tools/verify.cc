@@ -119,9 +119,14 @@ void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
 
 VerifyReport VerifyCheckpoint(const std::string& path, FileSystem* fsp, int io_threads,
                               const ProgressFn& progress) {
-  FileSystem& fs = fsp ? *fsp : *DefaultFileSystem();
   VerifyReport report;
   report.path = path;
+  Result<FileSystem*> found = FileSystemFor(path, fsp);
+  if (!found.ok()) {
+    report.faults.push_back(found.status().message());
+    return report;
+  }
+  FileSystem& fs = **found;
   auto src = OpenSource(fs, path);
   if (!src.ok()) {
     report.faults.push_back(src.status().message());

@@ -1,0 +1,202 @@
+// The commit protocol on an object store (save/object_store_commit.h),
+// against moto behind the fault proxy (s3/s3_test_util.h): a save of step
+// 2 over a root holding step 1 is cut short at every one of its storage
+// operations in turn (FaultInjectingFileSystem::FailAfter: the process
+// "dies" there), after which step 1 must load bit-exact, step 2 must be
+// listed only if its index exists (and then load bit-exact), a save that
+// reported success must be committed, and the next save must leave no
+// object that is not part of a committed checkpoint or `latest`.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+#include "engine/test_util.h"
+#include "shardsafe/source.h"
+#include "s3/s3_file_system.h"
+#include "s3/s3_test_util.h"
+#include "storage/fault_injection.h"
+
+namespace shardsafe {
+namespace {
+
+using testing::MakeShard;
+using testing::MakeTarget;
+using testing::OwnedShard;
+using testing::OwnedTarget;
+using testing::RunRanks;
+
+constexpr int kSavers = 2;
+constexpr int kLoaders = 3;
+const Shape kW{6, 10};  // F32: saver r holds rows [3r, 3r + 3)
+const Shape kB{8};      // BF16, replicated
+
+std::string StepKey(const std::string& key, int64_t step) {
+  return key + "@" + std::to_string(step);
+}
+
+class ObjectStoreSaveTest : public testing::S3ServerTest {
+ protected:
+  void SetUp() override {
+    S3ServerTest::SetUp();
+    // Every leftover is old enough to clean: the next save must leave none.
+    setenv("SHARDSAFE_S3_LEFTOVER_AGE", "0", 1);
+    auto client = S3Client::Create(config_);
+    S3_ASSERT_OK(client);
+    store_ = std::make_unique<S3FileSystem>(std::move(*client), S3FileOptions{});
+  }
+  void TearDown() override { unsetenv("SHARDSAFE_S3_LEFTOVER_AGE"); }
+
+  std::string Root(const std::string& name) const {
+    return "s3://" + std::string(kBucket) + "/" + name;
+  }
+
+  // Saves `step` through a manager over `root`; each saver's status.
+  std::vector<Status> SaveStep(const std::string& root, int64_t step, FileSystem* fs) {
+    std::vector<Status> out(kSavers);
+    RunRanks(kSavers, [&](int r, Comm& comm) {
+      const uint64_t u = static_cast<uint64_t>(r);
+      std::vector<OwnedShard> shards = {
+          MakeShard(StepKey("w", step), DType::kF32, kW, {Box{{3 * u, 0}, {3, 10}}, std::nullopt}),
+          MakeShard(StepKey("b", step), DType::kBF16, kB, {Box::Whole(kB), std::nullopt})};
+      shards[0].key = "w";
+      shards[1].key = "b";
+      SaveState state;
+      for (const OwnedShard& s : shards) state.tensors.push_back(s.View());
+      state.values = "{\"step\":" + std::to_string(step) + "}";
+      CheckpointManager manager(root, {.fs = fs});
+      out[r] = manager.Save(step, state, comm, {}).status();
+    });
+    return out;
+  }
+
+  // Loads `path` on kLoaders ranks by columns and compares with `step`.
+  ::testing::AssertionResult LoadsStep(const std::string& path, int64_t step) {
+    std::vector<std::string> errors(kLoaders);
+    RunRanks(kLoaders, [&](int r, Comm& comm) {
+      const uint64_t cuts[] = {0, 3, 7, 10}, u = static_cast<uint64_t>(r);
+      std::vector<OwnedTarget> targets = {
+          MakeTarget(StepKey("w", step), DType::kF32, kW,
+                     {Box{{0, cuts[u]}, {6, cuts[u + 1] - cuts[u]}}, std::nullopt}),
+          MakeTarget(StepKey("b", step), DType::kBF16, kB, {Box::Whole(kB), std::nullopt})};
+      LoadRequest request;
+      for (OwnedTarget& t : targets) {
+        t.target.data = t.buffer.data();  // the buffer moved into the vector
+        TensorTarget renamed = t.target;
+        renamed.key = t.target.key.substr(0, 1);
+        request.tensors.push_back(renamed);
+      }
+      LoadOptions options;
+      options.fs = store_.get();
+      auto loaded = Load(request, path, comm, options);
+      if (!loaded.ok()) {
+        errors[r] = loaded.status().ToString();
+        return;
+      }
+      for (const OwnedTarget& t : targets) {
+        if (!testing::MatchesOracle(t)) errors[r] += t.target.key + " differs; ";
+      }
+    });
+    std::string all;
+    for (int r = 0; r < kLoaders; ++r) {
+      if (!errors[r].empty()) all += "rank " + std::to_string(r) + ": " + errors[r] + "\n";
+    }
+    if (all.empty()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << path << " as step " << step << ": " << all;
+  }
+
+  // Keys under `root` that are neither `latest` nor named by a committed
+  // checkpoint's index (its data files, index and commit record).
+  std::vector<std::string> StrayKeys(const std::string& root) {
+    std::set<std::string> expected = {root + "/latest"};
+    auto list = ListCheckpoints(root, store_.get());
+    EXPECT_TRUE(list.ok()) << list.status().ToString();
+    for (const CheckpointInfo& c : list.ok() ? *list : std::vector<CheckpointInfo>()) {
+      auto src = OpenSource(*store_, c.path);
+      EXPECT_TRUE(src.ok()) << src.status().ToString();
+      if (!src.ok()) continue;
+      expected.insert(c.path + "/shardsafe.json");
+      expected.insert(c.path + "/commit.json");
+      for (const IndexFile& f : src->index.files) expected.insert(c.path + "/" + f.name);
+    }
+    auto keys = client_->List(kBucket, root.substr(std::string("s3://").size() +
+                                                   std::string(kBucket).size() + 1) + "/", "");
+    EXPECT_TRUE(keys.ok());
+    std::vector<std::string> stray;
+    for (const ObjectInfo& o : keys.ok() ? keys->objects : std::vector<ObjectInfo>()) {
+      const std::string uri = "s3://" + std::string(kBucket) + "/" + o.key;
+      if (!expected.count(uri)) stray.push_back(uri);
+    }
+    auto uploads = client_->ListMultipartUploads(kBucket, "");
+    if (uploads.ok()) {
+      for (const MultipartUpload& u : *uploads) {
+        if (u.key.starts_with(root.substr(std::string("s3://").size() +
+                                          std::string(kBucket).size() + 1))) {
+          stray.push_back("upload " + u.key);
+        }
+      }
+    }
+    return stray;
+  }
+
+  std::unique_ptr<S3FileSystem> store_;
+};
+
+bool AllOk(const std::vector<Status>& statuses) {
+  for (const Status& s : statuses) {
+    if (!s.ok()) return false;
+  }
+  return true;
+}
+
+TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
+  // The operations of a clean save of step 2 over step 1.
+  const std::string counted_root = Root("counted");
+  ASSERT_TRUE(AllOk(SaveStep(counted_root, 1, store_.get())));
+  FaultInjectingFileSystem counting(store_.get());
+  ASSERT_TRUE(AllOk(SaveStep(counted_root, 2, &counting)));
+  const int64_t total = counting.total_count();
+  ASSERT_GE(total, 10) << "a save issues its data, claim, index and `latest` writes";
+  ASSERT_TRUE(LoadsStep(counted_root, 2));
+
+  int committed_runs = 0;
+  for (int64_t n = 0; n < total; ++n) {
+    SCOPED_TRACE("the save stops at operation " + std::to_string(n) + " of " +
+                 std::to_string(total));
+    const std::string root = Root("crash-" + std::to_string(n));
+    ASSERT_TRUE(AllOk(SaveStep(root, 1, store_.get())));
+    FaultInjectingFileSystem faulty(store_.get());
+    faulty.FailAfter(n, UnavailableError("injected: the process died here"));
+    const std::vector<Status> saved = SaveStep(root, 2, &faulty);
+
+    auto list = ListCheckpoints(root, store_.get());
+    ASSERT_TRUE(list.ok()) << list.status().ToString();
+    std::set<int64_t> steps;
+    for (const CheckpointInfo& c : *list) steps.insert(c.step.value_or(-1));
+    ASSERT_TRUE(steps.count(1)) << "step 1 must stay listed";
+    const bool committed = steps.count(2) > 0;
+    EXPECT_EQ(steps.size(), committed ? 2u : 1u);
+    for (const Status& s : saved) {
+      EXPECT_TRUE(!s.ok() || committed) << "a save reported success without committing";
+    }
+    committed_runs += committed;
+    EXPECT_TRUE(LoadsStep(root + "/step-00000001", 1));
+    if (committed) {
+      EXPECT_TRUE(LoadsStep(root + "/step-00000002", 2));
+    }
+    // The root loads whichever its latest is, whole.
+    auto latest = CheckpointManager(root, {.fs = store_.get()}).LatestStep();
+    ASSERT_TRUE(latest.ok() && latest->has_value());
+    EXPECT_TRUE(LoadsStep(root, **latest));
+
+    // The next save cleans what the cut-short one left.
+    ASSERT_TRUE(AllOk(SaveStep(root, 3, store_.get())));
+    EXPECT_EQ(StrayKeys(root), std::vector<std::string>());
+    EXPECT_TRUE(LoadsStep(root, 3));
+  }
+  EXPECT_GT(committed_runs, 0) << "the late cut points (after the index) commit";
+  EXPECT_LT(committed_runs, total) << "the early cut points do not";
+}
+
+}  // namespace
+}  // namespace shardsafe

@@ -1,0 +1,72 @@
+// The encodings S3 uses, by libcurl (escaping, HTTP dates), OpenSSL
+// (base64) and libc (ISO 8601 dates).
+#include "s3/s3_encoding.h"
+
+#include <curl/curl.h>
+#include <openssl/evp.h>
+
+#include <ctime>
+#include <memory>
+
+#include "s3/s3_client.h"
+
+namespace shardsafe {
+namespace {
+
+struct CurlFree {
+  void operator()(char* p) const { curl_free(p); }
+};
+
+}  // namespace
+
+std::string UriEncode(std::string_view s) {
+  if (s.empty()) return "";  // curl_easy_escape takes length 0 for strlen()
+  // libcurl >= 7.82 ignores the handle; it keeps exactly the unreserved set.
+  std::unique_ptr<char, CurlFree> out(
+      curl_easy_escape(nullptr, s.data(), static_cast<int>(s.size())));
+  return out ? std::string(out.get()) : std::string();
+}
+
+std::string UriEncodePath(std::string_view key) {
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    size_t slash = key.find('/', start);
+    out += UriEncode(key.substr(start, slash - start));
+    if (slash == std::string_view::npos) return out;
+    out += '/';
+    start = slash + 1;
+  }
+}
+
+std::string UriDecode(std::string_view s) {
+  if (s.empty()) return "";
+  int n = 0;
+  std::unique_ptr<char, CurlFree> out(
+      curl_easy_unescape(nullptr, s.data(), static_cast<int>(s.size()), &n));
+  return out ? std::string(out.get(), static_cast<size_t>(n)) : std::string();
+}
+
+int64_t ParseIso8601(std::string_view text) {
+  std::tm tm{};
+  std::string s(text.substr(0, 19));  // fractional seconds and 'Z' ignored: UTC
+  if (strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm) == nullptr) return 0;
+  return static_cast<int64_t>(timegm(&tm));
+}
+
+int64_t ParseHttpDate(const std::string& text) {
+  time_t t = curl_getdate(text.c_str(), nullptr);
+  return t < 0 ? 0 : static_cast<int64_t>(t);
+}
+
+std::string Crc32cHeaderValue(uint32_t crc) {
+  const unsigned char be[4] = {static_cast<unsigned char>(crc >> 24),
+                               static_cast<unsigned char>(crc >> 16),
+                               static_cast<unsigned char>(crc >> 8),
+                               static_cast<unsigned char>(crc)};
+  unsigned char out[9];  // 4 bytes -> 8 characters and a NUL
+  int n = EVP_EncodeBlock(out, be, sizeof(be));
+  return std::string(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+}
+
+}  // namespace shardsafe
