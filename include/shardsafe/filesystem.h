@@ -214,7 +214,8 @@ class FileSystem {
   // (docs/design.md, "Object storage").
   virtual bool IsObjectStore() const { return false; }
   // Creates `path` holding `data` in one step unless it exists:
-  // AlreadyExists if it does (S3: If-None-Match: *).
+  // AlreadyExists if it does (S3: If-None-Match: *), unless it holds
+  // exactly `data` (a retried request that found its own first try).
   virtual Status CreateFileExclusive(const std::string& path, std::string_view data) {
     return UnimplementedError("conditional writes of " + path + " are not supported");
   }
@@ -239,8 +240,8 @@ FileSystem* DefaultFileSystem();
 // The file system `path` lies on: `given` when not null; for an s3:// URI
 // the object store (src/s3/s3_file_system.h), one per configuration, made
 // from the AWS_* variables on first use and kept for the process
-// (InvalidArgument when they are missing or malformed); else
-// DefaultFileSystem().
+// (InvalidArgument naming `path` and the variable when they are missing or
+// malformed); else DefaultFileSystem().
 Result<FileSystem*> FileSystemFor(std::string_view path, FileSystem* given = nullptr);
 
 // What DefaultFileSystem() refuses before any system call: a path with a
@@ -252,7 +253,8 @@ Status CheckLocalPath(std::string_view path);
 
 // Writes `data` to `path` so that readers see the old content or the new,
 // never a mix: write to a temporary sibling, Sync, Rename over `path`,
-// SyncDir of the parent. The temporary is removed on failure.
+// SyncDir of the parent. The temporary is removed on failure. On an object
+// store, one write (an object appears whole).
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data);
 
 // Reads a whole file. ResourceExhausted if it is larger than `max_bytes`.

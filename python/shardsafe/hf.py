@@ -224,6 +224,9 @@ def save_adapter(model: Any, path: str | os.PathLike, *, adapter_config: Any = N
             adapter_config = _peft_config_bytes(model, adapter_name)
     if adapter_config is None:
         raise InvalidStateError("save_adapter: adapter_config is required for a state dict")
+    if _paths.is_s3(path):
+        raise InvalidStateError(f"{path}: save_adapter writes a local directory only; save it "
+                                f"there and copy it into the bucket")
     path = _paths.absolute(path)
     parent, base = os.path.split(path)
     hidden = os.path.join(parent, f".tmp-adapter-{base}")  # removed afterwards

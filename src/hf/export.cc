@@ -18,6 +18,14 @@
 //     remove the old one); fsync PARENT.
 // A crash before 6 leaves only the hidden temporary directory (removed by
 // the next export to the same OUT); OUT is untouched. An error removes it.
+//
+// The source and OUT may lie on different file systems (FileSystemFor: a
+// checkpoint in a bucket exported to a local directory, or the reverse).
+// OUT in an object store, which has no rename, is written in place: step 2
+// creates nothing, the files go straight to OUT, the index last (what
+// makes a sharded export loadable), and step 6 is empty; an error removes
+// what was written. An existing OUT there is not replaced (overwrite is
+// refused): the old and the new files would mix while it runs.
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -329,7 +337,8 @@ Status CheckShards(FileSystem& fs, const ExportPlan& plan, const std::string& di
 }  // namespace
 
 struct ExportHfStaging::State {
-  FileSystem* fs = nullptr;
+  FileSystem* src_fs = nullptr;  // where the source lies
+  FileSystem* fs = nullptr;      // where `out` lies
   CheckpointSource src;
   ExportPlan plan;
   std::map<std::string, std::string> files;  // saved files to copy
@@ -343,8 +352,28 @@ struct ExportHfStaging::State {
 
 ExportHfStaging::ExportHfStaging(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+namespace {
+
+// What a failed export leaves of its output: the temporary directory, or
+// on an object store the files it wrote into `out`.
+void RemoveUnpublished(FileSystem& fs, const std::string& tmp, const ExportPlan& plan,
+                       const std::map<std::string, std::string>& files) {
+  if (!fs.IsObjectStore()) {
+    fs.RemoveAll(tmp).IgnoreError();
+    return;
+  }
+  for (const ExportShard& shard : plan.shards) {
+    fs.RemoveFile(JoinPath(tmp, shard.file)).IgnoreError();
+  }
+  if (!plan.index_file.empty()) fs.RemoveFile(JoinPath(tmp, plan.index_file)).IgnoreError();
+  for (const auto& [name, bytes] : files) fs.RemoveFile(JoinPath(tmp, name)).IgnoreError();
+}
+
+}  // namespace
+
 ExportHfStaging::~ExportHfStaging() {
-  if (!state_->published) state_->fs->RemoveAll(state_->tmp).IgnoreError();
+  const State& s = *state_;
+  if (!s.published && !s.tmp.empty()) RemoveUnpublished(*s.fs, s.tmp, s.plan, s.files);
 }
 
 const std::string& ExportHfStaging::source() const { return state_->src.path; }
@@ -355,14 +384,15 @@ Result<std::unique_ptr<ExportHfStaging>> ExportHfStaging::Create(const std::stri
                                                                  const std::string& out,
                                                                  const ExportHfOptions& options) {
   auto s = std::make_unique<State>();
-  s->fs = options.fs ? options.fs : DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(s->src_fs, FileSystemFor(source, options.fs));
+  SS_ASSIGN_OR_RETURN(s->fs, FileSystemFor(out, options.fs));
   FileSystem& fs = *s->fs;
   SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
                          .WithContext("weights name"));
   if (options.progress) options.progress({"plan", 0, 0});
-  SS_ASSIGN_OR_RETURN(s->src, OpenSource(fs, source));
+  SS_ASSIGN_OR_RETURN(s->src, OpenSource(*s->src_fs, source));
   SS_ASSIGN_OR_RETURN(s->plan, PlanExport(s->src.index.tensors, options));
-  SS_ASSIGN_OR_RETURN(s->files, SavedFiles(fs, s->src, s->plan, &s->warnings));
+  SS_ASSIGN_OR_RETURN(s->files, SavedFiles(*s->src_fs, s->src, s->plan, &s->warnings));
 
   s->exists = fs.Stat(out).ok();
   if (s->exists && !options.overwrite) return AlreadyExistsError(out + " already exists");
@@ -370,9 +400,17 @@ Result<std::unique_ptr<ExportHfStaging>> ExportHfStaging::Create(const std::stri
   if (base.empty() || base == "." || base == "..") {
     return InvalidArgumentError("bad output directory \"" + out + "\"");
   }
+  s->out = out;
+  if (fs.IsObjectStore()) {  // written in place (above)
+    if (s->exists) {
+      return FailedPreconditionError(out + " exists: an export into object storage does not "
+                                           "replace one (remove it first)");
+    }
+    s->tmp = out;
+    return std::unique_ptr<ExportHfStaging>(new ExportHfStaging(std::move(s)));
+  }
   SS_RETURN_IF_ERROR(CreateDirs(fs, parent));
   RemoveStaleExports(fs, parent, base).IgnoreError();  // harmless if it fails
-  s->out = out;
   s->tmp = JoinPath(parent, std::string(kExportTmpPrefix) + base + "." + RandomSuffix());
   SS_RETURN_IF_ERROR(fs.CreateDir(s->tmp));
   auto lock = fs.TryLock(s->tmp, LockMode::kExclusive);  // held until published or removed
@@ -387,16 +425,17 @@ Result<ExportHfStats> ExportHfStaging::Finish() {
   FileSystem& fs = *s.fs;
   ExportHfStats stats;
   Status st = CheckShards(fs, s.plan, s.tmp);
-  if (st.ok() && !s.plan.index_file.empty()) {
-    st = WriteBytes(fs, JoinPath(s.tmp, s.plan.index_file), s.plan.index_json);
-  }
   for (auto it = s.files.begin(); st.ok() && it != s.files.end(); ++it) {
     st = WriteBytes(fs, JoinPath(s.tmp, it->first), it->second);
     stats.copied.push_back(it->first);
   }
-  if (st.ok()) st = Publish(fs, s.tmp, s.out, s.exists, &s.warnings);
+  if (st.ok() && !s.plan.index_file.empty()) {  // last: in place, it makes OUT loadable
+    st = WriteBytes(fs, JoinPath(s.tmp, s.plan.index_file), s.plan.index_json);
+  }
+  if (st.ok() && !fs.IsObjectStore()) st = Publish(fs, s.tmp, s.out, s.exists, &s.warnings);
   if (!st.ok()) {
-    fs.RemoveAll(s.tmp).IgnoreError();
+    RemoveUnpublished(fs, s.tmp, s.plan, s.files);
+    s.tmp.clear();
     return st.WithContext("exporting " + s.src.path + " to " + s.out);
   }
   s.published = true;
@@ -414,7 +453,7 @@ Result<ExportHfStats> ExportHf(const std::string& source, const std::string& out
   const auto start = std::chrono::steady_clock::now();
   SS_ASSIGN_OR_RETURN(auto staging, ExportHfStaging::Create(source, out, options));
   ExportHfStaging::State& s = *staging->state_;
-  SourceReader reader(s.src, *s.fs, options.verify_checksums);
+  SourceReader reader(s.src, *s.src_fs, options.verify_checksums);
   Job job{options, s.src, s.plan, *s.fs, reader, s.tmp};
   Status st = WriteShards(job, ShareOf(s.plan, 0, 1));
   if (!st.ok()) return st.WithContext("exporting " + s.src.path + " to " + out);
@@ -432,19 +471,22 @@ Result<ExportHfStats> ExportHfPart(const std::string& source, const std::string&
     return InvalidArgumentError("export part " + std::to_string(index) + " of " +
                                 std::to_string(count) + ": not 0 <= part < count");
   }
-  FileSystem& fs = options.fs ? *options.fs : *DefaultFileSystem();
+  SS_ASSIGN_OR_RETURN(FileSystem * src_fs, FileSystemFor(source, options.fs));
+  SS_ASSIGN_OR_RETURN(FileSystem * out_fs, FileSystemFor(dir, options.fs));
+  FileSystem& fs = *out_fs;
   SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
                          .WithContext("weights name"));
   if (options.progress) options.progress({"plan", 0, 0});
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(fs, source));
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(*src_fs, source));
   SS_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(src.index.tensors, options));
   Result<FileInfo> info = fs.Stat(dir);
-  if (!info.ok() || !info->is_dir) {
+  // An object store's OUT exists once something is in it (ExportHfStaging).
+  if (!fs.IsObjectStore() && (!info.ok() || !info->is_dir)) {
     return FailedPreconditionError(
         "the export's temporary directory " + dir + " is not a directory on this process's "
         "file system: the output must be on a file system every process shares");
   }
-  SourceReader reader(src, fs, options.verify_checksums);
+  SourceReader reader(src, *src_fs, options.verify_checksums);
   Job job{options, src, plan, fs, reader, dir};
   const Shards share = ShareOf(plan, index, count);
   SS_RETURN_IF_ERROR(WriteShards(job, share).WithContext(

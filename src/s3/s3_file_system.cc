@@ -1,5 +1,8 @@
 #include "s3/s3_file_system.h"
 
+#include <charconv>
+#include <cstdlib>
+
 #include "base/crc32c.h"
 #include "s3/s3_writable_file.h"
 
@@ -33,6 +36,44 @@ class S3ReadFile : public RandomAccessFile {
 std::string DirPrefix(const S3Location& dir) { return dir.key.empty() ? "" : dir.key + "/"; }
 
 }  // namespace
+
+namespace {
+
+// The decimal integer in variable `name`, or `fallback` when unset.
+Result<int64_t> EnvInteger(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return fallback;
+  int64_t value = 0;
+  const std::string_view s(text);
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || ptr != s.data() + s.size() || value < min || value > max) {
+    return InvalidArgumentError(std::string(name) + "=\"" + std::string(s) +
+                                "\": expected an integer in [" + std::to_string(min) + ", " +
+                                std::to_string(max) + "]");
+  }
+  return value;
+}
+
+}  // namespace
+
+Result<S3FileOptions> S3FileOptions::FromEnvironment() {
+  S3FileOptions o;
+  SS_ASSIGN_OR_RETURN(int64_t part, EnvInteger("SHARDSAFE_S3_PART_BYTES", o.part_bytes,
+                                               int64_t{5} << 20, int64_t{5} << 30));
+  SS_ASSIGN_OR_RETURN(int64_t per_file,
+                      EnvInteger("SHARDSAFE_S3_UPLOADS_PER_FILE", o.uploads_in_flight, 1, 1024));
+  SS_ASSIGN_OR_RETURN(int64_t threads, EnvInteger("SHARDSAFE_S3_THREADS", o.threads, 1, 1024));
+  o.part_bytes = static_cast<size_t>(part);
+  o.uploads_in_flight = static_cast<int>(per_file);
+  o.threads = static_cast<int>(threads);
+  return o;
+}
+
+std::string S3FileOptions::ToString() const {
+  return "part_bytes=" + std::to_string(part_bytes) +
+         " uploads_per_file=" + std::to_string(uploads_in_flight) +
+         " threads=" + std::to_string(threads);
+}
 
 S3FileSystem::S3FileSystem(std::unique_ptr<S3Client> client, const S3FileOptions& options)
     : client_(std::move(client)), options_(options), pool_(std::max(options.threads, 1)) {}
@@ -115,8 +156,12 @@ Status S3FileSystem::CreateFileExclusive(const std::string& path, std::string_vi
   put.if_none_match = true;
   put.crc32c = Crc32c(data.data(), data.size());
   Status s = client_->Put(at, data, put).status();
-  if (s.code() == StatusCode::kFailedPrecondition) return AlreadyExistsError(at.uri() + " exists");
-  return s;
+  if (s.code() != StatusCode::kFailedPrecondition) return s;
+  // A retried PUT whose first try was written but not answered finds its
+  // own object: that is a success, not a lost race.
+  Result<std::string> there = client_->Get(at, data.size(), nullptr);
+  if (there.ok() && *there == data) return Status();
+  return AlreadyExistsError(at.uri() + " exists");
 }
 
 Result<std::string> S3FileSystem::ReadFileVersioned(const std::string& path, uint64_t max_bytes,

@@ -39,12 +39,19 @@
 namespace shardsafe {
 
 struct S3FileOptions {
-  // Part size of a multipart upload (S3's minimum is 5 MiB but for the
-  // last part), and parts of one file in flight at once.
+  // Part size of a multipart upload (S3: 5 MiB to 5 GiB), and parts of one
+  // file in flight at once.
   size_t part_bytes = size_t{16} << 20;
   int uploads_in_flight = 4;
   // Threads uploading and deleting for all files of this file system.
   int threads = 16;
+
+  // The defaults, changed by SHARDSAFE_S3_PART_BYTES,
+  // SHARDSAFE_S3_UPLOADS_PER_FILE and SHARDSAFE_S3_THREADS (decimal
+  // integers). InvalidArgument naming the variable for a value that is not
+  // a number or out of range.
+  static Result<S3FileOptions> FromEnvironment();
+  std::string ToString() const;
 };
 
 class S3FileSystem : public FileSystem {

@@ -279,8 +279,8 @@ Result<std::unique_ptr<FileLock>> PosixFileSystem::TryLock(const std::string& pa
 Status CheckLocalPath(std::string_view path) {
   if (std::string_view scheme = UriScheme(path); scheme == "s3") {
     return UnimplementedError(std::string(path) +
-                              ": this operation does not support object storage (s3://) yet; "
-                              "save, load, ls, prune, inspect, verify, diff and import do");
+                              ": the local file system does not take object storage URIs "
+                              "(FileSystemFor picks the S3 one)");
   } else if (!scheme.empty()) {
     return UnimplementedError(std::string(path) + ": no storage for " + std::string(scheme) +
                               ":// URIs; shardsafe reads and writes local paths and s3://");

@@ -201,7 +201,7 @@ TEST_F(PosixFileSystemTest, URIsAreRefusedNotTakenForLocalPaths) {
     EXPECT_EQ(fs_.Stat(scheme).status().code(), StatusCode::kNotFound) << scheme << " was created";
     auto info = fs_.Stat(uri);
     EXPECT_EQ(info.status().code(), StatusCode::kUnimplemented);
-    const char* says = uri.starts_with("s3:") ? "does not support object storage" : ":// URIs";
+    const char* says = uri.starts_with("s3:") ? "does not take object storage URIs" : ":// URIs";
     EXPECT_NE(info.status().message().find(says), std::string::npos) << info.status().message();
   }
   // A local name with a colon is still a path.

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardsafe
+import shardsafe.hf
 from conftest import EXIT_OK, EXIT_PROBLEMS, describe
 from dist_util import run_workers
 
@@ -277,11 +278,49 @@ def test_saving_over_a_committed_tag_is_refused_and_changes_nothing(s3):
     assert _keys(s3, "team/twice/") == before
 
 
-def test_prune_on_the_command_line(s3, run):
+def test_prune_on_the_command_line_removes_old_steps_and_leftovers(s3, run, monkeypatch):
     root = f"s3://{BUCKET}/team/pruned"
     mgr = shardsafe.CheckpointManager(root)
     for step in (1, 2, 3):
         mgr.save(step, _state(step))
+    # What a killed save leaves: data under a tag with no index.
+    s3.put_object(Bucket=BUCKET, Key="team/pruned/step-00000004/data-00000-000.0123456789abcdef"
+                  ".safetensors", Body=b"partial")
+    assert [c["tag"] for c in run.json("ls", root)] == ["step-00000001", "step-00000002",
+                                                        "step-00000003"]
+    monkeypatch.setenv("SHARDSAFE_S3_LEFTOVER_AGE", "0")  # old enough to be a dead save's
     proc = run("prune", root, "--keep", "1")
     assert proc.returncode == EXIT_OK, describe(proc)
     assert [c["tag"] for c in run.json("ls", root)] == ["step-00000003"]
+    tags = {k.split("/")[2] for k in _keys(s3, "team/pruned/") if k.count("/") >= 3}
+    assert tags == {"step-00000003"}, tags
+
+
+def test_hugging_face_export_from_and_into_the_bucket(s3, run_root, tmp_path):
+    from safetensors.torch import load as st_load
+    from safetensors.torch import load_file
+
+    want = _state(2)
+    # From the bucket to a local directory.
+    local = tmp_path / "hf"
+    shardsafe.hf.export(run_root, str(local))
+    exported = load_file(str(local / "model.safetensors"))
+    assert torch.equal(exported["w"], want["w"]) and torch.equal(exported["b"], want["b"])
+    # From a local checkpoint into the bucket, sharded: the index comes last.
+    out = f"s3://{BUCKET}/team/hf-out"
+    shardsafe.hf.export(str(local), out, max_shard_size=4096)
+    keys = _keys(s3, "team/hf-out/")
+    assert "team/hf-out/model.safetensors.index.json" in keys, keys
+    shards = [k for k in keys if k.endswith(".safetensors")]
+    assert len(shards) >= 2, keys
+    got = {}
+    for key in shards:
+        got.update(st_load(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()))
+    assert torch.equal(got["w"], want["w"]) and torch.equal(got["b"], want["b"])
+    # The directory in the bucket loads as a Hugging Face directory.
+    target = {"w": torch.zeros(96, 40), "b": torch.zeros(40, dtype=torch.bfloat16)}
+    shardsafe.load(target, out)
+    assert torch.equal(target["w"], want["w"])
+    # An existing output in the bucket is not replaced.
+    with pytest.raises(shardsafe.ShardsafeError, match="exists"):
+        shardsafe.hf.export(str(local), out, overwrite=True)

@@ -603,15 +603,20 @@ def test_a_torch_distributed_failure_is_a_one_line_shardsafe_error(monkeypatch):
 
 
 def test_a_uri_is_an_error_not_a_local_folder(tmp_path, monkeypatch):
-    # "s3://bucket/run" must not become the local directory "s3:/bucket/run".
+    # "gs://bucket/run" must not become the local directory "gs:/bucket/run",
+    # nor an s3:// URI without credentials a local one (tests/python/test_s3.py
+    # has a bucket).
     monkeypatch.chdir(tmp_path)
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
     state = {"w": torch.ones(2)}
-    s3 = r"s3://bucket/run\S*: writing to object storage is not supported yet"
-    for call, says in ((lambda: shardsafe.save(state, "s3://bucket/run/step-1"), s3),
-                       (lambda: shardsafe.async_save(state, "s3://bucket/run/step-2")
-                        .result(timeout=120), s3),
-                       (lambda: shardsafe.load(state, "gs://bucket/run"), r"no storage for gs://"),
-                       (lambda: shardsafe.CheckpointManager("s3://bucket/run").save(1, state), s3)):
-        with pytest.raises(shardsafe.ShardsafeError, match=says):
-            call()
+    gs = r"gs://bucket/run\S*: no storage for gs://"
+    s3 = r"s3://bucket/run\S*: S3 credentials missing: set AWS_ACCESS_KEY_ID"
+    for uri, says in (("gs://bucket/run", gs), ("s3://bucket/run", s3)):
+        for call in (lambda: shardsafe.save(state, f"{uri}/step-1"),
+                     lambda: shardsafe.async_save(state, f"{uri}/step-2").result(timeout=120),
+                     lambda: shardsafe.load(state, uri),
+                     lambda: shardsafe.CheckpointManager(uri).save(1, state)):
+            with pytest.raises(shardsafe.ShardsafeError, match=says):
+                call()
     assert not list(tmp_path.iterdir()), "a URI was taken for a local path"

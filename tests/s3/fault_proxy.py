@@ -26,13 +26,16 @@ stdout:
                                    the body; any other request is read whole
                                    and its connection closed unanswered (not
                                    forwarded)
+  lose COUNT [METHOD]              forward the next COUNT requests, then close
+                                   their connections unanswered: the server
+                                   did the work, the client never hears of it
   log                              print one line per request received so
                                    far, then "ok"
 
 Log lines are tab-separated fields:
   seq method target client_port action body_bytes body_file
   x-amz-checksum-crc32c x-amz-content-sha256 signed_headers header_names
-action is forward, fail, drop or badsig; body_file holds the request body
+action is forward, fail, drop, lose or badsig; body_file holds the request body
 as received (BODY_DIR/SEQ, "-" for none), for checking checksum headers
 against; signed_headers come from the Authorization header; header_names
 are the names of every header received (lowercase, ';'-joined). Absent
@@ -108,6 +111,9 @@ class Handler(BaseHTTPRequestHandler):
             self.reply_error(status, code)
         elif kind == "drop" and self.command != "GET":
             self.close_connection = True  # nothing answered: the client sees an empty reply
+        elif kind == "lose":
+            self.forward(body)
+            self.close_connection = True
         else:
             self.reply(*self.forward(body), cut=(kind == "drop"))
 
@@ -179,8 +185,8 @@ def run_command(faults, words):
     if words[0] == "fail" and len(words) in (4, 5):
         faults.add("fail", int(words[3]), words[4] if len(words) == 5 else None,
                    int(words[1]), words[2])
-    elif words[0] == "drop" and len(words) in (2, 3):
-        faults.add("drop", int(words[1]), words[2] if len(words) == 3 else None)
+    elif words[0] in ("drop", "lose") and len(words) in (2, 3):
+        faults.add(words[0], int(words[1]), words[2] if len(words) == 3 else None)
     elif words == ["log"]:
         with faults.lock:
             return list(faults.lines) + ["ok"]

@@ -358,12 +358,14 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
 Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
                                                   int keep) {
   std::vector<std::string> tags;
-  std::vector<ClaimedDir> hidden;
+  std::vector<ClaimedDir> hidden, leftovers;
   {
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
     SS_ASSIGN_OR_RETURN(hidden, HideOldCheckpoints(fs, root, keep, &tags));
+    leftovers = ClaimLeftovers(fs, root);
   }
   SS_RETURN_IF_ERROR(RemoveClaimed(fs, std::move(hidden)));
+  RemoveClaimed(fs, std::move(leftovers)).IgnoreError();  // harmless if it fails
   return tags;
 }
 

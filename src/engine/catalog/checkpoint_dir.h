@@ -108,8 +108,9 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
                                                    int keep,
                                                    std::vector<std::string>* tags = nullptr);
 
-// HideOldCheckpoints under the root's lock, then deletes what it hid.
-// Returns the tags removed.
+// HideOldCheckpoints under the root's lock, then deletes what it hid and
+// the leftovers of interrupted saves (ClaimLeftovers). Returns the tags
+// removed.
 Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
                                                   int keep);
 
