@@ -1,16 +1,20 @@
 // Planner benchmark: plans the save of a simulated 1,024-rank training job
 // (TP=8, PP=4, DP=32, ZeRO-1 optimizer state, an 80-layer transformer:
 // ~1,900 tensors) and the load of it into another layout (TP=4, DP=64),
-// printing timings, writer balance and read amplification; then the load
+// printing timings, writer balance and read amplification, and the size, write
+// and parse time and parse peak memory of the index it commits; then the load
 // plan of a column split of many small tensors (saved Shard(0), loaded
 // Shard(1): a run per row). No I/O.
 //
 //   planner_benchmark [--dp N] [--tp-load N] [--dp-load N] [--iters N] [--zero 0|1]
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -107,17 +111,51 @@ CheckpointIndex IndexOf(const SavePlan& plan) {
   return index;
 }
 
+// A size in bytes from /proc/self/status ("VmRSS:", "VmHWM:"); 0 where unreadable.
+uint64_t ProcStatusBytes(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) {
+      return std::strtoull(line.c_str() + field.size(), nullptr, 10) << 10;
+    }
+  }
+  return 0;
+}
+
+// Returns freed heap to the system and resets the peak resident size
+// (VmHWM) to the current one, so that the peak read afterwards is that of
+// what runs in between. False where the kernel refuses (clear_refs).
+bool ResetPeakRss() {
+  malloc_trim(0);
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return clear.good() && ProcStatusBytes("VmHWM:") > 0;
+}
+
 void PrintIndex(const SavePlan& plan) {
   const CheckpointIndex index = IndexOf(plan);
   auto start = Clock::now();
   const std::string text = SerializeIndex(index);
   const double write_s = Seconds(start);
+  const bool peak_known = ResetPeakRss();
+  const uint64_t rss_before = ProcStatusBytes("VmRSS:");
   start = Clock::now();
   auto parsed = ParseIndex(text, "simulated");
   const double read_s = Seconds(start);
+  const uint64_t peak = ProcStatusBytes("VmHWM:");
   std::printf("  index               %.1f MB (%.0f bytes per chunk), write %.3f s, parse %.3f s%s\n",
               text.size() / 1e6, static_cast<double>(text.size()) / plan.chunks.size(), write_s,
               read_s, parsed.ok() ? "" : " FAILED");
+  // The text is the caller's; the growth is what parsing adds to it.
+  if (peak_known && peak >= rss_before) {
+    std::printf("  index parse memory  peak +%.1f MB = %.2f x the text (%.2f x with the text)\n",
+                (peak - rss_before) / 1e6, static_cast<double>(peak - rss_before) / text.size(),
+                static_cast<double>(peak - rss_before + text.size()) / text.size());
+  } else {
+    std::printf("  index parse memory  peak unknown (/proc/self/clear_refs refused)\n");
+  }
 }
 
 // The plan of `wants`, made `iters` times; *best: the fastest, in seconds.

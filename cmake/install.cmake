@@ -6,7 +6,7 @@
 #   PREFIX/lib/pkgconfig/             shardsafe.pc, shardsafe-mpi.pc
 #   PREFIX/bin/shardsafe              the command-line tool
 # The module libraries stay static and internal: the shared library carries
-# their dependencies (ISA-L, simdjson, RE2, libcurl, OpenSSL, pugixml) as its own, so a program links
+# their dependencies (ISA-L, RE2, libcurl, OpenSSL, pugixml) as its own, so a program links
 # shardsafe::shardsafe and nothing else. tests/install builds the README's
 # C++ examples against the installed package.
 include(GNUInstallDirs)

@@ -28,12 +28,24 @@ std::string Dump(const ordered_json& j) {
 // Appends index text to one string: the per-tensor part is written
 // directly (a 20,000-tensor index took ~50 ms through ordered_json
 // objects, most of it allocating and freeing them).
+// JSON text, built whole (Take) or handed to a sink a piece at a time, so
+// that a large index is written without a copy of it in memory.
 class Text {
  public:
+  using Sink = std::function<void(std::string_view)>;
+  Text() = default;
+  explicit Text(const Sink* sink) : sink_(sink) {}
+
   std::string Take() { return std::move(out_); }
+  void Flush() {
+    if (sink_ != nullptr && !out_.empty()) (*sink_)(out_);
+    out_.clear();
+  }
 
   Text& Raw(std::string_view s) {
     out_ += s;
+    if (!s.empty()) last_ = s.back();
+    if (sink_ != nullptr && out_.size() >= kPieceBytes) Flush();
     return *this;
   }
   // A JSON string: as nlohmann writes it (JsonQuote), U+FFFD for bad UTF-8.
@@ -48,23 +60,24 @@ class Text {
     return Raw(std::string_view(digits, end - digits));
   }
   Text& Nums(const std::vector<uint64_t>& v) {
-    out_ += '[';
+    Raw("[");
     for (size_t i = 0; i < v.size(); ++i) {
-      if (i) out_ += ',';
+      if (i) Raw(",");
       Num(v[i]);
     }
     return Raw("]");
   }
   // `,"name":` (no comma before the first field of an object).
   Text& Field(std::string_view name) {
-    if (out_.back() != '{') out_ += ',';
-    out_ += '"';
-    out_ += name;
-    return Raw("\":");
+    if (last_ != '{') Raw(",");
+    return Raw("\"").Raw(name).Raw("\":");
   }
 
  private:
+  static constexpr size_t kPieceBytes = size_t{1} << 20;
+  const Sink* sink_ = nullptr;
   std::string out_;
+  char last_ = '\0';
 };
 
 void ChunkText(const IndexChunk& c, Text& t) {
@@ -118,8 +131,9 @@ std::string Range(uint64_t begin, uint64_t end) {
 
 }  // namespace
 
-std::string SerializeIndex(const CheckpointIndex& index) {
-  Text t;
+namespace {
+
+void WriteIndex(const CheckpointIndex& index, Text& t) {
   t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(index.version);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
   t.Field("world_size").Num(index.world_size);
@@ -137,7 +151,22 @@ std::string SerializeIndex(const CheckpointIndex& index) {
   t.Field("values").Raw(index.values);
   t.Field("blobs");
   ObjectText(index.blobs, BlobText, t);
-  return t.Raw("}").Take();
+  t.Raw("}");
+}
+
+}  // namespace
+
+std::string SerializeIndex(const CheckpointIndex& index) {
+  Text t;
+  WriteIndex(index, t);
+  return t.Take();
+}
+
+void SerializeIndex(const CheckpointIndex& index,
+                    const std::function<void(std::string_view)>& sink) {
+  Text t(&sink);
+  WriteIndex(index, t);
+  t.Flush();
 }
 
 std::string ChunkEntryName(std::string_view key, const Slice& slice, const Shape& shape) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,10 @@ namespace shardsafe {
 
 // Compact JSON text of `index` (docs/format.md §3).
 std::string SerializeIndex(const CheckpointIndex& index);
+// The same text handed to `sink` in consecutive pieces of about 1 MiB, so
+// that a large index is printed or written without a copy in memory.
+void SerializeIndex(const CheckpointIndex& index,
+                    const std::function<void(std::string_view)>& sink);
 
 // Parses untrusted index bytes. `source` (the file path) prefixes every
 // error. DataLoss naming the field for any violation listed in

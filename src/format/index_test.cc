@@ -12,13 +12,15 @@ namespace shardsafe {
 namespace {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 using ::nlohmann::literals::operator""_json_pointer;
 
 constexpr std::string_view kSource = "/ckpt/shardsafe.json";
 
-// A valid index that each test damages in one place.
-json Valid() {
-  return json::parse(R"({
+// A valid index that each test damages in one place, its fields in the
+// writer's order (as ValidInWriterOrder keeps them; Valid's text has every
+// object's keys sorted).
+constexpr const char* kValid = R"({
     "format": "shardsafe", "version": 1, "tag": "step-00000100",
     "created_unix": 1795305600, "world_size": 2, "layout": {"tp": 2},
     "metadata": {"run": "x"},
@@ -33,8 +35,10 @@ json Valid() {
         {"rank": 0, "file": 0, "at": 40, "bytes": 10, "crc32c": 1},
         {"rank": 1, "file": 1, "at": 40, "bytes": 10}]},
       "sampler": {"per_rank": false, "chunks": [{"rank": 0, "file": 0, "at": 50, "bytes": 5}]}}
-  })");
-}
+  })";
+
+json Valid() { return json::parse(kValid); }
+ordered_json ValidInWriterOrder() { return ordered_json::parse(kValid); }
 
 Result<CheckpointIndex> ParseJson(const json& j) { return ParseIndex(j.dump(), kSource); }
 
@@ -138,10 +142,75 @@ TEST(IndexTest, SerializesInDocumentOrderAndOmitsAbsentOptionals) {
             R"("file":0,"at":8,"bytes":4}]}},"values":{},"blobs":{}})");
 }
 
+// layout, metadata and values are kept as compact JSON text in the writer's
+// canonical form (nlohmann's dump: keys sorted), whatever their spelling.
+TEST(IndexTest, KeepsUserJsonAsCanonicalText) {
+  auto r = ParseIndex(Edited("\"values\":{\"config\":{\"lr\":0.0003},\"step\":100}",
+                             "\"values\": {\"z\": [1.50, -0, 1e2], \"a\": \"\\u00e9\"}"),
+                      kSource);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->values, "{\"a\":\"\xc3\xa9\",\"z\":[1.5,0,100.0]}");
+  EXPECT_EQ(r->layout, "{\"tp\":2}");
+}
+
 TEST(IndexTest, IgnoresUnknownFields) {
   json j = With("/future", {1, 2});
   j["/tensors/layers.0.w/chunks/0/note"_json_pointer] = "x";
   EXPECT_TRUE(ParseJson(j).ok());
+}
+
+// --- Field order ---------------------------------------------------------------
+
+// JSON fields may come in any order. The writer's order lets the reader
+// check each chunk as it streams by; in another, what cannot be checked yet
+// is held, and the verdict is the same. (Valid()'s text has every object's
+// keys sorted: blobs and tensors before files and world_size, a tensor's
+// chunks before its dtype and shape, a blob's before its per_rank.)
+TEST(IndexTest, VerdictsDoNotDependOnFieldOrder) {
+  struct Damage {
+    const char* pointer;
+    json value;  // null: the field removed
+  };
+  const std::vector<std::vector<Damage>> cases = {
+      {},
+      {{"/tensors/layers.0.w/chunks/0/at", -8}},
+      {{"/tensors/layers.0.w/dtype", "bf16"}},
+      {{"/tensors/layers.0.w/chunks/1/offset", {0}}},
+      {{"/tensors/layers.0.w/chunks/1", 5}},
+      {{"/tensors/layers.0.w/shape", nullptr}},
+      {{"/files/1/rank", 2}},
+      {{"/files/0/bytes", 10}},
+      {{"/files", nullptr}},
+      {{"/world_size", 0}},
+      {{"/world_size", nullptr}},
+      {{"/blobs/rng/chunks/1/rank", 0}},
+      {{"/blobs/sampler/per_rank", 1}},
+      {{"/blobs/rng/chunks/0/at", 39}},  // overlaps the tensor's chunk 0
+      {{"/tag", 5}, {"/tensors/layers.0.w/chunks/0/at", -8}},  // the tag comes first
+      {{"/version", 2}, {"/tensors", json::array()}},          // a newer version first
+  };
+  for (const auto& damages : cases) {
+    json sorted = Valid();
+    ordered_json written = ValidInWriterOrder();
+    for (const Damage& d : damages) {
+      const json::json_pointer at(d.pointer);
+      if (d.value.is_null()) {
+        sorted[at.parent_pointer()].erase(at.back());
+        written[ordered_json::json_pointer(d.pointer).parent_pointer()].erase(at.back());
+      } else {
+        sorted[at] = d.value;
+        written[ordered_json::json_pointer(d.pointer)] = ordered_json::parse(d.value.dump());
+      }
+    }
+    SCOPED_TRACE(written.dump());
+    auto a = ParseIndex(sorted.dump(), kSource);
+    auto b = ParseIndex(written.dump(), kSource);
+    EXPECT_EQ(a.ok(), damages.empty()) << a.status().ToString();
+    EXPECT_EQ(a.status().ToString(), b.status().ToString());
+    if (a.ok() && b.ok()) {
+      EXPECT_EQ(SerializeIndex(*a), SerializeIndex(*b));
+    }
+  }
 }
 
 // Tiling is the engine's job: chunks whose boxes overlap pass here.
@@ -237,7 +306,30 @@ TEST(IndexTest, RejectsFractionalInteger) {
 TEST(IndexTest, RejectsIntegerAbove64Bits) {
   EXPECT_DATA_LOSS(ParseIndex(Edited("\"created_unix\":1795305600", "\"created_unix\":18446744073709551616"),
                               kSource),
-                   "invalid JSON: Problem while parsing a number");
+                   "field \"created_unix\": expected an integer in [0, 2^64), got 18446744073709551616");
+}
+
+TEST(IndexTest, ReadsMinusZeroAsZero) {
+  auto r = ParseIndex(Edited("\"created_unix\":1795305600", "\"created_unix\":-0"), kSource);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->created_unix, 0);
+}
+
+// A double's range is JSON's in practice: beyond it, even in user JSON.
+TEST(IndexTest, RejectsNumberBeyondADouble) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"step\":100", "\"step\":1e400"), kSource),
+                   "invalid JSON: number overflow parsing '1e400'");
+}
+
+// The parser's message names the byte, and shows a bounded part of what it
+// read (a torn index can end inside a string of any length).
+TEST(IndexTest, InvalidJsonMessageNamesTheByteAndStaysShort) {
+  const std::string text = Edited("\"step-00000100\"", "\"" + std::string(1 << 20, 'x') + "\xff\"");
+  auto r = ParseIndex(text, kSource);
+  EXPECT_DATA_LOSS(r, "invalid JSON: syntax error while parsing value - invalid string: "
+                      "ill-formed UTF-8 byte; last read: '\"xxxx");
+  EXPECT_DATA_LOSS(r, "(byte " + std::to_string(text.find('\xff') + 1) + ")");
+  EXPECT_LT(r.status().message().size(), 300u);
 }
 
 TEST(IndexTest, RejectsCreatedUnixAboveInt64) {
@@ -397,6 +489,25 @@ TEST(IndexTest, RejectsDuplicateBlobName) {
 TEST(IndexTest, RejectsDuplicateKeyInChunkNamingItsPath) {
   EXPECT_DATA_LOSS(ParseIndex(Edited("\"crc32c\":7", "\"crc32c\":7,\"at\":8"), kSource),
                    "duplicate key \"at\" in object /tensors/layers.0.w/chunks/0");
+}
+
+TEST(IndexTest, RejectsDuplicateKeyInUserJsonNamingItsPath) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"lr\":0.0003", "\"lr\":0.0003,\"lr\":1"), kSource),
+                   "duplicate key \"lr\" in object /values/config");
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"step\":100", "\"l\":[0,{\"a\":1,\"a\":2}],\"step\":100"),
+                              kSource),
+                   "duplicate key \"a\" in object /values/l/1");
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"layout\":{\"tp\":2}", "\"layout\":{\"tp\":2,\"tp\":2}"), kSource),
+                   "duplicate key \"tp\" in object /layout");
+}
+
+// Unknown fields are skipped, but their keys are checked like any others.
+TEST(IndexTest, RejectsDuplicateKeyInsideAnUnknownField) {
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"tag\":", "\"future\":{\"a\":[{\"b\":1,\"b\":2}]},\"tag\":"),
+                              kSource),
+                   "duplicate key \"b\" in object /future/a/0");
+  EXPECT_DATA_LOSS(ParseIndex(Edited("\"tag\":", "\"future\":1,\"future\":2,\"tag\":"), kSource),
+                   "duplicate key \"future\" in the top-level object");
 }
 
 TEST(IndexTest, RejectsDuplicateTopLevelKey) {

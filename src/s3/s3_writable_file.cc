@@ -105,6 +105,12 @@ Status S3WritableFile::Sync() {
       std::sort(done_.begin(), done_.end(),
                 [](const CompletedPart& a, const CompletedPart& b) { return a.number < b.number; });
       s = client_.CompleteMultipartUpload(at_, *upload_id_, done_, false).status();
+      // A retried completion whose first try completed the upload (its
+      // reply lost) finds the upload gone: the object, whole, is the proof.
+      if (s.code() == StatusCode::kNotFound) {
+        Result<ObjectInfo> object = client_.Head(at_);
+        if (object.ok() && object->size == size_) s = Status();
+      }
     }
   }
   if (!s.ok()) {

@@ -298,7 +298,8 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(src.data_dir, r.Str());
   SS_ASSIGN_OR_RETURN(uint8_t native, r.U8());
   src.native = native != 0;
-  SS_ASSIGN_OR_RETURN(std::string text, r.Str());
+  // Parsed in place: a copy would add the index's size to every rank's peak.
+  SS_ASSIGN_OR_RETURN(std::string_view text, r.View());
   SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
   if (src.native) src.index.tag = BaseName(src.path);  // as OpenNative
   return src;

@@ -12,12 +12,34 @@ namespace {
 
 constexpr uint64_t kPiece = 16 << 20;
 
-// A byte range of one data file whose checksum is recorded.
+// A byte range of one data file whose checksum is recorded: chunk `chunk`
+// of a tensor or of a blob. It refers into the index (32 bytes a chunk, on
+// top of it): names are made only for a header check or a fault, one at a
+// time, since a large index has millions of chunks.
 struct Expected {
-  std::string what;  // "tensor \"k\" chunk [..]" or "blob \"b\""
-  std::string entry; // expected safetensors entry name
-  uint64_t at = 0, bytes = 0;
-  std::optional<uint32_t> crc;
+  const std::string* name;               // the tensor's key or the blob's name
+  const IndexTensor* tensor = nullptr;   // a tensor's chunk, or
+  const IndexBlob* blob = nullptr;       // a blob's
+  size_t chunk = 0;
+
+  uint64_t at() const { return tensor ? tensor->chunks[chunk].at : blob->chunks[chunk].at; }
+  uint64_t bytes() const {
+    return tensor ? tensor->chunks[chunk].bytes : blob->chunks[chunk].bytes;
+  }
+  std::optional<uint32_t> crc() const {
+    return tensor ? tensor->chunks[chunk].crc32c : blob->chunks[chunk].crc32c;
+  }
+  // "tensor \"k\" chunk [..]" or "blob \"b\"".
+  std::string What() const {
+    if (!tensor) return "blob \"" + *name + "\"";
+    return "tensor \"" + *name + "\" chunk " + SliceToString(tensor->chunks[chunk].slice);
+  }
+  // The safetensors entry name the data file must give it.
+  std::string Entry() const {
+    if (tensor) return ChunkEntryName(*name, tensor->chunks[chunk].slice, tensor->shape);
+    return BlobEntryName(*name, blob->per_rank ? std::optional<int>(blob->chunks[chunk].rank)
+                                               : std::nullopt);
+  }
 };
 
 class Collector {
@@ -33,21 +55,24 @@ class Collector {
   std::vector<std::string> faults_;
 };
 
-std::vector<std::vector<Expected>> ExpectedByFile(const CheckpointIndex& index) {
-  std::vector<std::vector<Expected>> by_file(index.files.size());
+// Calls `f(file, expected)` for every chunk of the index.
+template <typename F>
+void ForEachExpected(const CheckpointIndex& index, F f) {
   for (const auto& [key, t] : index.tensors) {
-    for (const IndexChunk& c : t.chunks) {
-      by_file[c.file].push_back({"tensor \"" + key + "\" chunk " + SliceToString(c.slice),
-                                 ChunkEntryName(key, c.slice, t.shape), c.at, c.bytes, c.crc32c});
-    }
+    for (size_t i = 0; i < t.chunks.size(); ++i) f(t.chunks[i].file, Expected{&key, &t, nullptr, i});
   }
   for (const auto& [name, b] : index.blobs) {
-    for (const IndexBlobChunk& c : b.chunks) {
-      auto rank = b.per_rank ? std::optional<int>(c.rank) : std::nullopt;
-      by_file[c.file].push_back(
-          {"blob \"" + name + "\"", BlobEntryName(name, rank), c.at, c.bytes, c.crc32c});
-    }
+    for (size_t i = 0; i < b.chunks.size(); ++i) f(b.chunks[i].file, Expected{&name, nullptr, &b, i});
   }
+}
+
+// Each file's chunks, at their exact count.
+std::vector<std::vector<Expected>> ExpectedByFile(const CheckpointIndex& index) {
+  std::vector<size_t> count(index.files.size());
+  ForEachExpected(index, [&](uint32_t f, const Expected&) { ++count[f]; });
+  std::vector<std::vector<Expected>> by_file(index.files.size());
+  for (size_t f = 0; f < by_file.size(); ++f) by_file[f].reserve(count[f]);
+  ForEachExpected(index, [&](uint32_t f, const Expected& x) { by_file[f].push_back(x); });
   return by_file;
 }
 
@@ -72,12 +97,13 @@ void CheckHeader(const std::string& name, const SafetensorsHeader& header,
     if (e.end > e.begin) by_offset[header.data_start() + e.begin] = &e;
   }
   for (const Expected& x : expected) {
-    if (x.bytes == 0) continue;
-    auto it = by_offset.find(x.at);
-    if (it == by_offset.end() || it->second->name != x.entry ||
-        it->second->end - it->second->begin != x.bytes) {
-      out->Fault(name + ": " + x.what + ": no header entry \"" + x.entry + "\" of " +
-                 std::to_string(x.bytes) + " bytes at offset " + std::to_string(x.at));
+    if (x.bytes() == 0) continue;
+    auto it = by_offset.find(x.at());
+    const std::string entry = x.Entry();
+    if (it == by_offset.end() || it->second->name != entry ||
+        it->second->end - it->second->begin != x.bytes()) {
+      out->Fault(name + ": " + x.What() + ": no header entry \"" + entry + "\" of " +
+                 std::to_string(x.bytes()) + " bytes at offset " + std::to_string(x.at()));
     }
   }
 }
@@ -102,16 +128,17 @@ void VerifyFile(FileSystem& fs, const CheckpointSource& src, uint32_t f,
   if (!file.ok()) return out->Fault(file.status().message());
   std::vector<char> buf;
   for (const Expected& x : expected) {
-    if (!x.crc) continue;
-    auto crc = ChecksumRange(**file, x.at, x.bytes, &buf);
+    const std::optional<uint32_t> want = x.crc();
+    if (!want) continue;
+    auto crc = ChecksumRange(**file, x.at(), x.bytes(), &buf);
     if (!crc.ok()) {
-      out->Fault(path + ": " + x.what + ": " + crc.status().message());
-    } else if (*crc != *x.crc) {
-      out->Fault(path + ": " + x.what + ": checksum mismatch");
+      out->Fault(path + ": " + x.What() + ": " + crc.status().message());
+    } else if (*crc != *want) {
+      out->Fault(path + ": " + x.What() + ": checksum mismatch");
     } else {
       (*chunks)++;
     }
-    *bytes += x.bytes;
+    *bytes += x.bytes();
   }
 }
 

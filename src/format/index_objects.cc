@@ -1,0 +1,238 @@
+// Each object's checks, in the order the document lists them (see
+// index_objects.h for the split between ReadX and CheckX).
+#include "format/index_objects.h"
+
+#include <climits>
+
+namespace shardsafe::internal {
+namespace {
+
+using Kind = FieldValue::Kind;
+
+std::string Join(const std::string& where, const std::string& more) {
+  return where.empty() ? more : where + ": " + more;
+}
+
+Result<Shape> Numbers(const IndexObject& o, int field) {
+  FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (v.kind != Kind::kNumbers) return Loss(o.At(field), "expected a JSON array, got " + Describe(v));
+  if (v.bad >= 0) {
+    return Loss(o.At(field) + "[" + std::to_string(v.bad) + "]",
+                "expected an integer in [0, 2^64), got " + v.text);
+  }
+  return std::move(v.numbers);
+}
+
+Status CheckFileName(const std::string& name, const Where& where) {
+  const bool bad = name.empty() || name == "." || name == ".." ||
+                   name.find_first_of(std::string("/\\\0", 3)) != std::string::npos;
+  if (bad) return Loss(where, "\"" + name + "\" is not a plain file name");
+  return Status();
+}
+
+Result<std::optional<uint32_t>> CrcOf(const IndexObject& c) {
+  if (!c.Has(kCrc)) return std::optional<uint32_t>();
+  SS_ASSIGN_OR_RETURN(uint64_t crc, U64(c, kCrc, UINT32_MAX));
+  return std::optional<uint32_t>(static_cast<uint32_t>(crc));
+}
+
+// A chunk's `file`, `at` and `bytes`: the range must lie inside the file.
+// Returns the file.
+Result<uint32_t> CheckByteRange(uint64_t file, uint64_t at, uint64_t bytes,
+                                const std::vector<IndexFile>& files, const Where& where) {
+  if (files.empty()) return Loss(FieldAt(where, "file"), "the index lists no files");
+  SS_RETURN_IF_ERROR(AtMost(where, "file", file, files.size() - 1));
+  uint64_t end;
+  if (__builtin_add_overflow(at, bytes, &end) || end > files[file].bytes) {
+    const std::string end_text = end < at ? "2^64+" + std::to_string(end) : std::to_string(end);
+    return Loss(where, "byte range [" + std::to_string(at) + ", " + end_text + ") exceeds file " +
+                           files[file].name + " (" + std::to_string(files[file].bytes) +
+                           " bytes)");
+  }
+  return static_cast<uint32_t>(file);
+}
+
+Result<Slice> SliceOf(const IndexObject& c) {
+  Slice slice;
+  SS_ASSIGN_OR_RETURN(slice.box.offset, Numbers(c, kOffset));
+  SS_ASSIGN_OR_RETURN(slice.box.size, Numbers(c, kSize));
+  if (c.Has(kFlat)) {
+    SS_ASSIGN_OR_RETURN(Shape flat, Numbers(c, kFlat));
+    if (flat.size() != 2) {
+      return Loss(c.At(kFlat), "expected [begin, end], got " + std::to_string(flat.size()) +
+                                   " numbers");
+    }
+    slice.flat = FlatRange{flat[0], flat[1]};
+  }
+  return slice;
+}
+
+}  // namespace
+
+std::string Where::str() const {
+  if (kind_ == nullptr) return std::string(text_);
+  if (parent_ == nullptr) return std::string(kind_) + " \"" + std::string(text_) + "\"";
+  return Join(parent_->str(), std::string(kind_) + " " + std::to_string(index_));
+}
+
+Status Loss(const Where& where, const std::string& message) {
+  return DataLossError(Join(where.str(), message));
+}
+
+Status CheckKey(const char* kind, std::string_view name) {
+  if (name.find('\0') == std::string_view::npos) return Status();
+  return Loss(Where(kind, name), "the name holds a NUL byte");
+}
+
+std::string FieldAt(const Where& where, std::string_view name) {
+  return Join(where.str(), "field \"" + std::string(name) + "\"");
+}
+
+Status AtMost(const Where& where, std::string_view field, uint64_t n, uint64_t max) {
+  if (n <= max) return Status();
+  return Loss(FieldAt(where, field),
+              std::to_string(n) + " is out of range (at most " + std::to_string(max) + ")");
+}
+
+Result<uint64_t> U64(const IndexObject& o, int field, uint64_t max) {
+  const FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (v.kind != Kind::kNumber) {
+    return Loss(o.At(field), "expected an integer in [0, 2^64), got " + Describe(v));
+  }
+  SS_RETURN_IF_ERROR(AtMost(o.where, o.spec[field].name, v.number, max));
+  return v.number;
+}
+
+Result<std::string> String(const IndexObject& o, int field) {
+  FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (v.kind != Kind::kString) return Loss(o.At(field), "expected a string, got " + Describe(v));
+  return std::move(v.text);
+}
+
+Result<bool> Bool(const IndexObject& o, int field) {
+  const FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (v.kind != Kind::kBool) return Loss(o.At(field), "expected a JSON boolean, got " + Describe(v));
+  return v.number != 0;
+}
+
+Status Holder(const IndexObject& o, int field, const char* type) {
+  const FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (v.kind != Kind::kContainer) {
+    return Loss(o.At(field), std::string("expected a JSON ") + type + ", got " + Describe(v));
+  }
+  return Status();
+}
+
+Result<std::string> Json(const IndexObject& o, int field, bool object) {
+  FieldValue& v = o[field];
+  if (!o.Has(field)) return o.Missing(field);
+  if (object && v.json_type != 'o') {
+    return Loss(o.At(field), "expected a JSON object, got " + Describe(v));
+  }
+  return std::move(v.text);
+}
+
+// --- Objects --------------------------------------------------------------------
+
+Status CheckFormatVersion(const IndexObject& root) {
+  SS_ASSIGN_OR_RETURN(std::string format, String(root, kFormat));
+  if (format != "shardsafe") {
+    return Loss("field \"format\"", "\"" + format + "\" is not \"shardsafe\"");
+  }
+  SS_ASSIGN_OR_RETURN(uint64_t version, U64(root, kVersion));
+  if (version > static_cast<uint64_t>(kFormatVersion)) {
+    return FailedPreconditionError("format version " + std::to_string(version) +
+                                   " is newer than this reader supports (" +
+                                   std::to_string(kFormatVersion) + ")");
+  }
+  if (version != static_cast<uint64_t>(kFormatVersion)) {
+    return Loss("field \"version\"", "unsupported version " + std::to_string(version));
+  }
+  return Status();
+}
+
+Result<FileRead> ReadFile(const IndexObject& f, std::set<std::string>& names) {
+  FileRead r;
+  SS_ASSIGN_OR_RETURN(r.file.name, String(f, kName));
+  SS_RETURN_IF_ERROR(CheckFileName(r.file.name, f.where));
+  if (!names.insert(r.file.name).second) {
+    return Loss(f.where, "\"" + r.file.name + "\" listed twice");
+  }
+  SS_ASSIGN_OR_RETURN(r.file.bytes, U64(f, kFileBytes));
+  SS_ASSIGN_OR_RETURN(r.rank, U64(f, kFileRank));
+  return r;
+}
+
+Status ReadTensorHeader(const IndexObject& v, IndexTensor* t) {
+  SS_ASSIGN_OR_RETURN(std::string dtype, String(v, kDtype));
+  Result<DType> parsed = ParseDType(dtype);
+  if (!parsed.ok()) return Loss(v.At(kDtype), parsed.status().message());
+  t->dtype = *parsed;
+  SS_ASSIGN_OR_RETURN(t->shape, Numbers(v, kShape));
+  Result<uint64_t> n = NumElements(t->shape);
+  if (!n.ok()) return Loss(v.At(kShape), n.status().message());
+  return Status();
+}
+
+Result<ChunkRead> ReadChunk(const IndexObject& c, size_t index) {
+  ChunkRead r;
+  r.index = index;
+  SS_ASSIGN_OR_RETURN(r.chunk.slice, SliceOf(c));
+  SS_ASSIGN_OR_RETURN(r.file, U64(c, kFileIndex));
+  SS_ASSIGN_OR_RETURN(r.chunk.at, U64(c, kAt));
+  SS_ASSIGN_OR_RETURN(r.chunk.bytes, U64(c, kBytes));
+  SS_ASSIGN_OR_RETURN(r.chunk.crc32c, CrcOf(c));
+  return r;
+}
+
+Result<IndexChunk> CheckChunk(ChunkRead& r, const IndexTensor& t,
+                              const std::vector<IndexFile>& files, const Where& where) {
+  IndexChunk& chunk = r.chunk;
+  // Checked before ValidateSlice, whose message would print the box and so
+  // must not see offset and size of different lengths.
+  const size_t rank = t.shape.size();
+  if (chunk.slice.box.offset.size() != rank || chunk.slice.box.size.size() != rank) {
+    return Loss(where, "box has " + std::to_string(chunk.slice.box.offset.size()) +
+                           " offsets and " + std::to_string(chunk.slice.box.size.size()) +
+                           " sizes, but the tensor has rank " + std::to_string(rank));
+  }
+  Status valid = ValidateSlice(chunk.slice, t.shape, t.dtype);
+  if (!valid.ok()) return Loss(where, valid.message());
+  SS_ASSIGN_OR_RETURN(chunk.file, CheckByteRange(r.file, chunk.at, chunk.bytes, files, where));
+  Result<uint64_t> want = NumBytes(t.dtype, chunk.slice.NumElements());
+  if (!want.ok()) return Loss(where, want.status().message());
+  if (chunk.bytes != *want) {
+    return Loss(FieldAt(where, "bytes"),
+                std::to_string(chunk.bytes) + " bytes recorded, but " +
+                    std::to_string(chunk.slice.NumElements()) + " " +
+                    std::string(DTypeName(t.dtype)) + " elements take " + std::to_string(*want));
+  }
+  return std::move(chunk);
+}
+
+Result<BlobChunkRead> ReadBlobChunk(const IndexObject& c, size_t index) {
+  BlobChunkRead r;
+  r.index = index;
+  SS_ASSIGN_OR_RETURN(r.rank, U64(c, kRank));
+  SS_ASSIGN_OR_RETURN(r.file, U64(c, kFileIndex));
+  SS_ASSIGN_OR_RETURN(r.chunk.at, U64(c, kAt));
+  SS_ASSIGN_OR_RETURN(r.chunk.bytes, U64(c, kBytes));
+  SS_ASSIGN_OR_RETURN(r.chunk.crc32c, CrcOf(c));
+  return r;
+}
+
+Result<IndexBlobChunk> CheckBlobChunk(const BlobChunkRead& r, const std::vector<IndexFile>& files,
+                                      int world_size, const Where& where) {
+  IndexBlobChunk chunk = r.chunk;
+  SS_RETURN_IF_ERROR(AtMost(where, "rank", r.rank, world_size - 1));
+  chunk.rank = static_cast<int>(r.rank);
+  SS_ASSIGN_OR_RETURN(chunk.file, CheckByteRange(r.file, chunk.at, chunk.bytes, files, where));
+  return chunk;
+}
+
+}  // namespace shardsafe::internal
