@@ -1,6 +1,7 @@
 #include "s3/s3_file_system.h"
 
 #include <charconv>
+#include <cstring>
 #include <cstdlib>
 
 #include "base/crc32c.h"
@@ -23,6 +24,21 @@ class S3ReadFile : public RandomAccessFile {
                            "-byte object");
     }
     return client_.GetRange(at_, offset, dst, n);
+  }
+  // One ranged GET for the whole run, scattered from a buffer: a request
+  // per piece (the default) would be a request per row of a column split.
+  Status ReadScattered(uint64_t offset, std::span<const Piece> pieces) const override {
+    size_t total = 0;
+    for (const Piece& p : pieces) total += p.n;
+    if (pieces.size() <= 1) return pieces.empty() ? Status() : ReadAt(offset, pieces[0].dst, total);
+    std::vector<char> buffer(total);
+    SS_RETURN_IF_ERROR(ReadAt(offset, buffer.data(), total));
+    size_t at = 0;
+    for (const Piece& p : pieces) {
+      std::memcpy(p.dst, buffer.data() + at, p.n);
+      at += p.n;
+    }
+    return Status();
   }
   uint64_t size() const override { return size_; }
 

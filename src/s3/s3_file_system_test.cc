@@ -106,5 +106,18 @@ TEST_F(S3FileSystemTest, FilesOfSeveralPartsAndDirectories) {
   EXPECT_EQ(fs.ListDir(Uri("d")).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(S3FileSystemTest, AScatteredReadIsOneRequest) {
+  S3_ASSERT_OK(fs_->CreateFileExclusive(Uri("rows"), "0123456789abcdef"));
+  auto file = fs_->NewRandomAccessFile(Uri("rows"), {});
+  S3_ASSERT_OK(file);
+  const size_t gets_before = CountRequests("GET", "/rows");
+  char a[3], b[5], c[2];
+  const RandomAccessFile::Piece pieces[] = {{a, 3}, {b, 5}, {c, 2}};
+  S3_ASSERT_OK((*file)->ReadScattered(4, pieces));
+  EXPECT_EQ(std::string(a, 3) + "|" + std::string(b, 5) + "|" + std::string(c, 2),
+            "456|789ab|cd");
+  EXPECT_EQ(CountRequests("GET", "/rows"), gets_before + 1);
+}
+
 }  // namespace
 }  // namespace shardsafe::testing

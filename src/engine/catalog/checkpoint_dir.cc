@@ -102,9 +102,12 @@ std::optional<LatestPointer> ReadLatestFile(FileSystem& fs, const std::string& r
 // written (its pointer update failed): then the newest such. A `latest`
 // written after every commit (a rollback) and saves that did not move it
 // stay behind it. Without a valid `latest`: the newest that moved it, or
-// the newest of all.
+// the newest of all. Where times are whole seconds (an object store's
+// Last-Modified) a commit in the same second as `latest` counts as after
+// it: there `latest` only moves forward (compare-and-swap), so a tie is a
+// save cut short between its index and its `latest`, not a rollback.
 void MarkLatest(std::vector<CheckpointInfo>& list, const std::vector<int64_t>& index_mtime_ns,
-                const std::optional<LatestPointer>& latest) {
+                const std::optional<LatestPointer>& latest, bool whole_seconds) {
   if (list.empty()) return;
   size_t named = list.size();
   for (size_t i = 0; latest && i < list.size(); ++i) {
@@ -112,7 +115,9 @@ void MarkLatest(std::vector<CheckpointInfo>& list, const std::vector<int64_t>& i
   }
   for (size_t i = list.size(); i-- > 0;) {
     if (i == named) break;
-    if (list[i].moved_latest && (named == list.size() || index_mtime_ns[i] > latest->mtime_ns)) {
+    const bool after = named == list.size() || index_mtime_ns[i] > latest->mtime_ns ||
+                       (whole_seconds && index_mtime_ns[i] == latest->mtime_ns);
+    if (list[i].moved_latest && after) {
       list[i].is_latest = true;
       return;
     }
@@ -191,7 +196,7 @@ Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::str
     out.push_back(std::move(info));
     index_mtime_ns.push_back(mtime);
   }
-  MarkLatest(out, index_mtime_ns, latest);
+  MarkLatest(out, index_mtime_ns, latest, fs.IsObjectStore());
   return out;
 }
 
