@@ -232,6 +232,12 @@ class FileSystem {
                                       const std::optional<std::string>& version) {
     return UnimplementedError("conditional writes of " + path + " are not supported");
   }
+  // Object stores: aborts the unfinished uploads under `dir` that began
+  // before `before_unix_seconds` (a killed writer's; such an upload holds
+  // storage but is no file). OK where there are none (the default).
+  virtual Status AbortUploadsBefore(const std::string& dir, int64_t before_unix_seconds) {
+    return Status();
+  }
 };
 
 // The POSIX file system. Lives for the whole process.

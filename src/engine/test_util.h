@@ -144,6 +144,9 @@ class ForwardingFileSystem : public FileSystem {
                               const std::optional<std::string>& version) override {
     return base_->ReplaceFileIfVersion(p, data, version);
   }
+  Status AbortUploadsBefore(const std::string& p, int64_t before) override {
+    return base_->AbortUploadsBefore(p, before);
+  }
 
  protected:
   FileSystem* const base_;

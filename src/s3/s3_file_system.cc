@@ -196,6 +196,19 @@ Status S3FileSystem::ReplaceFileIfVersion(const std::string& path, std::string_v
   return client_->Put(at, data, put).status();
 }
 
+Status S3FileSystem::AbortUploadsBefore(const std::string& dir, int64_t before_unix_seconds) {
+  SS_ASSIGN_OR_RETURN(S3Location at, ParseS3Uri(dir));
+  SS_ASSIGN_OR_RETURN(std::vector<MultipartUpload> uploads,
+                      client_->ListMultipartUploads(at.bucket, DirPrefix(at)));
+  Status first;
+  for (const MultipartUpload& u : uploads) {
+    if (u.initiated_seconds >= before_unix_seconds) continue;
+    Status s = client_->AbortMultipartUpload({at.bucket, u.key}, u.upload_id);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
 Status S3FileSystem::Rename(const std::string& from, const std::string& to) {
   return UnimplementedError("renaming " + from + " to " + to +
                             ": object storage has no rename");

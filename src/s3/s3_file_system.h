@@ -78,6 +78,7 @@ class S3FileSystem : public FileSystem {
                                         std::string* version) override;
   Status ReplaceFileIfVersion(const std::string& path, std::string_view data,
                               const std::optional<std::string>& version) override;
+  Status AbortUploadsBefore(const std::string& dir, int64_t before_unix_seconds) override;
 
  private:
   std::unique_ptr<S3Client> client_;

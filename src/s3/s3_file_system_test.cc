@@ -106,6 +106,20 @@ TEST_F(S3FileSystemTest, FilesOfSeveralPartsAndDirectories) {
   EXPECT_EQ(fs.ListDir(Uri("d")).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(S3FileSystemTest, UploadsBegunBeforeATimeAreAborted) {
+  auto upload = client_->CreateMultipartUpload(At("root/step-9/data"), true);
+  S3_ASSERT_OK(upload);
+  auto open = [&] { return client_->ListMultipartUploads(kBucket, "root/"); };
+  // Begun after the epoch (moto dates every upload in 2010): kept.
+  S3_ASSERT_OK(fs_->AbortUploadsBefore(Uri("root"), 0));
+  ASSERT_TRUE(open().ok());
+  EXPECT_EQ(open()->size(), 1u);
+  // Begun before now: aborted, with the key holding no object at all.
+  S3_ASSERT_OK(fs_->AbortUploadsBefore(Uri("root"), int64_t{1} << 40));
+  ASSERT_TRUE(open().ok());
+  EXPECT_TRUE(open()->empty());
+}
+
 TEST_F(S3FileSystemTest, AScatteredReadIsOneRequest) {
   S3_ASSERT_OK(fs_->CreateFileExclusive(Uri("rows"), "0123456789abcdef"));
   auto file = fs_->NewRandomAccessFile(Uri("rows"), {});

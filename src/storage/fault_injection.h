@@ -90,6 +90,9 @@ class FaultInjectingFileSystem final : public FileSystem {
   }
   Status ReplaceFileIfVersion(const std::string& path, std::string_view data,
                               const std::optional<std::string>& version) override;
+  Status AbortUploadsBefore(const std::string& dir, int64_t before) override {
+    return base_->AbortUploadsBefore(dir, before);
+  }
 
  private:
   struct Armed {

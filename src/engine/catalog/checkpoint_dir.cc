@@ -52,6 +52,8 @@ std::vector<ClaimedDir> ClaimAgedLeftovers(FileSystem& fs, const std::string& ro
     std::optional<int64_t> newest = NewestMtime(fs, path);
     if (newest && *newest <= before) claimed.push_back(ClaimedDir{path, nullptr, nullptr});
   }
+  // Uploads a killed save left open, also under tags that hold no object.
+  fs.AbortUploadsBefore(root, before).IgnoreError();
   return claimed;
 }
 
