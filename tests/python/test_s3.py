@@ -324,3 +324,15 @@ def test_hugging_face_export_from_and_into_the_bucket(s3, run_root, tmp_path):
     # An existing output in the bucket is not replaced.
     with pytest.raises(shardsafe.ShardsafeError, match="exists"):
         shardsafe.hf.export(str(local), out, overwrite=True)
+
+
+def test_overwriting_a_tag_in_the_bucket_leaves_only_the_new_data(s3):
+    uri = f"s3://{BUCKET}/team/overwritten/step-11"
+    shardsafe.save(_state(11), uri)
+    before = [k for k in _keys(s3, "team/overwritten/") if k.endswith(".safetensors")]
+    shardsafe.save(_state(12), uri, overwrite=True)
+    after = [k for k in _keys(s3, "team/overwritten/") if k.endswith(".safetensors")]
+    assert len(after) == len(before) == 1 and after != before  # a new name; the old one removed
+    target = _zeros_like(_state(12))
+    shardsafe.load(target, uri)
+    assert torch.equal(target["w"], _state(12)["w"]) and target["step"] == 12

@@ -352,7 +352,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->root = root;
   job->tag = tag;
   job->dirs = std::move(prepared.dirs);
-  job->fs = *FileSystemFor(root, options.fs);  // found by PlanAndPrepare
+  job->fs = prepared.fs;
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device

@@ -173,6 +173,7 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   }
   SS_ASSIGN_OR_RETURN(std::string sent, BroadcastOrFail(comm, 0, dirs));
   SS_ASSIGN_OR_RETURN(prepared.dirs, DecodeSaveDirs(sent));
+  prepared.fs = *fs;  // found: GatherAndPlan failed every rank otherwise
   return prepared;
 }
 
@@ -234,7 +235,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   };
   report("plan", 0, 0);
   SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
-  FileSystem& fs = **FileSystemFor(root, options.fs);  // found by PlanAndPrepare
+  FileSystem& fs = *prepared.fs;
   const SavePlan& plan = *prepared.plan;
   const SaveDirs& dirs = prepared.dirs;
 

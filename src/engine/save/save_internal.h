@@ -15,6 +15,7 @@ struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;  // the cached plan of an unchanged layout
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
+  FileSystem* fs = nullptr;  // where the root lies (FileSystemFor)
   SaveDirs dirs;
   std::shared_ptr<FileLock> lock;  // rank 0: held until committed or abandoned
 };
