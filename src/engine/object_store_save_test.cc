@@ -189,13 +189,58 @@ TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
     ASSERT_TRUE(latest.ok() && latest->has_value());
     EXPECT_TRUE(LoadsStep(root, **latest));
 
-    // The next save cleans what the cut-short one left.
+    // The next save cleans what the cut-short one left, and nothing of a
+    // save that committed and stopped before removing its prefix.
     ASSERT_TRUE(AllOk(SaveStep(root, 3, store_.get())));
     EXPECT_EQ(StrayKeys(root), std::vector<std::string>());
     EXPECT_TRUE(LoadsStep(root, 3));
+    if (committed) {
+      EXPECT_TRUE(LoadsStep(root + "/step-00000002", 2));
+    }
   }
   EXPECT_GT(committed_runs, 0) << "the late cut points (after the index) commit";
   EXPECT_LT(committed_runs, total) << "the early cut points do not";
+}
+
+// A job killed inside the save of step 2 restarts and saves step 2 again
+// within the leftover age, so the dead save's data objects stay under a
+// tag that is committed: the sweep finds them by the dead save's private
+// prefix once they age.
+TEST_F(ObjectStoreSaveTest, AKilledSavesDataGoesOnceAgedUnderATagCommittedAgain) {
+  const std::string counted_root = Root("again-counted");
+  ASSERT_TRUE(AllOk(SaveStep(counted_root, 1, store_.get())));
+  FaultInjectingFileSystem counting(store_.get());
+  ASSERT_TRUE(AllOk(SaveStep(counted_root, 2, &counting)));
+  // The last cut point that leaves data objects of step 2 and no claim.
+  std::string root;
+  bool killed = false;
+  for (int64_t n = counting.total_count() - 1; n > 0 && !killed; --n) {
+    root = Root("again-" + std::to_string(n));
+    ASSERT_TRUE(AllOk(SaveStep(root, 1, store_.get())));
+    FaultInjectingFileSystem faulty(store_.get());
+    faulty.FailAfter(n, UnavailableError("injected: the process died here"));
+    SaveStep(root, 2, &faulty);
+    auto keys = client_->List(kBucket, "again-" + std::to_string(n) + "/step-00000002/", "");
+    ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+    bool data = false, claim = false;
+    for (const ObjectInfo& o : keys->objects) {
+      data |= o.key.find("/data-") != std::string::npos;
+      claim |= o.key.ends_with("/commit.json");
+    }
+    killed = data && !claim;
+  }
+  ASSERT_TRUE(killed) << "no cut point leaves data objects without a claim";
+
+  setenv("SHARDSAFE_S3_LEFTOVER_AGE", "3600", 1);  // the restart comes within the hour
+  ASSERT_TRUE(AllOk(SaveStep(root, 2, store_.get())));
+  ASSERT_NE(StrayKeys(root), std::vector<std::string>()) << "the dead save's data is left";
+  EXPECT_TRUE(LoadsStep(root + "/step-00000002", 2));
+
+  setenv("SHARDSAFE_S3_LEFTOVER_AGE", "0", 1);  // an hour later
+  ASSERT_TRUE(AllOk(SaveStep(root, 3, store_.get())));
+  EXPECT_EQ(StrayKeys(root), std::vector<std::string>());
+  EXPECT_TRUE(LoadsStep(root + "/step-00000002", 2));
+  EXPECT_TRUE(LoadsStep(root, 3));
 }
 
 }  // namespace

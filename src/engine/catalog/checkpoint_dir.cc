@@ -35,6 +35,50 @@ std::optional<int64_t> NewestMtime(FileSystem& fs, const std::string& dir) {
   return newest;
 }
 
+// True if the committed index in `dir` names a file whose name ends with
+// `suffix`; an index that cannot be read or parsed counts as naming it.
+bool IndexNamesFileEndingWith(FileSystem& fs, const std::string& dir, std::string_view suffix) {
+  const std::string path = JoinPath(dir, kIndexFileName);
+  auto text = ReadFileToString(fs, path, kMaxIndexBytes);
+  if (!text.ok()) return text.status().code() != StatusCode::kNotFound;
+  auto index = ParseIndex(*text, path);
+  if (!index.ok()) return true;
+  return std::any_of(index->files.begin(), index->files.end(),
+                     [&](const IndexFile& f) { return f.name.ends_with(suffix); });
+}
+
+// The data objects of the dead save whose private prefix is `ledger`
+// (".tmp-TAG.NONCE", written before any of them), under a tag that the
+// uncommitted-tag sweep does not remove whole because another save
+// committed it, or is writing to it: TAG/*.NONCE.safetensors. Deletes them
+// unless the committed index names them (that save committed and was
+// killed before removing its prefix) or one is younger than `before` (a
+// save still running). True when the ledger may go: nothing of the save is
+// left to find.
+bool RemoveDataOfDeadSave(FileSystem& fs, const std::string& root, std::string_view ledger,
+                          int64_t before) {
+  const std::string_view name = ledger.substr(kTmpPrefix.size());
+  const size_t dot = name.rfind('.');
+  if (dot == std::string_view::npos || !ValidateTag(name.substr(0, dot)).ok()) return true;
+  const std::string dir = JoinPath(root, std::string(name.substr(0, dot)));
+  const std::string suffix = std::string(name.substr(dot)) + ".safetensors";
+  auto entries = fs.ListDir(dir);
+  if (!entries.ok()) return entries.status().code() == StatusCode::kNotFound;
+  std::vector<std::string> dead;
+  for (const DirEntry& e : *entries) {
+    if (!e.is_dir && e.name.ends_with(suffix)) dead.push_back(JoinPath(dir, e.name));
+  }
+  if (dead.empty()) return true;
+  if (IndexNamesFileEndingWith(fs, dir, suffix)) return true;
+  for (const std::string& path : dead) {
+    auto info = fs.Stat(path);
+    if (info.ok() && info->mtime_seconds > before) return false;
+  }
+  bool removed = true;
+  for (const std::string& path : dead) removed &= fs.RemoveFile(path).ok();
+  return removed;
+}
+
 // ClaimLeftovers on an object store: what nobody can hold a lock on is
 // judged by age.
 std::vector<ClaimedDir> ClaimAgedLeftovers(FileSystem& fs, const std::string& root,
@@ -46,11 +90,13 @@ std::vector<ClaimedDir> ClaimAgedLeftovers(FileSystem& fs, const std::string& ro
   std::vector<ClaimedDir> claimed;
   for (const DirEntry& e : entries) {
     const std::string path = JoinPath(root, e.name);
-    const bool candidate = e.is_dir && (StartsWith(e.name, kTmpPrefix) ||
-                                        (ValidateTag(e.name).ok() && !IsCommitted(fs, path)));
+    const bool ledger = e.is_dir && StartsWith(e.name, kTmpPrefix);
+    const bool candidate = ledger || (e.is_dir && ValidateTag(e.name).ok() && !IsCommitted(fs, path));
     if (!candidate) continue;
     std::optional<int64_t> newest = NewestMtime(fs, path);
-    if (newest && *newest <= before) claimed.push_back(ClaimedDir{path, nullptr, nullptr});
+    if (!newest || *newest > before) continue;
+    if (ledger && !RemoveDataOfDeadSave(fs, root, e.name, before)) continue;
+    claimed.push_back(ClaimedDir{path, nullptr, nullptr});
   }
   // Uploads a killed save left open, also under tags that hold no object.
   fs.AbortUploadsBefore(root, before).IgnoreError();
