@@ -12,7 +12,9 @@
 //   root rank.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +40,18 @@ class Comm {
 
   // Returns when every rank has entered the barrier.
   virtual Status Barrier() = 0;
+
+  // Rank `root` receives every rank's `mine`, indexed by rank; the other
+  // ranks receive an empty vector. The default all-gathers (correct, but
+  // every rank receives everything); the backends here override it so that
+  // only the root receives.
+  virtual Result<std::vector<std::string>> Gather(std::string_view mine, int root);
+
+  // The elementwise maximum of `values` over all ranks; every rank passes
+  // the same number of values (else InvalidArgument). The default
+  // all-gathers; the backends here reduce, so that a rank sends and
+  // receives a few times `values`, whatever the group's size.
+  virtual Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values);
 };
 
 // One process, one rank: collectives return immediately.

@@ -80,6 +80,40 @@ class TorchComm:
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
+    @_collective("gather")
+    def gather(self, data: bytes, root: int) -> list[bytes]:
+        """Every rank's bytes on `root` (by rank); [] on the other ranks."""
+        dst = dist.get_global_rank(self.group, root)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        longest = size.clone()
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
+        sizes = [torch.empty_like(size) for _ in range(self.size)] if self.rank == root else None
+        dist.gather(size, sizes, dst=dst, group=self.group)
+        mine = self._tensor(data, int(longest.item()))
+        parts = [torch.empty_like(mine) for _ in range(self.size)] if self.rank == root else None
+        dist.gather(mine, parts, dst=dst, group=self.group)
+        if self.rank != root:
+            return []
+        return [p[: int(n.item())].cpu().numpy().tobytes() for p, n in zip(parts, sizes)]
+
+    @_collective("all_reduce_max")
+    def all_reduce_max(self, values: list[int]) -> list[int]:
+        """The elementwise maximum over all ranks of unsigned 64-bit
+        `values` (int64 on the wire, the sign bit flipped to keep the
+        order); every rank passes as many."""
+        count = torch.tensor([len(values), -len(values)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
+        if int(count[0]) != -int(count[1]):
+            raise ShardsafeError(f"all_reduce_max: ranks passed between {-int(count[1])} and "
+                                 f"{int(count[0])} values")
+        if not values:
+            return []
+        flip = 1 << 63
+        signed = [(v ^ flip) - (1 << 64) if v ^ flip >= flip else v ^ flip for v in values]
+        t = torch.tensor(signed, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [(int(v) + (1 << 64)) % (1 << 64) ^ flip for v in t.cpu().tolist()]
+
 
 def resolve(process_group: dist.ProcessGroup | None) -> TorchComm | None:
     """The Comm for a call: the given group, else the default group when

@@ -5,19 +5,19 @@
 namespace shardsafe {
 namespace {
 
-Status WithRank(const Comm& comm, int rank, const Status& s) {
-  if (comm.size() == 1) return s;
-  return s.WithContext("rank " + std::to_string(rank));
-}
-
-}  // namespace
-
-Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
-                                              std::string payload) {
+// Each rank's (status, payload) as GatherOrFail and GatherToRootOrFail
+// send it.
+std::string StatusAndPayload(const Status& local, const std::string& payload) {
   wire::Writer w;
   w.Status(local);
   w.Str(local.ok() ? payload : std::string());
-  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, comm.AllGather(w.Take()));
+  return w.Take();
+}
+
+// The payloads of gathered StatusAndPayload messages, or the lowest
+// failing rank's error.
+Result<std::vector<std::string>> PayloadsOrFailure(const Comm& comm,
+                                                   const std::vector<std::string>& all) {
   std::vector<std::string> payloads(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
     wire::Reader reader(all[r]);
@@ -29,11 +29,53 @@ Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
   return payloads;
 }
 
-Status AgreeOnStatus(Comm& comm, const Status& local) {
-  return GatherOrFail(comm, local, {}).status();
+}  // namespace
+
+Status WithRank(const Comm& comm, int rank, const Status& s) {
+  if (comm.size() == 1) return s;
+  return s.WithContext("rank " + std::to_string(rank));
 }
 
-Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::string>& value) {
+Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
+                                              std::string payload) {
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      comm.AllGather(StatusAndPayload(local, payload)));
+  return PayloadsOrFailure(comm, all);
+}
+
+Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const Status& local,
+                                                    std::string payload) {
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      comm.Gather(StatusAndPayload(local, payload), root));
+  if (comm.rank() != root) {
+    if (!local.ok()) return local;
+    return std::vector<std::string>();
+  }
+  return PayloadsOrFailure(comm, all);
+}
+
+Result<std::vector<uint64_t>> ReduceMaxOrFail(Comm& comm, const Status& local,
+                                              std::vector<uint64_t> values) {
+  // First the lowest failing rank, as size - rank (0: none failed).
+  values.insert(values.begin(), local.ok() ? 0 : comm.size() - comm.rank());
+  SS_ASSIGN_OR_RETURN(std::vector<uint64_t> max, comm.AllReduceMax(values));
+  if (max.empty() || max[0] > static_cast<uint64_t>(comm.size())) {
+    return InternalError("AllReduceMax returned " + std::to_string(max.size()) + " values");
+  }
+  if (max[0] == 0) return std::vector<uint64_t>(max.begin() + 1, max.end());
+  // Then its error, from it (the value is only read on that rank).
+  const int failed = comm.size() - static_cast<int>(max[0]);
+  Status s = BroadcastOrFail(comm, failed, local.ok() ? Result<std::string>("") : local).status();
+  if (s.ok()) s = InternalError("rank " + std::to_string(failed) + " failed without an error");
+  return s;
+}
+
+Status AgreeOnStatus(Comm& comm, const Status& local) {
+  return ReduceMaxOrFail(comm, local, {}).status();
+}
+
+Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::string>& value,
+                                    bool name_root) {
   wire::Writer w;
   if (comm.rank() == root) {
     w.Status(value.status());
@@ -43,7 +85,7 @@ Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::stri
   wire::Reader reader(msg);
   Status s;
   SS_RETURN_IF_ERROR(reader.Status(&s));
-  if (!s.ok()) return WithRank(comm, root, s);
+  if (!s.ok()) return name_root ? WithRank(comm, root, s) : s;
   return reader.Str();
 }
 

@@ -6,6 +6,7 @@
 // error on every rank, naming the rank.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,17 +15,36 @@
 
 namespace shardsafe {
 
-// All-gathers `local` and returns the failure of the lowest failing rank
-// (prefixed "rank N: " when the job has several ranks), or OK on every rank.
+// Returns the failure of the lowest failing rank (prefixed "rank N: " when
+// the job has several ranks), or OK, on every rank. One AllReduceMax of one
+// value; a second collective, a Broadcast of the error, only on failure.
 Status AgreeOnStatus(Comm& comm, const Status& local);
+
+// AgreeOnStatus and the elementwise maximum of `values` over all ranks in
+// the same AllReduceMax: every rank passes as many values, and receives
+// their maximum, or the lowest failing rank's error.
+Result<std::vector<uint64_t>> ReduceMaxOrFail(Comm& comm, const Status& local,
+                                              std::vector<uint64_t> values);
 
 // All-gathers (`local` status, `payload`). On success every rank receives all
 // payloads; if any rank failed, every rank gets that rank's error.
 Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
                                               std::string payload);
 
+// Gathers (`local` status, `payload`) on `root` only. The root receives all
+// payloads, or the lowest failing rank's error (named as above); another
+// rank receives an empty vector, or its own failure. The other ranks learn
+// the outcome from what the root sends next (BroadcastOrFail).
+Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const Status& local,
+                                                    std::string payload);
+
 // Rank `root` computes `value` (or fails); every rank receives it or the
-// root's error.
-Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::string>& value);
+// root's error, prefixed "rank ROOT: " unless `name_root` is false (the
+// root's error already says where it comes from).
+Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::string>& value,
+                                    bool name_root = true);
+
+// `s` prefixed "rank N: " when the job has several ranks.
+Status WithRank(const Comm& comm, int rank, const Status& s);
 
 }  // namespace shardsafe

@@ -1,7 +1,9 @@
 // Tests of SingleProcessComm and ThreadComm: every collective with 1, 2, 4
 // and 8 ranks, payloads of different sizes (empty included), long runs of
 // back-to-back collectives, and bad roots. Run under TSan as well.
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
@@ -42,6 +44,57 @@ int CheckAllGather(Comm& comm, int round) {
   return bad;
 }
 
+int CheckGather(Comm& comm, int root, int round) {
+  auto got = comm.Gather(Payload(comm.rank(), round), root);
+  if (!got.ok()) return 1;
+  if (comm.rank() != root) return !got->empty();
+  if (static_cast<int>(got->size()) != comm.size()) return 1;
+  int bad = 0;
+  for (int r = 0; r < comm.size(); ++r) bad += (*got)[r] != Payload(r, round);
+  return bad;
+}
+
+// Values that differ by rank, the largest of each from a different rank,
+// with the top bit set on some (unsigned comparison).
+std::vector<uint64_t> Values(int rank, int n) {
+  std::vector<uint64_t> v(n);
+  for (int i = 0; i < n; ++i) {
+    v[i] = (static_cast<uint64_t>((rank + i) % 5) << 40) + rank * 7 + i;
+    if (i % 3 == 2) v[i] |= uint64_t{1} << 63;
+  }
+  return v;
+}
+
+int CheckAllReduceMax(Comm& comm, int n) {
+  auto got = comm.AllReduceMax(Values(comm.rank(), n));
+  if (!got.ok()) return 1;
+  std::vector<uint64_t> want(n, 0);
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::vector<uint64_t> v = Values(r, n);
+    for (int i = 0; i < n; ++i) want[i] = std::max(want[i], v[i]);
+  }
+  return *got != want;
+}
+
+// A backend that provides only the required collectives, so that Comm's
+// default Gather and AllReduceMax (over AllGather) run.
+class MinimalComm : public Comm {
+ public:
+  explicit MinimalComm(Comm& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    return inner_.AllGather(mine);
+  }
+  Result<std::string> Broadcast(std::string_view data, int root) override {
+    return inner_.Broadcast(data, root);
+  }
+  Status Barrier() override { return inner_.Barrier(); }
+
+ private:
+  Comm& inner_;
+};
+
 int CheckBroadcast(Comm& comm, int root, int round) {
   const std::string mine = comm.rank() == root ? Payload(root, round) : "ignored";
   auto got = comm.Broadcast(mine, root);
@@ -60,6 +113,8 @@ TEST(SingleProcessCommTest, CollectivesAreTheIdentity) {
   EXPECT_EQ(*b, "y");
   EXPECT_TRUE(comm->Barrier().ok());
   EXPECT_EQ(comm->Broadcast("y", 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckGather(*comm, 0, 1) + CheckAllReduceMax(*comm, 3), 0);
+  EXPECT_EQ(comm->Gather("z", 1).status().code(), StatusCode::kInvalidArgument);
 }
 
 class ThreadCommTest : public ::testing::TestWithParam<int> {};
@@ -105,6 +160,53 @@ TEST_P(ThreadCommTest, BroadcastWithInvalidRootFailsOnEveryRank) {
             0);
 }
 
+TEST_P(ThreadCommTest, GatherToEveryRoot) {
+  EXPECT_EQ(RunRanks(GetParam(),
+                     [](Comm& c) {
+                       int bad = 0;
+                       for (int root = 0; root < c.size(); ++root) bad += CheckGather(c, root, root);
+                       bad += c.Gather("x", c.size()).status().code() !=
+                              StatusCode::kInvalidArgument;
+                       return bad + CheckGather(c, 0, 5);  // still usable afterwards
+                     }),
+            0);
+}
+
+TEST_P(ThreadCommTest, AllReduceMaxOfNoneOneAndManyValues) {
+  EXPECT_EQ(RunRanks(GetParam(),
+                     [](Comm& c) {
+                       return CheckAllReduceMax(c, 0) + CheckAllReduceMax(c, 1) +
+                              CheckAllReduceMax(c, 100);
+                     }),
+            0);
+}
+
+TEST_P(ThreadCommTest, TheDefaultGatherAndAllReduceMaxGiveTheSame) {
+  EXPECT_EQ(RunRanks(GetParam(),
+                     [](Comm& c) {
+                       MinimalComm minimal(c);
+                       return CheckGather(minimal, c.size() - 1, 2) +
+                              CheckAllReduceMax(minimal, 7);
+                     }),
+            0);
+}
+
+TEST(ThreadCommMismatchTest, AllReduceMaxOfDifferentCountsFailsOnEveryRank) {
+  for (int ranks : {2, 4}) {
+    EXPECT_EQ(RunRanks(ranks,
+                       [](Comm& c) {
+                         MinimalComm minimal(c);
+                         const int n = c.rank() == 1 ? 2 : 3;
+                         return (c.AllReduceMax(Values(c.rank(), n)).status().code() !=
+                                 StatusCode::kInvalidArgument) +
+                                (minimal.AllReduceMax(Values(c.rank(), n)).status().code() !=
+                                 StatusCode::kInvalidArgument);
+                       }),
+              0)
+        << ranks << " ranks";
+  }
+}
+
 TEST_P(ThreadCommTest, BarrierHoldsEveryRankUntilAllArrive) {
   const int n = GetParam();
   std::atomic<int> before{0};
@@ -127,10 +229,12 @@ TEST_P(ThreadCommTest, ThousandsOfMixedCollectivesBackToBack) {
                      [](Comm& c) {
                        int bad = 0;
                        for (int k = 0; k < 1000; ++k) {
-                         switch (k % 3) {
+                         switch (k % 5) {
                            case 0: bad += CheckAllGather(c, k); break;
                            case 1: bad += CheckBroadcast(c, k % c.size(), k); break;
                            case 2: bad += !c.Barrier().ok(); break;
+                           case 3: bad += CheckGather(c, k % c.size(), k); break;
+                           case 4: bad += CheckAllReduceMax(c, k % 4); break;
                          }
                        }
                        return bad;
@@ -162,6 +266,35 @@ TEST(AgreeTest, EveryRankGetsTheFailingRanksDetail) {
                        return s.code() != StatusCode::kInvalidArgument ||
                               s.detail() != ErrorDetail::kShapeMismatch ||
                               s.message() != "rank 1: shape mismatch";
+                     }),
+            0);
+}
+
+// The lowest failing rank's error, whichever ranks fail; the maximum when
+// none does; a payload on the root only.
+TEST(AgreeTest, ReduceMaxAndGatherToRootNameTheLowestFailingRank) {
+  EXPECT_EQ(RunRanks(4,
+                     [](Comm& c) {
+                       const Status local = c.rank() == 2 || c.rank() == 3
+                                                ? DataLossError("disk " + std::to_string(c.rank()))
+                                                : Status();
+                       int bad = 0;
+                       Result<std::vector<uint64_t>> max = ReduceMaxOrFail(c, local, {1, 2});
+                       bad += max.status().message() != "rank 2: disk 2";
+                       max = ReduceMaxOrFail(c, Status(), {uint64_t(c.rank()), 9});
+                       bad += !max.ok() || *max != std::vector<uint64_t>{3, 9};
+                       auto gathered = GatherToRootOrFail(c, 1, local, "p" + std::to_string(c.rank()));
+                       if (c.rank() == 1) {
+                         bad += gathered.status().message() != "rank 2: disk 2";
+                       } else {
+                         bad += gathered.ok() != local.ok();
+                       }
+                       gathered = GatherToRootOrFail(c, 1, Status(), "p" + std::to_string(c.rank()));
+                       const std::vector<std::string> want =
+                           c.rank() == 1 ? std::vector<std::string>{"p0", "p1", "p2", "p3"}
+                                         : std::vector<std::string>{};
+                       bad += !gathered.ok() || *gathered != want;
+                       return bad;
                      }),
             0);
 }

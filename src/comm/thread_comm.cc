@@ -14,6 +14,7 @@
 // replace the outcome) until every rank, including the slowest reader of the
 // previous round, has arrived. So rounds can follow each other without limit.
 #include <condition_variable>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,20 +22,25 @@
 #include <utility>
 
 #include "shardsafe/comm.h"
+#include "comm/gathered_max.h"
 
 namespace shardsafe {
 namespace {
 
-enum class Op { kAllGather, kBroadcast, kBarrier };
+enum class Op { kAllGather, kBroadcast, kBarrier, kGather, kAllReduceMax };
 
 const char* OpName(Op op) {
   switch (op) {
     case Op::kAllGather: return "AllGather";
     case Op::kBroadcast: return "Broadcast";
     case Op::kBarrier: return "Barrier";
+    case Op::kGather: return "Gather";
+    case Op::kAllReduceMax: return "AllReduceMax";
   }
   return "?";
 }
+
+bool HasRoot(Op op) { return op == Op::kBroadcast || op == Op::kGather; }
 
 struct Contribution {
   Op op = Op::kBarrier;
@@ -45,7 +51,8 @@ struct Contribution {
 // What every rank of a round receives.
 struct Outcome {
   Status status;
-  std::vector<std::string> values;  // by rank (AllGather); [0] for Broadcast
+  std::vector<std::string> values;  // by rank (AllGather, Gather); [0] for Broadcast
+  std::vector<uint64_t> max;        // AllReduceMax
 };
 
 class Rendezvous {
@@ -76,10 +83,16 @@ class Rendezvous {
     out->status = Validate();
     if (out->status.ok()) {
       const Contribution& first = slots_[0];
-      if (first.op == Op::kAllGather) {
+      if (first.op == Op::kAllGather || first.op == Op::kGather) {
         for (Contribution& c : slots_) out->values.push_back(std::move(c.bytes));
       } else if (first.op == Op::kBroadcast) {
         out->values.push_back(std::move(slots_[first.root].bytes));
+      } else if (first.op == Op::kAllReduceMax) {
+        std::vector<std::string> gathered;
+        for (Contribution& c : slots_) gathered.push_back(std::move(c.bytes));
+        auto max = MaxOfGathered(gathered);
+        out->status = max.status();
+        if (max.ok()) out->max = std::move(*max);
       }
     }
     for (Contribution& c : slots_) c = Contribution();
@@ -95,13 +108,15 @@ class Rendezvous {
                              OpName(first.op) + ", rank " + std::to_string(r) + " " +
                              OpName(slots_[r].op));
       }
-      if (first.op == Op::kBroadcast && slots_[r].root != first.root) {
-        return InvalidArgumentError("ranks disagree on the broadcast root");
+      if (HasRoot(first.op) && slots_[r].root != first.root) {
+        return InvalidArgumentError(std::string("ranks disagree on the ") + OpName(first.op) +
+                                    " root");
       }
     }
-    if (first.op == Op::kBroadcast && (first.root < 0 || first.root >= size())) {
-      return InvalidArgumentError("broadcast root " + std::to_string(first.root) +
-                                  " is not a rank of a group of " + std::to_string(size()));
+    if (HasRoot(first.op) && (first.root < 0 || first.root >= size())) {
+      return InvalidArgumentError(std::string(OpName(first.op)) + " root " +
+                                  std::to_string(first.root) + " is not a rank of a group of " +
+                                  std::to_string(size()));
     }
     return Status();
   }
@@ -137,6 +152,21 @@ class ThreadComm final : public Comm {
 
   Status Barrier() override {
     return rendezvous_->Exchange(rank_, {Op::kBarrier, 0, {}})->status;
+  }
+
+  Result<std::vector<std::string>> Gather(std::string_view mine, int root) override {
+    auto out = rendezvous_->Exchange(rank_, {Op::kGather, root, std::string(mine)});
+    if (!out->status.ok()) return out->status;
+    if (rank_ != root) return std::vector<std::string>();
+    return out->values;
+  }
+
+  Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {
+    std::string bytes(values.size() * sizeof(uint64_t), '\0');
+    if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+    auto out = rendezvous_->Exchange(rank_, {Op::kAllReduceMax, 0, std::move(bytes)});
+    if (!out->status.ok()) return out->status;
+    return out->max;
   }
 
  private:

@@ -19,7 +19,9 @@ using testing::MakeTarget;
 using testing::OwnedShard;
 using testing::OwnedTarget;
 
-// Counts the collectives that pass through it.
+// Counts the collectives that pass through it, and the bytes this rank
+// sends and receives in them (what a collective hands each rank, not what
+// a network algorithm moves).
 class CountingComm : public Comm {
  public:
   explicit CountingComm(Comm& inner) : inner_(inner) {}
@@ -27,19 +29,40 @@ class CountingComm : public Comm {
   int size() const override { return inner_.size(); }
   Result<std::vector<std::string>> AllGather(std::string_view mine) override {
     ++count;
-    return inner_.AllGather(mine);
+    return Received(mine.size(), inner_.AllGather(mine));
+  }
+  Result<std::vector<std::string>> Gather(std::string_view mine, int root) override {
+    ++count;
+    return Received(mine.size(), inner_.Gather(mine, root));
   }
   Result<std::string> Broadcast(std::string_view data, int root) override {
     ++count;
-    return inner_.Broadcast(data, root);
+    auto out = inner_.Broadcast(data, root);
+    if (out.ok()) bytes += rank() == root ? data.size() : out->size();
+    return out;
+  }
+  Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {
+    ++count;
+    bytes += 2 * values.size() * sizeof(uint64_t);
+    return inner_.AllReduceMax(values);
   }
   Status Barrier() override {
     ++count;
     return inner_.Barrier();
   }
   int count = 0;
+  uint64_t bytes = 0;
 
  private:
+  Result<std::vector<std::string>> Received(size_t sent,
+                                            Result<std::vector<std::string>> out) {
+    bytes += sent;
+    for (size_t r = 0; out.ok() && r < out->size(); ++r) {
+      if (static_cast<int>(r) != rank()) bytes += (*out)[r].size();
+    }
+    return out;
+  }
+
   Comm& inner_;
 };
 
@@ -77,11 +100,11 @@ class CollectivesTest : public ::testing::Test {
   std::string root_;
 };
 
-// Save: the gather that checks whether the layout is unchanged
+// Save: the reduction that checks whether the layout is unchanged
 // (engine/save/plan_cache.h), the gather that plans (not when it is), the
 // broadcast of rank 0's temporary directory (created only once every rank
-// agreed), the gather of what each rank wrote, the broadcast of the
-// outcome. The key is this test's own, so the first save plans.
+// agreed), the gather on rank 0 of what each rank wrote, the broadcast of
+// the outcome. The key is this test's own, so the first save plans.
 TEST_F(CollectivesTest, SaveMakesFiveThenFourWithAnUnchangedLayout) {
   for (int expected : {5, 4, 4}) {
     auto counts = Count([&](int r, Comm& comm) {
@@ -131,8 +154,30 @@ TEST_F(CollectivesTest, LoadMakesTwoOrThreeWithSharedReads) {
   }
 }
 
+// A repeated save of an unchanged layout: a rank other than 0 sends and
+// receives a few hundred bytes, whatever the job's size (the reduction,
+// its own report, two broadcasts); rank 0 receives every rank's report.
+TEST_F(CollectivesTest, ARepeatedSaveCostsARankOtherThanZeroUnderOneKilobyte) {
+  constexpr int kMany = 16;
+  std::vector<uint64_t> bytes(kMany);
+  for (int save = 0; save < 2; ++save) {
+    testing::RunRanks(kMany, [&](int r, Comm& comm) {
+      CountingComm counting(comm);
+      OwnedShard shard =
+          MakeShard("repeat", DType::kF32, {kMany, 4}, {Box{{1ull * r, 0}, {1, 4}}, std::nullopt});
+      auto saved = Save(StateOf(shard), root_ + "/r" + std::to_string(save), counting, {});
+      EXPECT_TRUE(saved.ok()) << saved.status().ToString();
+      EXPECT_EQ(saved.ok() && saved->plan_reused, save == 1);
+      bytes[r] = counting.bytes;
+    });
+  }
+  for (int r = 1; r < kMany; ++r) EXPECT_LE(bytes[r], 1024u) << "rank " << r;
+}
+
 // A rank that failed before the call (SaveOptions::local_failure) fails it
-// on every rank, named, and nothing is left behind.
+// on every rank, named, and nothing is left behind: the first collective
+// (the reduction of the layout check) finds it, and the failing rank
+// broadcasts its error.
 TEST_F(CollectivesTest, LocalFailureReachesEveryRankThroughTheFirstCollective) {
   std::vector<Status> out(3);
   testing::RunRanks(3, [&](int r, Comm& comm) {
@@ -141,7 +186,7 @@ TEST_F(CollectivesTest, LocalFailureReachesEveryRankThroughTheFirstCollective) {
     SaveOptions options;
     if (r == 1) options.local_failure = InvalidArgumentError("state walk: bad value 'x'");
     out[r] = Save(StateOf(shard), root_ + "/f", counting, options).status();
-    EXPECT_EQ(counting.count, 1) << "rank " << r;
+    EXPECT_EQ(counting.count, 2) << "rank " << r;
   });
   for (const Status& s : out) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);

@@ -62,6 +62,45 @@ Result<std::string> PyComm::Broadcast(std::string_view data, int root) {
   }
 }
 
+Result<std::vector<std::string>> PyComm::Gather(std::string_view mine, int root) {
+  if (root < 0 || root >= size_) {
+    return InvalidArgumentError("gather root " + std::to_string(root) + " outside group");
+  }
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::object parts = impl_.attr("gather")(nb::bytes(mine.data(), mine.size()), root);
+    std::vector<std::string> out;
+    for (nb::handle part : parts) out.push_back(ToString(part));
+    if (static_cast<int>(out.size()) != (rank_ == root ? size_ : 0)) {
+      return InternalError("gather returned " + std::to_string(out.size()) + " parts on rank " +
+                           std::to_string(rank_) + " of " + std::to_string(size_));
+    }
+    return out;
+  } catch (const nb::python_error& e) {
+    return PythonFailure("gather", e);
+  }
+}
+
+Result<std::vector<uint64_t>> PyComm::AllReduceMax(std::span<const uint64_t> values) {
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::list mine;
+    for (uint64_t v : values) mine.append(nb::int_(v));
+    nb::object max = impl_.attr("all_reduce_max")(mine);
+    std::vector<uint64_t> out;
+    for (nb::handle v : max) out.push_back(nb::cast<uint64_t>(v));
+    if (out.size() != values.size()) {
+      return InternalError("all_reduce_max returned " + std::to_string(out.size()) +
+                           " values for " + std::to_string(values.size()));
+    }
+    return out;
+  } catch (const nb::python_error& e) {
+    return PythonFailure("all_reduce_max", e);
+  } catch (const nb::cast_error&) {
+    return InternalError("all_reduce_max returned a value that is not a uint64");
+  }
+}
+
 Status PyComm::Barrier() {
   nb::gil_scoped_acquire gil;
   try {

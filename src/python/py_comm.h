@@ -2,7 +2,9 @@
 // the caller's torch.distributed process group (python/shardsafe/_comm.py).
 //
 // The object provides `rank`, `size`, `all_gather(bytes) -> list[bytes]`,
-// `broadcast(bytes, root) -> bytes` and `barrier()`. Each call takes the GIL
+// `broadcast(bytes, root) -> bytes`, `barrier()`, `gather(bytes, root) ->
+// list[bytes]` (empty on other ranks than the root) and
+// `all_reduce_max(list[int]) -> list[int]` (unsigned 64-bit values). Each call takes the GIL
 // for its duration, so engine calls that use a PyComm run with the GIL
 // released. A Python exception becomes Unavailable naming the operation.
 #pragma once
@@ -23,6 +25,8 @@ class PyComm : public Comm {
   Result<std::vector<std::string>> AllGather(std::string_view mine) override;
   Result<std::string> Broadcast(std::string_view data, int root) override;
   Status Barrier() override;
+  Result<std::vector<std::string>> Gather(std::string_view mine, int root) override;
+  Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override;
 
  private:
   nanobind::object impl_;

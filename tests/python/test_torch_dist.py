@@ -306,3 +306,22 @@ def _one_rank_bad(rank, world, tmp):
 
 def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     run_workers(_one_rank_bad, 4, str(tmp_path))
+
+
+def _comm_body(rank, world):
+    from shardsafe._comm import TorchComm
+    comm = TorchComm(dist.group.WORLD)
+    for root in range(world):
+        mine = bytes([rank]) * (rank * 3)  # rank 0 sends nothing
+        got = comm.gather(mine, root)
+        assert got == ([bytes([r]) * (r * 3) for r in range(world)] if rank == root else []), got
+    top = 1 << 63
+    values = [rank, top | rank, (world - rank) << 40, top - 1 if rank == 1 else 0]
+    assert comm.all_reduce_max(values) == [world - 1, top | (world - 1), world << 40, top - 1]
+    assert comm.all_reduce_max([]) == []
+    with pytest.raises(shardsafe.ShardsafeError, match="between 1 and 2 values"):
+        comm.all_reduce_max([1, 2] if rank == 0 else [1])
+
+
+def test_the_gather_and_max_reduction_over_gloo(tmp_path):
+    run_workers(_comm_body, 3)

@@ -9,6 +9,12 @@
 // lands in one contiguous buffer and is copied out to the per-rank strings.
 //
 // Broadcast: MPI_Bcast of the size from the root, then the bytes in pieces.
+//
+// Gather: as AllGather, with MPI_Gather and MPI_Gatherv to the root; the
+// number of rounds comes from an MPI_Allreduce of the largest size.
+//
+// AllReduceMax: MPI_Allreduce (MPI_MAX) of the count and its complement
+// (equal counts everywhere), then of the values.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -40,10 +46,16 @@ class MpiComm final : public Comm {
   Result<std::vector<std::string>> AllGather(std::string_view mine) override;
   Result<std::string> Broadcast(std::string_view data, int root) override;
   Status Barrier() override { return CheckMpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  Result<std::vector<std::string>> Gather(std::string_view mine, int root) override;
+  Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override;
 
  private:
+  // One round of AllGather (root < 0) or Gather: bytes [offset, offset +
+  // piece) of every payload.
   Status GatherRound(std::string_view mine, uint64_t offset, uint64_t piece,
-                     const std::vector<uint64_t>& sizes, std::vector<std::string>& out);
+                     const std::vector<uint64_t>& sizes, std::vector<std::string>& out,
+                     int root = -1);
+  Status CheckRoot(int root, const char* op) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;  // comm_ is our duplicate
@@ -86,32 +98,83 @@ Result<std::vector<std::string>> MpiComm::AllGather(std::string_view mine) {
   return out;
 }
 
-// One MPI_Allgatherv of bytes [offset, offset + piece) of every payload.
 Status MpiComm::GatherRound(std::string_view mine, uint64_t offset, uint64_t piece,
-                            const std::vector<uint64_t>& sizes, std::vector<std::string>& out) {
-  std::vector<int> counts(size_), displs(size_);
+                            const std::vector<uint64_t>& sizes, std::vector<std::string>& out,
+                            int root) {
+  const uint64_t my_size = mine.size();
+  const int my_count =
+      static_cast<int>(my_size > offset ? std::min(my_size - offset, piece) : 0);
+  const char* send = mine.data() + std::min<uint64_t>(offset, mine.size());
+  const bool receives = root < 0 || root == rank_;
+  std::vector<int> counts(receives ? size_ : 0), displs(receives ? size_ : 0);
   int total = 0;
-  for (int r = 0; r < size_; ++r) {
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
     counts[r] = static_cast<int>(sizes[r] > offset ? std::min(sizes[r] - offset, piece) : 0);
     displs[r] = total;
     total += counts[r];  // <= size_ * piece <= INT_MAX
   }
   std::string buffer(static_cast<size_t>(total), '\0');
-  const char* send = mine.data() + std::min<uint64_t>(offset, mine.size());
-  SS_RETURN_IF_ERROR(CheckMpi(MPI_Allgatherv(send, counts[rank_], MPI_BYTE, buffer.data(),
-                                             counts.data(), displs.data(), MPI_BYTE, comm_),
-                              "MPI_Allgatherv"));
-  for (int r = 0; r < size_; ++r) {
+  if (root < 0) {
+    SS_RETURN_IF_ERROR(CheckMpi(MPI_Allgatherv(send, my_count, MPI_BYTE, buffer.data(),
+                                               counts.data(), displs.data(), MPI_BYTE, comm_),
+                                "MPI_Allgatherv"));
+  } else {
+    SS_RETURN_IF_ERROR(CheckMpi(MPI_Gatherv(send, my_count, MPI_BYTE, buffer.data(),
+                                            counts.data(), displs.data(), MPI_BYTE, root, comm_),
+                                "MPI_Gatherv"));
+  }
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
     if (counts[r] > 0) std::memcpy(out[r].data() + offset, buffer.data() + displs[r], counts[r]);
   }
   return Status();
 }
 
-Result<std::string> MpiComm::Broadcast(std::string_view data, int root) {
-  if (root < 0 || root >= size_) {
-    return InvalidArgumentError("broadcast root " + std::to_string(root) +
-                                " is not a rank of a group of " + std::to_string(size_));
+Status MpiComm::CheckRoot(int root, const char* op) const {
+  if (root >= 0 && root < size_) return Status();
+  return InvalidArgumentError(std::string(op) + " root " + std::to_string(root) +
+                              " is not a rank of a group of " + std::to_string(size_));
+}
+
+Result<std::vector<std::string>> MpiComm::Gather(std::string_view mine, int root) {
+  SS_RETURN_IF_ERROR(CheckRoot(root, "gather"));
+  uint64_t my_size = mine.size(), largest = 0;
+  std::vector<uint64_t> sizes(rank_ == root ? size_ : 0);
+  SS_RETURN_IF_ERROR(CheckMpi(
+      MPI_Gather(&my_size, 1, MPI_UINT64_T, sizes.data(), 1, MPI_UINT64_T, root, comm_),
+      "MPI_Gather"));
+  SS_RETURN_IF_ERROR(CheckMpi(
+      MPI_Allreduce(&my_size, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce"));
+  std::vector<std::string> out(sizes.size());
+  for (size_t r = 0; r < sizes.size(); ++r) out[r].resize(sizes[r]);
+  const uint64_t piece = std::min<uint64_t>(max_piece_, INT_MAX / size_);
+  for (uint64_t offset = 0; offset < largest; offset += piece) {
+    SS_RETURN_IF_ERROR(GatherRound(mine, offset, piece, sizes, out, root));
   }
+  return out;
+}
+
+Result<std::vector<uint64_t>> MpiComm::AllReduceMax(std::span<const uint64_t> values) {
+  const uint64_t count[2] = {values.size(), ~uint64_t{values.size()}};
+  uint64_t most[2];
+  SS_RETURN_IF_ERROR(
+      CheckMpi(MPI_Allreduce(count, most, 2, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce"));
+  if (most[0] != ~most[1]) {
+    return InvalidArgumentError("AllReduceMax: ranks passed between " + std::to_string(~most[1]) +
+                                " and " + std::to_string(most[0]) + " values");
+  }
+  std::vector<uint64_t> out(values.size());
+  for (size_t at = 0; at < values.size();) {  // counts are ints
+    const int n = static_cast<int>(std::min<size_t>(values.size() - at, INT_MAX));
+    SS_RETURN_IF_ERROR(CheckMpi(MPI_Allreduce(values.data() + at, out.data() + at, n,
+                                              MPI_UINT64_T, MPI_MAX, comm_),
+                                "MPI_Allreduce"));
+    at += n;
+  }
+  return out;
+}
+
+Result<std::string> MpiComm::Broadcast(std::string_view data, int root) {
+  SS_RETURN_IF_ERROR(CheckRoot(root, "broadcast"));
   uint64_t bytes = rank_ == root ? data.size() : 0;
   SS_RETURN_IF_ERROR(
       CheckMpi(MPI_Bcast(&bytes, 1, MPI_UINT64_T, root, comm_), "MPI_Bcast (size)"));

@@ -2,6 +2,8 @@
 // main): run as `mpirun -np 4 mpi_comm_test`. Every rank runs every check;
 // failures are summed over ranks and rank 0 prints "N passed, N failed".
 // Exits non-zero if any check failed on any rank.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -43,6 +45,42 @@ void TestAllGather(Comm& comm, int k, size_t scale) {
   }
 }
 
+void TestGather(Comm& comm, int root, int k, size_t scale) {
+  const std::string label = "Gather root " + std::to_string(root) + " case " + std::to_string(k) +
+                            " scale " + std::to_string(scale);
+  auto got = comm.Gather(Payload(comm.rank(), k, scale), root);
+  Check(got.ok(), label + ": " + got.status().ToString(), comm.rank());
+  if (!got.ok()) return;
+  if (comm.rank() != root) {
+    Check(got->empty(), label + ": a non-root rank received", comm.rank());
+    return;
+  }
+  Check(static_cast<int>(got->size()) == comm.size(), label + ": count", comm.rank());
+  for (int r = 0; r < comm.size() && r < static_cast<int>(got->size()); ++r) {
+    Check((*got)[r] == Payload(r, k, scale), label + ": payload of rank " + std::to_string(r),
+          comm.rank());
+  }
+}
+
+// Each value's maximum comes from a different rank; some have the top bit.
+void TestAllReduceMax(Comm& comm, size_t n) {
+  const auto values = [n](int rank) {
+    std::vector<uint64_t> v(n);
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = (static_cast<uint64_t>((rank + i) % 5) << 40) + rank * 7 + i;
+      if (i % 3 == 2) v[i] |= uint64_t{1} << 63;
+    }
+    return v;
+  };
+  std::vector<uint64_t> want(n, 0);
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::vector<uint64_t> v = values(r);
+    for (size_t i = 0; i < n; ++i) want[i] = std::max(want[i], v[i]);
+  }
+  auto got = comm.AllReduceMax(values(comm.rank()));
+  Check(got.ok() && *got == want, "AllReduceMax of " + std::to_string(n), comm.rank());
+}
+
 void TestBroadcast(Comm& comm, int root, size_t n) {
   const std::string label = "Broadcast root " + std::to_string(root) + " n " + std::to_string(n);
   const std::string expected(n, static_cast<char>('A' + root));
@@ -66,11 +104,21 @@ void RunAll(MPI_Comm world) {
   Check(comm->Broadcast("x", size).status().code() == StatusCode::kInvalidArgument,
         "invalid root", rank);
   Check(comm->Barrier().ok(), "barrier", rank);
+  for (int root = 0; root < size; ++root) {
+    for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}}) TestGather(*comm, root, root, scale);
+  }
+  Check(comm->Gather("x", size).status().code() == StatusCode::kInvalidArgument,
+        "invalid gather root", rank);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}}) TestAllReduceMax(*comm, n);
+  Check(comm->AllReduceMax(std::vector<uint64_t>(rank == 1 ? 2 : 3)).status().code() ==
+            StatusCode::kInvalidArgument,
+        "AllReduceMax of different counts", rank);
 
   // Tiny pieces: many rounds per collective, uneven across ranks.
   auto pieces = MakeMpiComm(world, 7);
   for (int k = 0; k < 5; ++k) TestAllGather(*pieces, k, 13);
   for (int root = 0; root < size; ++root) TestBroadcast(*pieces, root, 1000);
+  for (int root = 0; root < size; ++root) TestGather(*pieces, root, 3, 13);
 
   for (int i = 0; i < 300; ++i) {  // repeated, mixed
     TestAllGather(*comm, i, 3);

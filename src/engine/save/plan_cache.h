@@ -8,12 +8,14 @@
 // ranks' layouts (and of the planner's options), and a save first runs one
 // small agreement:
 //
-//   every rank sends (its layout is byte-for-byte its cached one, and the
-//   planner's options are the same?, the cached digest, a digest of its
-//   destination and values)                                     -- 33 bytes
+//   a max-reduction over all ranks (Comm::AllReduceMax) of (its layout is
+//   not byte-for-byte its cached one, or the planner's options changed?;
+//   the cached digest; a digest of its destination and values; both
+//   digests complemented)                         -- 72 bytes, any world size
 //
 // The cached plan is reused when every rank's layout is unchanged and every
-// rank sends the same digests. That is exact: each rank compares its own
+// rank sends the same digests (the maximum of each digest word equals the
+// complement of the maximum of its complement only when all ranks agree). That is exact: each rank compares its own
 // layout in full, so no change goes unseen, and equal digests of all
 // layouts on every rank mean their cached plans were made from the same
 // layouts (128-bit digests: two CRC-64s with different polynomials; CRCs

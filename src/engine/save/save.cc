@@ -87,23 +87,26 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJ
 
 namespace {
 
-// The first round of GatherAndPlan (plan_cache.h): whether this rank's
-// layout is the one its cached plan was made with, that plan's digest, and
-// a digest of what the ranks must agree on.
-std::string EncodeQuickCheck(const std::optional<CachedPlan>& cached, const Digest& agreement) {
-  wire::Writer w;
-  w.U8(cached.has_value());
-  w.U64(cached ? cached->digest[0] : 0);
-  w.U64(cached ? cached->digest[1] : 0);
-  w.U64(agreement[0]);
-  w.U64(agreement[1]);
-  return w.Take();
+// The first round of GatherAndPlan (plan_cache.h), one AllReduceMax:
+// whether this rank's layout is the one its cached plan was made with, that
+// plan's digest and a digest of what the ranks must agree on, each digest
+// also complemented, so that the maximum of both tells whether all ranks
+// sent the same.
+std::vector<uint64_t> QuickCheck(const std::optional<CachedPlan>& cached,
+                                 const Digest& agreement) {
+  const Digest plan = cached ? cached->digest : Digest{};
+  return {cached ? 0u : 1u, plan[0],  plan[1],  agreement[0],  agreement[1],
+          ~plan[0],         ~plan[1], ~agreement[0], ~agreement[1]};
 }
 
-// True when every rank's layout is unchanged and the digests agree.
-bool AllUnchanged(const std::vector<std::string>& checks) {
-  return std::all_of(checks.begin(), checks.end(),
-                     [&](const std::string& c) { return c == checks[0] && c[0] == 1; });
+// True when every rank's layout is unchanged and the digests agree, from
+// the maximum of every rank's QuickCheck.
+bool AllUnchanged(const std::vector<uint64_t>& max) {
+  if (max.size() != 9 || max[0] != 0) return false;
+  for (size_t i = 1; i < 5; ++i) {
+    if (max[i] != ~max[i + 4]) return false;
+  }
+  return true;
 }
 
 // The digest of a plan's input: every rank's layout, the world size and the
@@ -129,8 +132,8 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
                  cached->options.min_split_bytes != plan_options.min_split_bytes)) {
     cached.reset();
   }
-  SS_ASSIGN_OR_RETURN(auto checks, GatherOrFail(comm, local, EncodeQuickCheck(
-                                                                 cached, DigestOf({agreement}))));
+  SS_ASSIGN_OR_RETURN(auto checks,
+                      ReduceMaxOrFail(comm, local, QuickCheck(cached, DigestOf({agreement}))));
   if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true};
 
   SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, Status(), EncodeHoldings(layout, agreement)));
@@ -251,23 +254,24 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
-  // Step 3: agree; on failure nothing is committed.
-  auto reports = GatherOrFail(
-      comm, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
-  if (!reports.ok()) {
-    if (leader) AbandonSave(fs, dirs);
-    return reports.status().WithContext("saving " + JoinPath(root, tag));
-  }
-
-  // Steps 4-6 on rank 0, then everyone learns the outcome and warnings.
+  // Step 3: rank 0 learns what every rank wrote, or a failure; then steps
+  // 4-6 on rank 0, and everyone learns the outcome and warnings. On
+  // failure nothing is committed.
+  const std::string path = JoinPath(root, tag);
+  auto reports = GatherToRootOrFail(
+      comm, 0, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
   Result<std::string> committed = std::string();
   if (leader) {
-    committed = CommitOnLeader(fs, plan, *reports, prepared.json, root, tag, dirs, comm.size(),
-                               commit);
+    committed = !reports.ok() ? reports.status().WithContext("saving " + path)
+                              : CommitOnLeader(fs, plan, *reports, prepared.json, root, tag,
+                                               dirs, comm.size(), commit);
+    if (reports.ok() && !committed.ok()) {
+      committed = WithRank(comm, 0, committed.status()).WithContext("committing " + path);
+    }
     if (!committed.ok()) AbandonSave(fs, dirs);
   }
-  auto outcome = BroadcastOrFail(comm, 0, committed);
+  auto outcome = BroadcastOrFail(comm, 0, committed, /*name_root=*/false);
   SaveStats stats = StatsOf(plan, comm.rank());
   stats.plan_reused = prepared.plan_reused;
   if (outcome.ok()) {
@@ -278,7 +282,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     stats.warnings.push_back("committed, but telling the other ranks failed: " +
                              outcome.status().message());
   } else {
-    return outcome.status().WithContext("committing " + JoinPath(root, tag));
+    return outcome.status();
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;

@@ -1,0 +1,47 @@
+// The defaults of Comm's optional collectives, built on AllGather and
+// Broadcast for backends that do not provide their own.
+#include <algorithm>
+#include <cstring>
+
+#include "shardsafe/comm.h"
+#include "comm/gathered_max.h"
+
+namespace shardsafe {
+
+Result<std::vector<std::string>> Comm::Gather(std::string_view mine, int root) {
+  if (root < 0 || root >= size()) {
+    return InvalidArgumentError("gather root " + std::to_string(root) +
+                                " is not a rank of a group of " + std::to_string(size()));
+  }
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(mine));
+  if (rank() != root) all.clear();
+  return all;
+}
+
+Result<std::vector<uint64_t>> Comm::AllReduceMax(std::span<const uint64_t> values) {
+  std::string mine(values.size() * sizeof(uint64_t), '\0');
+  if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(mine));
+  return MaxOfGathered(all);
+}
+
+Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gathered) {
+  std::vector<uint64_t> out;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    const std::string& bytes = gathered[r];
+    if (r == 0) out.assign(bytes.size() / sizeof(uint64_t), 0);
+    if (bytes.size() != out.size() * sizeof(uint64_t)) {
+      return InvalidArgumentError("AllReduceMax: rank " + std::to_string(r) + " passed " +
+                                  std::to_string(bytes.size() / sizeof(uint64_t)) +
+                                  " values, rank 0 " + std::to_string(out.size()));
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint64_t v;
+      std::memcpy(&v, bytes.data() + i * sizeof v, sizeof v);
+      out[i] = std::max(out[i], v);
+    }
+  }
+  return out;
+}
+
+}  // namespace shardsafe
