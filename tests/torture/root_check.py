@@ -67,6 +67,18 @@ def loads_bit_exact(path: str, step: int) -> str | None:
     return None
 
 
+def check_none_lost(out: RootCheck, root: str, known: set[int], detail: str) -> None:
+    """Nothing committed was lost: retention removes the oldest beyond
+    KEEP_LAST only, so the newest KEEP_LAST commits ever made (`known`, and
+    what `out` lists) are listed. `known` gains what is listed."""
+    newest = sorted(known | set(out.listed))[-W.KEEP_LAST:]
+    lost = [s for s in newest if s not in out.listed]
+    if lost:
+        out.failures.append(f"LOST {root}: committed step(s) {lost} are not listed (listed: "
+                            f"{out.listed}, known committed: {sorted(known)}; {detail})")
+    known |= set(out.listed)
+
+
 def check_root(root: str, binary: str, *, known: set[int], fresh_save: bool) -> RootCheck:
     """Checks `root` (see the module doc). `known`: steps known to be
     committed (acknowledged, or listed before); updated with what is listed."""
@@ -116,14 +128,7 @@ def check_root(root: str, binary: str, *, known: set[int], fresh_save: bool) -> 
         else:
             out.verified += 1
 
-    # Nothing committed was lost: retention removes the oldest beyond
-    # KEEP_LAST only, so the newest KEEP_LAST commits ever made are listed.
-    newest = sorted(known | set(out.listed))[-W.KEEP_LAST:]
-    lost = [s for s in newest if s not in out.listed]
-    if lost:
-        fail(f"LOST {root}: committed step(s) {lost} are not listed (listed: {out.listed}, "
-             f"known committed: {sorted(known)}; entries: {sorted(os.listdir(root))})")
-    known |= set(out.listed)
+    check_none_lost(out, root, known, f"entries: {sorted(os.listdir(root))}")
 
     if os.path.lexists(latest_path):
         try:
