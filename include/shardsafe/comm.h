@@ -47,6 +47,12 @@ class Comm {
   // only the root receives.
   virtual Result<std::vector<std::string>> Gather(std::string_view mine, int root);
 
+  // Rank `root` sends parts[r] to rank r (`parts` has one entry per rank
+  // there, else InvalidArgument; it is ignored on other ranks); every rank
+  // receives its own part. The default broadcasts every part to every rank
+  // (correct, but each receives all); the backends here send each its own.
+  virtual Result<std::string> Scatter(const std::vector<std::string>& parts, int root);
+
   // The elementwise maximum of `values` over all ranks; every rank passes
   // the same number of values (else InvalidArgument). The default
   // all-gathers; the backends here reduce, so that a rank sends and

@@ -96,6 +96,26 @@ class TorchComm:
             return []
         return [p[: int(n.item())].cpu().numpy().tobytes() for p, n in zip(parts, sizes)]
 
+    @_collective("scatter")
+    def scatter(self, parts: list[bytes] | None, root: int) -> bytes:
+        """parts[r] from `root` to rank r (`parts` is read on the root only,
+        one per rank); returns this rank's."""
+        src = dist.get_global_rank(self.group, root)
+        if self.rank == root and (parts is None or len(parts) != self.size):
+            sizes = [-1] * self.size  # every rank raises
+        else:
+            sizes = [len(p) for p in parts] if self.rank == root else [0] * self.size
+        both = torch.tensor(sizes + [max(sizes)], dtype=torch.int64, device=self.device)
+        dist.broadcast(both, src=src, group=self.group)
+        n, longest = int(both[self.rank]), int(both[-1])
+        if n < 0:
+            raise ShardsafeError(f"scatter: the root did not pass one part per rank of "
+                                 f"{self.size}")
+        out = torch.empty(max(longest, 1), dtype=torch.uint8, device=self.device)
+        chunks = [self._tensor(p, longest) for p in parts] if self.rank == root else None
+        dist.scatter(out, chunks, src=src, group=self.group)
+        return out[:n].cpu().numpy().tobytes()
+
     @_collective("all_reduce_max")
     def all_reduce_max(self, values: list[int]) -> list[int]:
         """The elementwise maximum over all ranks of unsigned 64-bit

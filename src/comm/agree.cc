@@ -74,6 +74,24 @@ Status AgreeOnStatus(Comm& comm, const Status& local) {
   return ReduceMaxOrFail(comm, local, {}).status();
 }
 
+Result<std::string> ScatterOrFail(Comm& comm, int root,
+                                  const Result<std::vector<std::string>>& parts) {
+  std::vector<std::string> sent;
+  if (comm.rank() == root) {
+    if (parts.ok()) {
+      for (const std::string& p : *parts) sent.push_back(StatusAndPayload(Status(), p));
+    } else {
+      sent.assign(comm.size(), StatusAndPayload(parts.status(), ""));
+    }
+  }
+  SS_ASSIGN_OR_RETURN(std::string mine, comm.Scatter(sent, root));
+  wire::Reader reader(mine);
+  Status s;
+  SS_RETURN_IF_ERROR(reader.Status(&s));
+  SS_RETURN_IF_ERROR(s);
+  return reader.Str();
+}
+
 Result<std::string> BroadcastOrFail(Comm& comm, int root, const Result<std::string>& value,
                                     bool name_root) {
   wire::Writer w;

@@ -38,6 +38,11 @@ Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
 Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const Status& local,
                                                     std::string payload);
 
+// Rank `root` computes one part per rank (or fails); every rank receives its
+// part, or the root's error as it is.
+Result<std::string> ScatterOrFail(Comm& comm, int root,
+                                  const Result<std::vector<std::string>>& parts);
+
 // Rank `root` computes `value` (or fails); every rank receives it or the
 // root's error, prefixed "rank ROOT: " unless `name_root` is false (the
 // root's error already says where it comes from).

@@ -5,6 +5,7 @@
 
 #include "shardsafe/comm.h"
 #include "comm/gathered_max.h"
+#include "comm/wire.h"
 
 namespace shardsafe {
 
@@ -18,11 +19,35 @@ Result<std::vector<std::string>> Comm::Gather(std::string_view mine, int root) {
   return all;
 }
 
+Result<std::string> Comm::Scatter(const std::vector<std::string>& parts, int root) {
+  wire::Writer w;
+  if (rank() == root) {
+    w.Status(CheckScatterParts(parts, size()));
+    for (const std::string& p : parts) w.Str(p);
+  }
+  SS_ASSIGN_OR_RETURN(std::string all, Broadcast(w.Take(), root));
+  wire::Reader r(all);
+  Status sent;
+  SS_RETURN_IF_ERROR(r.Status(&sent));
+  SS_RETURN_IF_ERROR(sent);
+  std::string mine;
+  for (int i = 0; i <= rank(); ++i) {
+    SS_ASSIGN_OR_RETURN(mine, r.Str());
+  }
+  return mine;
+}
+
 Result<std::vector<uint64_t>> Comm::AllReduceMax(std::span<const uint64_t> values) {
   std::string mine(values.size() * sizeof(uint64_t), '\0');
   if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());
   SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(mine));
   return MaxOfGathered(all);
+}
+
+Status CheckScatterParts(const std::vector<std::string>& parts, int size) {
+  if (static_cast<int>(parts.size()) == size) return Status();
+  return InvalidArgumentError("Scatter: " + std::to_string(parts.size()) + " parts for a group of " +
+                              std::to_string(size));
 }
 
 Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gathered) {

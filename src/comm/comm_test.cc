@@ -54,6 +54,13 @@ int CheckGather(Comm& comm, int root, int round) {
   return bad;
 }
 
+int CheckScatter(Comm& comm, int root, int round) {
+  std::vector<std::string> parts;
+  for (int r = 0; comm.rank() == root && r < comm.size(); ++r) parts.push_back(Payload(r, round));
+  auto got = comm.Scatter(parts, root);
+  return !got.ok() || *got != Payload(comm.rank(), round);
+}
+
 // Values that differ by rank, the largest of each from a different rank,
 // with the top bit set on some (unsigned comparison).
 std::vector<uint64_t> Values(int rank, int n) {
@@ -113,7 +120,7 @@ TEST(SingleProcessCommTest, CollectivesAreTheIdentity) {
   EXPECT_EQ(*b, "y");
   EXPECT_TRUE(comm->Barrier().ok());
   EXPECT_EQ(comm->Broadcast("y", 1).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckGather(*comm, 0, 1) + CheckAllReduceMax(*comm, 3), 0);
+  EXPECT_EQ(CheckGather(*comm, 0, 1) + CheckAllReduceMax(*comm, 3) + CheckScatter(*comm, 0, 2), 0);
   EXPECT_EQ(comm->Gather("z", 1).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -172,6 +179,20 @@ TEST_P(ThreadCommTest, GatherToEveryRoot) {
             0);
 }
 
+TEST_P(ThreadCommTest, ScatterFromEveryRoot) {
+  EXPECT_EQ(RunRanks(GetParam(),
+                     [](Comm& c) {
+                       int bad = 0;
+                       for (int root = 0; root < c.size(); ++root) bad += CheckScatter(c, root, root);
+                       const std::vector<std::string> one_short(c.size() - 1);
+                       bad += c.Scatter(one_short, 0).status().code() !=
+                              StatusCode::kInvalidArgument;
+                       bad += c.Scatter({}, c.size()).status().code() != StatusCode::kInvalidArgument;
+                       return bad + CheckScatter(c, 0, 4);  // still usable afterwards
+                     }),
+            0);
+}
+
 TEST_P(ThreadCommTest, AllReduceMaxOfNoneOneAndManyValues) {
   EXPECT_EQ(RunRanks(GetParam(),
                      [](Comm& c) {
@@ -185,8 +206,11 @@ TEST_P(ThreadCommTest, TheDefaultGatherAndAllReduceMaxGiveTheSame) {
   EXPECT_EQ(RunRanks(GetParam(),
                      [](Comm& c) {
                        MinimalComm minimal(c);
+                       const std::vector<std::string> one_short(c.size() - 1);
                        return CheckGather(minimal, c.size() - 1, 2) +
-                              CheckAllReduceMax(minimal, 7);
+                              CheckAllReduceMax(minimal, 7) + CheckScatter(minimal, 0, 6) +
+                              (minimal.Scatter(one_short, 0).status().code() !=
+                               StatusCode::kInvalidArgument);
                      }),
             0);
 }
@@ -229,12 +253,13 @@ TEST_P(ThreadCommTest, ThousandsOfMixedCollectivesBackToBack) {
                      [](Comm& c) {
                        int bad = 0;
                        for (int k = 0; k < 1000; ++k) {
-                         switch (k % 5) {
+                         switch (k % 6) {
                            case 0: bad += CheckAllGather(c, k); break;
                            case 1: bad += CheckBroadcast(c, k % c.size(), k); break;
                            case 2: bad += !c.Barrier().ok(); break;
                            case 3: bad += CheckGather(c, k % c.size(), k); break;
                            case 4: bad += CheckAllReduceMax(c, k % 4); break;
+                           case 5: bad += CheckScatter(c, k % c.size(), k); break;
                          }
                        }
                        return bad;

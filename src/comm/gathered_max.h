@@ -1,6 +1,6 @@
-// The elementwise maximum of gathered AllReduceMax contributions (each
-// rank's uint64 values as raw bytes), shared by the backends that reduce
-// what they gathered.
+// What the Comm backends share: the elementwise maximum of gathered
+// AllReduceMax contributions (each rank's uint64 values as raw bytes), and
+// the check of a Scatter's parts.
 #pragma once
 
 #include <cstdint>
@@ -13,5 +13,8 @@ namespace shardsafe {
 
 // InvalidArgument, naming the rank, when the ranks passed different counts.
 Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gathered);
+
+// InvalidArgument unless a Scatter's root passed one part per rank.
+Status CheckScatterParts(const std::vector<std::string>& parts, int size);
 
 }  // namespace shardsafe

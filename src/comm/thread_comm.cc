@@ -27,7 +27,7 @@
 namespace shardsafe {
 namespace {
 
-enum class Op { kAllGather, kBroadcast, kBarrier, kGather, kAllReduceMax };
+enum class Op { kAllGather, kBroadcast, kBarrier, kGather, kAllReduceMax, kScatter };
 
 const char* OpName(Op op) {
   switch (op) {
@@ -36,22 +36,24 @@ const char* OpName(Op op) {
     case Op::kBarrier: return "Barrier";
     case Op::kGather: return "Gather";
     case Op::kAllReduceMax: return "AllReduceMax";
+    case Op::kScatter: return "Scatter";
   }
   return "?";
 }
 
-bool HasRoot(Op op) { return op == Op::kBroadcast || op == Op::kGather; }
+bool HasRoot(Op op) { return op == Op::kBroadcast || op == Op::kGather || op == Op::kScatter; }
 
 struct Contribution {
   Op op = Op::kBarrier;
   int root = 0;
   std::string bytes;
+  std::vector<std::string> parts;  // Scatter, on the root
 };
 
 // What every rank of a round receives.
 struct Outcome {
   Status status;
-  std::vector<std::string> values;  // by rank (AllGather, Gather); [0] for Broadcast
+  std::vector<std::string> values;  // by rank (AllGather, Gather, Scatter); [0] for Broadcast
   std::vector<uint64_t> max;        // AllReduceMax
 };
 
@@ -87,6 +89,9 @@ class Rendezvous {
         for (Contribution& c : slots_) out->values.push_back(std::move(c.bytes));
       } else if (first.op == Op::kBroadcast) {
         out->values.push_back(std::move(slots_[first.root].bytes));
+      } else if (first.op == Op::kScatter) {
+        out->values = std::move(slots_[first.root].parts);
+        out->status = CheckScatterParts(out->values, size());
       } else if (first.op == Op::kAllReduceMax) {
         std::vector<std::string> gathered;
         for (Contribution& c : slots_) gathered.push_back(std::move(c.bytes));
@@ -159,6 +164,14 @@ class ThreadComm final : public Comm {
     if (!out->status.ok()) return out->status;
     if (rank_ != root) return std::vector<std::string>();
     return out->values;
+  }
+
+  Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override {
+    Contribution mine{Op::kScatter, root, {}, {}};
+    if (rank_ == root) mine.parts = parts;
+    auto out = rendezvous_->Exchange(rank_, std::move(mine));
+    if (!out->status.ok()) return out->status;
+    return out->values[rank_];
   }
 
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {

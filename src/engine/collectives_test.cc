@@ -35,6 +35,15 @@ class CountingComm : public Comm {
     ++count;
     return Received(mine.size(), inner_.Gather(mine, root));
   }
+  Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override {
+    ++count;
+    auto out = inner_.Scatter(parts, root);
+    for (size_t r = 0; rank() == root && r < parts.size(); ++r) {
+      if (static_cast<int>(r) != root) bytes += parts[r].size();
+    }
+    if (out.ok() && rank() != root) bytes += out->size();
+    return out;
+  }
   Result<std::string> Broadcast(std::string_view data, int root) override {
     ++count;
     auto out = inner_.Broadcast(data, root);
@@ -101,14 +110,15 @@ class CollectivesTest : public ::testing::Test {
 };
 
 // Save: the reduction that checks whether the layout is unchanged
-// (engine/save/plan_cache.h), the gather that plans (not when it is), the
+// (engine/save/plan_cache.h), the gather on rank 0 of every layout and the
+// scatter of each rank's part of the plan (not when it is unchanged), the
 // broadcast of rank 0's temporary directory (created only once every rank
 // agreed), the gather on rank 0 of what each rank wrote, the broadcast of
 // the outcome. The key is this test's own, so the first save plans.
-TEST_F(CollectivesTest, SaveMakesFiveThenFourWithAnUnchangedLayout) {
-  for (int expected : {5, 4, 4}) {
+TEST_F(CollectivesTest, SaveMakesSixThenFourWithAnUnchangedLayout) {
+  for (int expected : {6, 4, 4}) {
     auto counts = Count([&](int r, Comm& comm) {
-      OwnedShard shard = Half(r, "save-makes-five");
+      OwnedShard shard = Half(r, "save-makes-six");
       return Save(StateOf(shard), root_ + "/a" + std::to_string(expected), comm, {.overwrite = true})
           .status();
     });
@@ -116,16 +126,16 @@ TEST_F(CollectivesTest, SaveMakesFiveThenFourWithAnUnchangedLayout) {
   }
 }
 
-// A manager's save prunes on rank 0 inside the commit: still five, then
+// A manager's save prunes on rank 0 inside the commit: still six, then
 // four.
-TEST_F(CollectivesTest, ManagerSaveWithRetentionMakesFiveThenFour) {
+TEST_F(CollectivesTest, ManagerSaveWithRetentionMakesSixThenFour) {
   for (int64_t step : {1, 2, 3}) {
     auto counts = Count([&](int r, Comm& comm) {
-      OwnedShard shard = Half(r, "manager-makes-five");
+      OwnedShard shard = Half(r, "manager-makes-six");
       CheckpointManager manager(root_ + "/m", {.keep_last = 1});
       return manager.Save(step, StateOf(shard), comm, {}).status();
     });
-    EXPECT_THAT(counts, ::testing::Each(step == 1 ? 5 : 4)) << "step " << step;
+    EXPECT_THAT(counts, ::testing::Each(step == 1 ? 6 : 4)) << "step " << step;
   }
   CheckpointManager manager(root_ + "/m", {});
   auto list = manager.List();
@@ -172,6 +182,30 @@ TEST_F(CollectivesTest, ARepeatedSaveCostsARankOtherThanZeroUnderOneKilobyte) {
     });
   }
   for (int r = 1; r < kMany; ++r) EXPECT_LE(bytes[r], 1024u) << "rank " << r;
+}
+
+// A first save: a rank other than 0 sends its own layout and receives its
+// own part of the plan, so its bytes grow with the job only by the plan's
+// 8 bytes of written bytes per rank (SavePlan::bytes_per_rank), not with
+// every rank's layout and report.
+TEST_F(CollectivesTest, AFirstSaveCostsARankOtherThanZeroItsOwnPartOnly) {
+  const auto first_save_bytes = [&](int ranks) {
+    std::vector<uint64_t> bytes(ranks);
+    testing::RunRanks(ranks, [&](int r, Comm& comm) {
+      CountingComm counting(comm);
+      OwnedShard shard = MakeShard("first-" + std::to_string(ranks), DType::kF32, {64, 4},
+                                   {Box{{64ull / ranks * r, 0}, {64ull / ranks, 4}}, std::nullopt});
+      auto saved = Save(StateOf(shard), root_ + "/f" + std::to_string(ranks), counting, {});
+      EXPECT_TRUE(saved.ok() && !saved->plan_reused) << saved.status().ToString();
+      bytes[r] = counting.bytes;
+    });
+    return bytes;
+  };
+  const std::vector<uint64_t> few = first_save_bytes(4), many = first_save_bytes(32);
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_LE(many[r], few[r] + 8 * (32 - 4) + 16) << "rank " << r;
+  }
+  EXPECT_GT(many[0], few[0]) << "rank 0 gathers every rank's layout and report";
 }
 
 // A rank that failed before the call (SaveOptions::local_failure) fails it

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -117,6 +118,16 @@ struct PlannedFile {
   uint64_t payload_bytes = 0;    // sum of chunk and blob bytes
 };
 
+// Set in one rank's part of a plan (plan_part.h): the whole plan's numbers
+// of the part's files and chunks (what the rank's reports name), and the
+// whole plan's totals.
+struct PlanPartInfo {
+  std::vector<uint32_t> files;   // whole-plan number of each file of the part
+  std::vector<uint32_t> chunks;  // whole-plan number of each chunk of the part
+  uint64_t whole_files = 0;      // files in the whole plan
+  uint64_t held_bytes = 0;       // chunk bytes x holders, summed over the whole plan
+};
+
 struct SavePlan {
   std::vector<PlannedTensor> tensors;  // sorted by key
   std::vector<PlannedChunk> chunks;
@@ -125,6 +136,7 @@ struct SavePlan {
   std::vector<HeldCopy> copies;        // sorted by (rank, chunk)
   std::vector<uint64_t> bytes_per_rank;  // payload each rank writes
   uint64_t unique_bytes = 0;             // sum over chunks and blobs
+  std::optional<PlanPartInfo> part;      // set in a rank's part only
 };
 
 struct SavePlanOptions {

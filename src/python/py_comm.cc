@@ -81,6 +81,24 @@ Result<std::vector<std::string>> PyComm::Gather(std::string_view mine, int root)
   }
 }
 
+Result<std::string> PyComm::Scatter(const std::vector<std::string>& parts, int root) {
+  if (root < 0 || root >= size_) {
+    return InvalidArgumentError("scatter root " + std::to_string(root) + " outside group");
+  }
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::object mine = nb::none();
+    if (rank_ == root) {
+      nb::list all;
+      for (const std::string& p : parts) all.append(nb::bytes(p.data(), p.size()));
+      mine = all;
+    }
+    return ToString(impl_.attr("scatter")(mine, root));
+  } catch (const nb::python_error& e) {
+    return PythonFailure("scatter", e);
+  }
+}
+
 Result<std::vector<uint64_t>> PyComm::AllReduceMax(std::span<const uint64_t> values) {
   nb::gil_scoped_acquire gil;
   try {

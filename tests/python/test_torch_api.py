@@ -590,15 +590,16 @@ def test_a_torch_distributed_failure_is_a_one_line_shardsafe_error(monkeypatch):
         raise RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:4242\nException raised "
                            "from recvFromPeer at ...")
 
-    for op in ("all_gather", "broadcast", "gather", "all_reduce"):
+    for op in ("all_gather", "broadcast", "gather", "all_reduce", "scatter"):
         monkeypatch.setattr(torch.distributed, op, dead_peer)
     for call in (lambda: comm.all_gather(b"x"), lambda: comm.broadcast(b"x", 0),
-                 lambda: comm.gather(b"x", 0), lambda: comm.all_reduce_max([1])):
+                 lambda: comm.gather(b"x", 0), lambda: comm.all_reduce_max([1]),
+                 lambda: comm.scatter([b"x"] * 4, 1)):
         with pytest.raises(shardsafe.StorageError) as info:
             call()
         message = str(info.value)
         assert "\n" not in message
-        assert re.match(r"torch\.distributed (all_gather|broadcast|gather|all_reduce_max) failed on rank 1 of 4 \(a peer "
+        assert re.match(r"torch\.distributed (all_gather|broadcast|gather|all_reduce_max|scatter) failed on rank 1 of 4 \(a peer "
                         r"may have died or timed out\): RuntimeError: \[gloo\] Connection closed "
                         r"by peer \[10\.0\.0\.2\]:4242$", message), message
 

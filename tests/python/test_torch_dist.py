@@ -315,6 +315,11 @@ def _comm_body(rank, world):
         mine = bytes([rank]) * (rank * 3)  # rank 0 sends nothing
         got = comm.gather(mine, root)
         assert got == ([bytes([r]) * (r * 3) for r in range(world)] if rank == root else []), got
+    for root in range(world):
+        parts = [bytes([r, root]) * (r * 2) for r in range(world)] if rank == root else None
+        assert comm.scatter(parts, root) == bytes([rank, root]) * (rank * 2)
+    with pytest.raises(shardsafe.ShardsafeError, match="one part per rank"):
+        comm.scatter([b"x"] if rank == 0 else None, 0)
     top = 1 << 63
     values = [rank, top | rank, (world - rank) << 40, top - 1 if rank == 1 else 0]
     assert comm.all_reduce_max(values) == [world - 1, top | (world - 1), world << 40, top - 1]
@@ -323,5 +328,5 @@ def _comm_body(rank, world):
         comm.all_reduce_max([1, 2] if rank == 0 else [1])
 
 
-def test_the_gather_and_max_reduction_over_gloo(tmp_path):
+def test_the_gather_scatter_and_max_reduction_over_gloo(tmp_path):
     run_workers(_comm_body, 3)

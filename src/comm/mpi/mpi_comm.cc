@@ -13,6 +13,9 @@
 // Gather: as AllGather, with MPI_Gather and MPI_Gatherv to the root; the
 // number of rounds comes from an MPI_Allreduce of the largest size.
 //
+// Scatter: MPI_Scatter of the sizes from the root, then the bytes with
+// MPI_Scatterv in rounds (the largest size broadcast first).
+//
 // AllReduceMax: MPI_Allreduce (MPI_MAX) of the count and its complement
 // (equal counts everywhere), then of the values.
 #include <algorithm>
@@ -48,6 +51,7 @@ class MpiComm final : public Comm {
   Status Barrier() override { return CheckMpi(MPI_Barrier(comm_), "MPI_Barrier"); }
   Result<std::vector<std::string>> Gather(std::string_view mine, int root) override;
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override;
+  Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override;
 
  private:
   // One round of AllGather (root < 0) or Gather: bytes [offset, offset +
@@ -149,6 +153,45 @@ Result<std::vector<std::string>> MpiComm::Gather(std::string_view mine, int root
   const uint64_t piece = std::min<uint64_t>(max_piece_, INT_MAX / size_);
   for (uint64_t offset = 0; offset < largest; offset += piece) {
     SS_RETURN_IF_ERROR(GatherRound(mine, offset, piece, sizes, out, root));
+  }
+  return out;
+}
+
+Result<std::string> MpiComm::Scatter(const std::vector<std::string>& parts, int root) {
+  SS_RETURN_IF_ERROR(CheckRoot(root, "scatter"));
+  // The root's check travels with the sizes: a size of all ones is "bad parts".
+  const bool root_here = rank_ == root;
+  const bool bad = root_here && static_cast<int>(parts.size()) != size_;
+  std::vector<uint64_t> sizes(root_here ? size_ : 0, bad ? ~uint64_t{0} : 0);
+  for (int r = 0; root_here && !bad && r < size_; ++r) sizes[r] = parts[r].size();
+  uint64_t my_size = 0, largest = 0;
+  SS_RETURN_IF_ERROR(CheckMpi(
+      MPI_Scatter(sizes.data(), 1, MPI_UINT64_T, &my_size, 1, MPI_UINT64_T, root, comm_),
+      "MPI_Scatter"));
+  if (my_size == ~uint64_t{0}) {
+    return InvalidArgumentError("scatter: the root did not pass one part per rank of " +
+                                std::to_string(size_));
+  }
+  if (root_here) largest = *std::max_element(sizes.begin(), sizes.end());
+  SS_RETURN_IF_ERROR(
+      CheckMpi(MPI_Bcast(&largest, 1, MPI_UINT64_T, root, comm_), "MPI_Bcast (size)"));
+  std::string out(my_size, '\0');
+  const uint64_t piece = std::min<uint64_t>(max_piece_, INT_MAX / size_);
+  for (uint64_t offset = 0; offset < largest; offset += piece) {
+    const auto count = [&](uint64_t n) {
+      return static_cast<int>(n > offset ? std::min(n - offset, piece) : 0);
+    };
+    std::vector<int> counts(sizes.size()), displs(sizes.size());
+    std::string buffer;
+    for (size_t r = 0; r < sizes.size(); ++r) {
+      counts[r] = count(sizes[r]);
+      displs[r] = static_cast<int>(buffer.size());
+      if (counts[r] > 0) buffer.append(parts[r], offset, counts[r]);
+    }
+    SS_RETURN_IF_ERROR(CheckMpi(MPI_Scatterv(buffer.data(), counts.data(), displs.data(), MPI_BYTE,
+                                             out.data() + std::min(offset, my_size),
+                                             count(my_size), MPI_BYTE, root, comm_),
+                                "MPI_Scatterv"));
   }
   return out;
 }

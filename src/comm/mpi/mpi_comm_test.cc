@@ -62,6 +62,16 @@ void TestGather(Comm& comm, int root, int k, size_t scale) {
   }
 }
 
+void TestScatter(Comm& comm, int root, int k, size_t scale) {
+  std::vector<std::string> parts;
+  for (int r = 0; comm.rank() == root && r < comm.size(); ++r) parts.push_back(Payload(r, k, scale));
+  auto got = comm.Scatter(parts, root);
+  Check(got.ok() && *got == Payload(comm.rank(), k, scale),
+        "Scatter root " + std::to_string(root) + " case " + std::to_string(k) + " scale " +
+            std::to_string(scale),
+        comm.rank());
+}
+
 // Each value's maximum comes from a different rank; some have the top bit.
 void TestAllReduceMax(Comm& comm, size_t n) {
   const auto values = [n](int rank) {
@@ -107,6 +117,12 @@ void RunAll(MPI_Comm world) {
   for (int root = 0; root < size; ++root) {
     for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}}) TestGather(*comm, root, root, scale);
   }
+  for (int root = 0; root < size; ++root) {
+    for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}}) TestScatter(*comm, root, root, scale);
+  }
+  Check(comm->Scatter(std::vector<std::string>(size + 1), 0).status().code() ==
+            StatusCode::kInvalidArgument,
+        "scatter of too many parts", rank);
   Check(comm->Gather("x", size).status().code() == StatusCode::kInvalidArgument,
         "invalid gather root", rank);
   for (size_t n : {size_t{0}, size_t{1}, size_t{1000}}) TestAllReduceMax(*comm, n);
@@ -119,6 +135,7 @@ void RunAll(MPI_Comm world) {
   for (int k = 0; k < 5; ++k) TestAllGather(*pieces, k, 13);
   for (int root = 0; root < size; ++root) TestBroadcast(*pieces, root, 1000);
   for (int root = 0; root < size; ++root) TestGather(*pieces, root, 3, 13);
+  for (int root = 0; root < size; ++root) TestScatter(*pieces, root, 3, 13);
 
   for (int i = 0; i < 300; ++i) {  // repeated, mixed
     TestAllGather(*comm, i, 3);

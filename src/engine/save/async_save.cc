@@ -264,6 +264,7 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   if (written.ok()) {
     RankReport report{{}, job.copies};
     for (const StagedFile& f : job.files) report.files.push_back(f.report);
+    NumberAsWhole(*job.plan, &report);
     written = WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("done-", job.rank)),
                                   EncodeReport(report));
   }

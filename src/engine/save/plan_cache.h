@@ -1,10 +1,11 @@
 // Repeated saves of an unchanged layout skip planning.
 //
 // Planning a save gathers every rank's layout (keys, dtypes, shapes,
-// slices, blob sizes) on every rank and runs the planner over all of it:
-// at 16,384 ranks seconds of CPU and gigabytes on every rank. A training
-// job saves the same layout at every step, so each rank keeps the plan of
-// its last save, with its own layout as it announced it and a digest of all
+// slices, blob sizes) on rank 0, which runs the planner over all of it (at
+// 16,384 ranks seconds of CPU and gigabytes) and sends each rank its part.
+// A training job saves the same layout at every step, so each rank keeps
+// the plan of its last save (rank 0 the whole plan, another rank its
+// part), with its own layout as it announced it and rank 0's digest of all
 // ranks' layouts (and of the planner's options), and a save first runs one
 // small agreement:
 //
@@ -15,22 +16,22 @@
 //
 // The cached plan is reused when every rank's layout is unchanged and every
 // rank sends the same digests (the maximum of each digest word equals the
-// complement of the maximum of its complement only when all ranks agree). That is exact: each rank compares its own
-// layout in full, so no change goes unseen, and equal digests of all
-// layouts on every rank mean their cached plans were made from the same
-// layouts (128-bit digests: two CRC-64s with different polynomials; CRCs
+// complement of the maximum of its complement only when all ranks agree).
+// That is exact: each rank compares its own layout in full, so no change
+// goes unseen, and equal digests on every rank mean their cached plans (or
+// parts) came from the same planning of the same layouts (128-bit digests: two CRC-64s with different polynomials; CRCs
 // are no defence against crafted input, but ranks of one job are not
 // adversaries, and a collision needs two ranks whose caches come from
-// different saves, never a layout change slipping through). Otherwise the full exchange and planning run, and
-// every rank caches the new plan. Destinations and values are compared by
+// // different saves, never a layout change slipping through). Otherwise the
+// full exchange and planning run, and every rank caches the new plan. Destinations and values are compared by
 // digest in the agreement; a difference falls back to the full exchange,
 // which names the ranks and keys that differ.
 //
 // A cache entry is per (world size, rank), so rank threads in one process
 // keep separate entries (groups of one size share them: a stale entry only
 // costs a re-plan, the digests make sure of that); a few dozen entries are
-// kept, the least recently used dropped. The cached plan (every rank's
-// chunks) stays in memory between saves. Thread-safe.
+// kept, the least recently used dropped. The cached plan (on rank 0 every
+// rank's chunks) stays in memory between saves. Thread-safe.
 #pragma once
 
 #include <array>

@@ -11,9 +11,11 @@
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/commit.h"
 #include "engine/save/plan_cache.h"
+#include "engine/save/plan_wire.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
+#include "layout/plan_part.h"
 
 namespace shardsafe {
 namespace {
@@ -118,6 +120,32 @@ Digest PlanDigest(const std::vector<std::string_view>& layouts, const SavePlanOp
   return DigestOf(parts);
 }
 
+// On rank 0: the whole plan of the gathered announcements, and the digest
+// of their layouts (plan_cache.h).
+Result<SavePlan> PlanOnLeader(const std::vector<std::string>& msgs,
+                              const SavePlanOptions& options, Digest* digest) {
+  std::vector<Announcement> announced(msgs.size());
+  std::vector<std::string_view> layouts(msgs.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
+    SS_ASSIGN_OR_RETURN(layouts[r], LayoutOf(msgs[r]));
+  }
+  SS_RETURN_IF_ERROR(CheckAgreement(announced));
+  std::vector<RankHoldings> holdings(announced.size());
+  for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
+  *digest = PlanDigest(layouts, options);
+  return PlanSave(holdings, options);
+}
+
+// Each rank's part of `whole`, encoded; rank 0 keeps the whole plan.
+std::vector<std::string> PartMessages(const SavePlan& whole, const Digest& digest) {
+  std::vector<std::string> parts(whole.bytes_per_rank.size());
+  for (size_t r = 1; r < parts.size(); ++r) {
+    parts[r] = EncodePlanMessage(PartOfPlan(whole, static_cast<int>(r)), digest);
+  }
+  return parts;
+}
+
 }  // namespace
 
 Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& destination,
@@ -136,21 +164,26 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
                       ReduceMaxOrFail(comm, local, QuickCheck(cached, DigestOf({agreement}))));
   if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true};
 
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherOrFail(comm, Status(), EncodeHoldings(layout, agreement)));
-  std::vector<Announcement> announced(msgs.size());
-  std::vector<std::string_view> layouts(msgs.size());
-  for (size_t r = 0; r < msgs.size(); ++r) {
-    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
-    SS_ASSIGN_OR_RETURN(layouts[r], LayoutOf(msgs[r]));
+  // Rank 0 gathers every rank's layout, plans and sends each rank its part
+  // of the plan; a rank's cost is its own part, rank 0's the whole job's.
+  SS_ASSIGN_OR_RETURN(auto msgs, GatherToRootOrFail(comm, 0, Status(),
+                                                    EncodeHoldings(layout, agreement)));
+  std::shared_ptr<const SavePlan> plan;
+  Digest digest{};
+  Result<std::vector<std::string>> parts = std::vector<std::string>();
+  if (comm.rank() == 0) {
+    Result<SavePlan> whole = PlanOnLeader(msgs, plan_options, &digest);
+    if (whole.ok()) plan = std::make_shared<const SavePlan>(std::move(*whole));
+    parts = whole.ok() ? PartMessages(*plan, digest) : Result<std::vector<std::string>>(whole.status());
   }
-  SS_RETURN_IF_ERROR(CheckAgreement(announced));
-  std::vector<RankHoldings> holdings(announced.size());
-  for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
-  SS_ASSIGN_OR_RETURN(SavePlan plan, PlanSave(holdings, plan_options));
-  auto shared = std::make_shared<const SavePlan>(std::move(plan));
-  StorePlan(comm,
-            CachedPlan{std::move(layout), plan_options, PlanDigest(layouts, plan_options), shared});
-  return AgreedPlan{std::move(shared), false};
+  SS_ASSIGN_OR_RETURN(std::string mine, ScatterOrFail(comm, 0, parts));
+  if (comm.rank() != 0) {
+    SS_ASSIGN_OR_RETURN(PlanMessage received, DecodePlanMessage(mine));
+    plan = std::make_shared<const SavePlan>(std::move(received.plan));
+    digest = received.digest;
+  }
+  StorePlan(comm, CachedPlan{std::move(layout), plan_options, digest, plan});
+  return AgreedPlan{std::move(plan), false};
 }
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
@@ -222,8 +255,13 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
   SaveStats s;
   s.bytes_written = plan.bytes_per_rank[rank];
   s.unique_bytes = plan.unique_bytes;
-  s.files = static_cast<int>(plan.files.size());
   for (uint64_t b : plan.bytes_per_rank) s.max_rank_bytes = std::max(s.max_rank_bytes, b);
+  if (plan.part) {
+    s.files = static_cast<int>(plan.part->whole_files);
+    s.held_bytes = plan.part->held_bytes;
+    return s;
+  }
+  s.files = static_cast<int>(plan.files.size());
   for (const PlannedChunk& c : plan.chunks) s.held_bytes += c.bytes * c.holders;
   return s;
 }
@@ -258,8 +296,12 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   // 4-6 on rank 0, and everyone learns the outcome and warnings. On
   // failure nothing is committed.
   const std::string path = JoinPath(root, tag);
-  auto reports = GatherToRootOrFail(
-      comm, 0, mine, mine.ok() ? EncodeReport({*written, *checksums}) : std::string());
+  RankReport own;
+  if (mine.ok()) {
+    own = {std::move(*written), std::move(*checksums)};
+    NumberAsWhole(plan, &own);
+  }
+  auto reports = GatherToRootOrFail(comm, 0, mine, mine.ok() ? EncodeReport(own) : std::string());
   report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
   Result<std::string> committed = std::string();
   if (leader) {

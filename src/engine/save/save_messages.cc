@@ -1,6 +1,7 @@
 #include "engine/save/save_messages.h"
 
 #include "comm/wire.h"
+#include "layout/plan_part.h"
 
 namespace shardsafe {
 namespace {
@@ -135,6 +136,11 @@ std::string EncodeReport(const RankReport& report) {
     w.U32(c.crc32c);
   }
   return w.Take();
+}
+
+void NumberAsWhole(const SavePlan& plan, RankReport* report) {
+  for (WrittenFile& f : report->files) f.plan_file = WholeFileNumber(plan, f.plan_file);
+  for (CopyChecksum& c : report->copies) c.chunk = WholeChunkNumber(plan, c.chunk);
 }
 
 Result<RankReport> DecodeReport(std::string_view msg) {

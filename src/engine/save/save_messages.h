@@ -43,6 +43,11 @@ struct RankReport {
 };
 
 std::string EncodeReport(const RankReport& report);
+
+// Renumbers a report made with a rank's part of a plan (layout/plan_part.h)
+// into the whole plan's numbers, which rank 0 reads it with; a no-op for a
+// whole plan.
+void NumberAsWhole(const SavePlan& plan, RankReport* report);
 Result<RankReport> DecodeReport(std::string_view msg);
 
 // Where a save writes (step 1, rank 0 to every rank).

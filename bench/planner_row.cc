@@ -1,0 +1,353 @@
+#include "planner_row.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <new>
+
+#include "comm/agree.h"
+#include "comm/wire.h"
+#include "engine/save/commit.h"
+#include "engine/save/plan_cache.h"
+#include "engine/save/save_internal.h"
+#include "engine/save/save_messages.h"
+#include "format/index.h"
+#include "layout/simulated_layouts.h"
+#include "proc_memory.h"
+#include "simulated_rank.h"
+
+namespace shardsafe::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kRoot[] = "/checkpoints";
+constexpr char kTag[] = "step-00000100";
+// Where rank 0 would put the data files (commit.h, PrepareSave).
+constexpr char kTmpDir[] = "/checkpoints/.tmp-step-00000100.5f0c3a9e12b47d68";
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+// Memory kept free for the rest of the machine while a row runs.
+constexpr uint64_t kMargin = 2 * kGiB;
+// The estimate of a row's need per shard held before a row of its layout
+// has run: above the 570-630 bytes the three layouts needed at 1,024 to
+// 16,384 ranks.
+constexpr double kDefaultBytesPerShard = 700;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void KeepBest(std::optional<double>& best, double seconds) {
+  best = std::min(best.value_or(seconds), seconds);
+}
+
+void AddNote(Row* row, const std::string& note) {
+  row->note += (row->note.empty() ? "" : "; ") + note;
+}
+
+// What Save receives from a rank holding `h`. No data: planning reads none.
+SaveState StateOf(const RankHoldings& h) {
+  SaveState state;
+  for (const ShardInfo& s : h.shards) {
+    state.tensors.push_back(TensorShard{s.key, s.dtype, s.shape, s.slice});
+  }
+  for (const BlobInfo& b : h.blobs) {
+    state.blobs.push_back(BlobRef{b.name, nullptr, b.bytes, b.per_rank});
+  }
+  return state;
+}
+
+// What every rank's step 0 sends for ranks to agree on (EncodeAgreement):
+// the destination, and no values.
+std::string Agreement() { return EncodeAgreement(JoinPath(kRoot, kTag), {}); }
+
+// `payload` as GatherOrFail and BroadcastOrFail (comm/agree.h) frame it
+// from a rank that did not fail.
+std::string Framed(std::string_view payload) {
+  wire::Writer w;
+  w.Status(Status());
+  w.Str(payload);
+  return w.Take();
+}
+
+// Every rank's step-0 message (EncodeHoldings), framed; *shards counts the
+// shards they hold.
+std::vector<std::string> Announcements(const SimulatedJob& job, std::string_view agreement,
+                                       uint64_t* shards) {
+  std::vector<std::string> out(job.world);
+  for (int r = 0; r < job.world; ++r) {
+    const RankHoldings h = job.rank_shards(r);
+    *shards += h.shards.size();
+    out[r] = Framed(EncodeHoldings(EncodeLayout(StateOf(h)), agreement));
+  }
+  return out;
+}
+
+// The files every rank reports in step 3 of a save of `plan` (by rank):
+// chunks and blobs back to back after a 4 KiB header, checksums made up.
+std::vector<std::vector<WrittenFile>> WrittenFiles(const SavePlan& plan) {
+  std::vector<std::vector<WrittenFile>> out(plan.bytes_per_rank.size());
+  uint32_t crc = 0x9e3779b9;
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    const PlannedFile& pf = plan.files[f];
+    WrittenFile wf{f, 4096 + pf.payload_bytes, {}, {}};
+    uint64_t at = 4096;
+    for (uint32_t c : pf.chunks) {
+      wf.chunks.push_back({at, crc *= 2654435761u});
+      at += plan.chunks[c].bytes;
+    }
+    for (uint32_t b : pf.blobs) {
+      wf.blobs.push_back({at, crc *= 2654435761u});
+      at += plan.blobs[b].bytes;
+    }
+    out[pf.rank].push_back(std::move(wf));
+  }
+  return out;
+}
+
+// Every rank's step-3 report of a save of `plan` (EncodeReport): its files
+// and a checksum per replica it holds but does not write (replica_check.h).
+std::vector<std::string> Reports(const SavePlan& plan,
+                                 const std::vector<std::vector<WrittenFile>>& written) {
+  std::vector<RankReport> reports(written.size());
+  for (size_t r = 0; r < written.size(); ++r) reports[r].files = written[r];
+  for (const HeldCopy& c : plan.copies) reports[c.rank].copies.push_back({c.chunk, 0});
+  std::vector<std::string> out;
+  for (const RankReport& report : reports) out.push_back(EncodeReport(report));
+  return out;
+}
+
+// The other ranks' step-3 reports, as GatherToRootOrFail frames them.
+std::vector<std::string> FramedReports(const std::vector<std::string>& reports) {
+  std::vector<std::string> out;
+  for (const std::string& report : reports) out.push_back(Framed(report));
+  return out;
+}
+
+// Steps 1-3 of a save after planning, as `comm`'s rank runs them (with the
+// collective helpers Save calls): rank 0's broadcast of the save's
+// directories, every rank's report gathered to rank 0, and rank 0's
+// broadcast of the outcome (no warnings). Returns the bytes they moved
+// through `comm`. Writing and committing are left out.
+Result<uint64_t> StepsAfterPlanning(SimulatedRank& comm, const std::vector<std::string>& reports) {
+  const bool leader = comm.rank() == 0;
+  const std::string dirs = EncodeSaveDirs(SaveDirs{kTmpDir, kTmpDir, ""});
+  comm.TakeBytes();
+  if (!leader) comm.QueueBroadcast(Framed(dirs));
+  SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, dirs).status());
+  if (leader) comm.QueueGather(FramedReports(reports));
+  SS_RETURN_IF_ERROR(GatherToRootOrFail(comm, 0, Status(), reports[comm.rank()]).status());
+  if (!leader) comm.QueueBroadcast(Framed(""));
+  SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, std::string(), /*name_root=*/false).status());
+  return comm.TakeBytes();
+}
+
+// The rank other than 0 with the largest report.
+int LargestOtherReport(const std::vector<std::string>& reports) {
+  if (reports.size() < 2) return 0;
+  int largest = 1;
+  for (size_t r = 2; r < reports.size(); ++r) {
+    if (reports[r].size() > reports[largest].size()) largest = static_cast<int>(r);
+  }
+  return largest;
+}
+
+double WriterBalance(const SavePlan& plan) {
+  const uint64_t busiest =
+      *std::max_element(plan.bytes_per_rank.begin(), plan.bytes_per_rank.end());
+  return static_cast<double>(busiest) / static_cast<double>(simulated::IdealMaxRankBytes(plan));
+}
+
+// Shards held by all of `job`'s ranks, from an even sample of 64 ranks.
+uint64_t EstimatedShards(const SimulatedJob& job) {
+  const int samples = std::min(job.world, 64);
+  uint64_t n = 0;
+  for (int k = 0; k < samples; ++k) {
+    n += job.rank_shards(static_cast<int>(int64_t{k} * job.world / samples)).shards.size();
+  }
+  return n * job.world / samples;
+}
+
+// The simulated rank, its state and the engine's inputs for its saves. The
+// plan cache entry of (world, rank) is dropped on destruction, so that no
+// plan outlives its row.
+struct RankRun {
+  RankRun(const SimulatedJob& job, int rank)
+      : comm(rank, job.world), state(StateOf(job.rank_shards(rank))) {
+    Forget();
+  }
+  ~RankRun() { Forget(); }
+
+  // Protocol step 0 of a save, as Save runs it.
+  Result<AgreedPlan> Plan() {
+    return GatherAndPlan(state, JoinPath(kRoot, kTag), comm, SaveOptions{}, Status(), json);
+  }
+  // Drops the plan: the next save is a first save.
+  void Forget() {
+    StorePlan(comm, CachedPlan{});
+    plan.reset();
+  }
+
+  SimulatedRank comm;
+  SaveState state;
+  UserJson json;
+  std::shared_ptr<const SavePlan> plan;
+};
+
+// plan_s and coord_bytes' step 0, `iters` first saves; `msgs` are the
+// first's gathered messages, rebuilt for the others.
+Status TimeFirstSaves(const SimulatedJob& job, int iters, std::vector<std::string> msgs,
+                      RankRun& run, Row* row) {
+  for (int i = 0; i < iters; ++i) {
+    if (i > 0) {
+      run.Forget();
+      uint64_t shards = 0;
+      msgs = Announcements(job, Agreement(), &shards);
+    }
+    run.comm.QueueGather(std::move(msgs));
+    const auto start = Clock::now();
+    SS_ASSIGN_OR_RETURN(AgreedPlan agreed, run.Plan());
+    KeepBest(row->plan_s, Since(start));
+    if (agreed.reused) return InternalError("a first save reused a cached plan");
+    run.plan = std::move(agreed.plan);
+    const uint64_t bytes = run.comm.TakeBytes();
+    if (i == 0) row->coord_bytes = bytes;
+    row->rooted_step0 |= run.comm.TakeRooted();
+  }
+  return Status();
+}
+
+// repeat_plan_s and repeat_coord_bytes' step 0: saves with every rank's
+// layout unchanged.
+Status TimeRepeatedSaves(int iters, RankRun& run, Row* row) {
+  for (int i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    SS_ASSIGN_OR_RETURN(AgreedPlan agreed, run.Plan());
+    KeepBest(row->repeat_plan_s, Since(start));
+    if (!agreed.reused) return InternalError("a repeated save did not reuse its plan");
+    row->repeat_coord_bytes = run.comm.TakeBytes();
+    row->rooted_step0 |= run.comm.TakeRooted();
+  }
+  return Status();
+}
+
+// load_meta_*: the index of the save, built and serialized as the commit
+// does it, then parsed `iters` times. Drops the plan first.
+Status TimeIndexParse(const SimulatedJob& job, int iters,
+                      const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
+                      Row* row) {
+  std::string text;
+  {
+    SS_ASSIGN_OR_RETURN(CheckpointIndex index,
+                        BuildIndex(*run.plan, written, run.json, kTag, job.world, ""));
+    run.Forget();
+    malloc_trim(0);
+    text = SerializeIndex(index);
+  }
+  malloc_trim(0);  // as in a loader, which has planned no save
+  row->load_meta_bytes = text.size();
+  if (text.size() > kMaxIndexBytes) {
+    AddNote(row, "index over kMaxIndexBytes (1 GiB): the loader refuses it, parse not timed");
+    return Status();
+  }
+  for (int i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    const Result<CheckpointIndex> parsed = ParseIndex(text, "simulated index");
+    KeepBest(row->load_meta_s, Since(start));
+    SS_RETURN_IF_ERROR(parsed.status());
+  }
+  return Status();
+}
+
+// coord_bytes and repeat_coord_bytes (of rank 0, which `run` plays), and
+// the same for the busiest other rank: its step 0 moves as many bytes as
+// rank 0's where step 0's collectives were all symmetric (else its values
+// are left out), its later steps are run as that rank.
+Status CountCoordination(const SimulatedJob& job,
+                         const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
+                         Row* row) {
+  const std::vector<std::string> reports = Reports(*run.plan, written);
+  SS_ASSIGN_OR_RETURN(const uint64_t leader, StepsAfterPlanning(run.comm, reports));
+  if (row->rooted_step0) {
+    AddNote(row, "others not simulated: step 0 has rooted collectives");
+    *row->coord_bytes += leader;
+    *row->repeat_coord_bytes += leader;
+    return Status();
+  }
+  row->other_rank = LargestOtherReport(reports);
+  SimulatedRank other(row->other_rank, job.world);
+  SS_ASSIGN_OR_RETURN(const uint64_t other_bytes, StepsAfterPlanning(other, reports));
+  row->other_coord_bytes = *row->coord_bytes + other_bytes;
+  row->other_repeat_coord_bytes = *row->repeat_coord_bytes + other_bytes;
+  *row->coord_bytes += leader;
+  *row->repeat_coord_bytes += leader;
+  return Status();
+}
+
+Status Measure(const SimulatedJob& job, int iters, Row* row) {
+  malloc_trim(0);
+  const uint64_t rss_before = StatusBytes("VmRSS:");
+  const bool peak_known = ResetPeakRss();
+  std::vector<std::string> msgs = Announcements(job, Agreement(), &row->shards);
+  RankRun run(job, 0);
+  SS_RETURN_IF_ERROR(TimeFirstSaves(job, iters, std::move(msgs), run, row));
+  if (peak_known) row->peak_rss_bytes = StatusBytes("VmHWM:") - rss_before;
+  SS_RETURN_IF_ERROR(TimeRepeatedSaves(iters, run, row));
+  malloc_trim(0);  // the heap planning freed, which later large blocks would not reuse
+
+  row->chunks = run.plan->chunks.size();
+  row->writer_balance = WriterBalance(*run.plan);
+  const std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
+  SS_RETURN_IF_ERROR(CountCoordination(job, written, run, row));
+  SS_RETURN_IF_ERROR(TimeIndexParse(job, iters, written, run, row));
+  row->row_peak = StatusBytes("VmHWM:") - rss_before;
+  if (!peak_known) AddNote(row, "peak RSS unknown: /proc/self/clear_refs refused");
+  return Status();
+}
+
+std::string Gigabytes(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+Row RowRunner::Run(const SimulatedJob& job) {
+  Row empty;
+  empty.layout = job.layout;
+  empty.world = job.world;
+  const uint64_t shards = EstimatedShards(job);
+  const auto calibrated = bytes_per_shard_.find(job.layout);
+  const double per_shard =
+      calibrated == bytes_per_shard_.end() ? kDefaultBytesPerShard : calibrated->second;
+  const double need = static_cast<double>(shards) * per_shard;
+  const uint64_t available = MemAvailableBytes();
+  Row row = empty;
+  if (available < kMargin || need > static_cast<double>(available - kMargin)) {
+    row.shards = shards;
+    row.note = "not run: needs ~" + Gigabytes(need) + ", " + Gigabytes(available) +
+               " available less " + Gigabytes(kMargin) + " kept free";
+    return row;
+  }
+  try {
+    HeapLimit limit(available - kMargin);
+    const Status s = Measure(job, iters_, &row);
+    if (!s.ok()) {
+      row = empty;
+      row.note = "failed: " + s.ToString();
+      row.failed = true;
+    }
+  } catch (const std::bad_alloc&) {
+    row = empty;
+    row.note = "stopped: out of memory (the heap was limited to " +
+               Gigabytes(static_cast<double>(available - kMargin)) + " more)";
+  }
+  if (row.row_peak > 0 && row.shards > 0) {
+    double& known = bytes_per_shard_[job.layout];
+    known = std::max(known, static_cast<double>(row.row_peak) / static_cast<double>(row.shards));
+  }
+  return row;
+}
+
+}  // namespace shardsafe::bench

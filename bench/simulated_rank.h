@@ -1,0 +1,103 @@
+// One rank of a simulated job, for the planner benchmark: the Comm a real
+// rank's save calls, whose collectives return what the job's other ranks
+// would have sent (queued by the benchmark) and which counts the bytes this
+// rank sends and receives through it: its own contribution once and what it
+// receives, with no network algorithm modelled. Nothing is transported and
+// nothing waits, so the engine code that runs between the collectives
+// (encoding, decoding, planning) is what a timer around it measures.
+//
+// A collective that needs a queued round finds none: InternalError.
+// Collectives not overridden here run Comm's defaults over these, and are
+// counted as those. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardsafe/comm.h"
+
+namespace shardsafe::bench {
+
+class SimulatedRank final : public Comm {
+ public:
+  SimulatedRank(int rank, int size) : rank_(rank), size_(size) {}
+
+  // Queues what every rank sends to the next AllGather, or to the next
+  // Gather rooted here, as the collective's caller frames it, by rank (slot
+  // rank() is replaced by what this rank sends).
+  void QueueGather(std::vector<std::string> all) {
+    uint64_t others = 0;
+    for (size_t r = 0; r < all.size(); ++r) others += r == size_t(rank_) ? 0 : all[r].size();
+    gathers_.push_back({std::move(all), others});
+  }
+
+  // Queues what the root of the next Broadcast not rooted here sends.
+  void QueueBroadcast(std::string from_root) { broadcasts_.push_back(std::move(from_root)); }
+
+  // Bytes sent plus bytes received since the last call.
+  uint64_t TakeBytes() { return std::exchange(bytes_, 0); }
+
+  // Whether a rooted collective (Gather, Broadcast), whose bytes differ
+  // between the root and the other ranks, ran since the last call.
+  bool TakeRooted() { return std::exchange(rooted_, false); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Result<std::vector<std::string>> AllGather(std::string_view mine) override {
+    if (gathers_.empty()) return InternalError("simulated rank: no all-gather queued");
+    Gathered round = std::move(gathers_.front());
+    gathers_.pop_front();
+    round.all[rank_] = std::string(mine);
+    bytes_ += mine.size() + round.others_bytes;
+    return std::move(round.all);
+  }
+
+  Result<std::vector<std::string>> Gather(std::string_view mine, int root) override {
+    rooted_ = true;
+    if (root == rank_) return AllGather(mine);
+    bytes_ += mine.size();
+    return std::vector<std::string>();
+  }
+
+  // Every rank passes the values this rank passes (as in a save's quick
+  // check when no rank has a cached plan, or every rank's is current), so
+  // their maximum is these values.
+  Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {
+    bytes_ += 2 * values.size_bytes();
+    return std::vector<uint64_t>(values.begin(), values.end());
+  }
+
+  Result<std::string> Broadcast(std::string_view data, int root) override {
+    rooted_ = true;
+    if (root == rank_) {
+      bytes_ += data.size();
+      return std::string(data);
+    }
+    if (broadcasts_.empty()) return InternalError("simulated rank: no broadcast queued");
+    std::string from_root = std::move(broadcasts_.front());
+    broadcasts_.pop_front();
+    bytes_ += from_root.size();
+    return from_root;
+  }
+
+  Status Barrier() override { return Status(); }
+
+ private:
+  struct Gathered {
+    std::vector<std::string> all;
+    uint64_t others_bytes = 0;
+  };
+  int rank_;
+  int size_;
+  std::deque<Gathered> gathers_;
+  std::deque<std::string> broadcasts_;
+  uint64_t bytes_ = 0;
+  bool rooted_ = false;
+};
+
+}  // namespace shardsafe::bench

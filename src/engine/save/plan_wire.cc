@@ -1,0 +1,201 @@
+#include "engine/save/plan_wire.h"
+
+#include "comm/wire.h"
+
+namespace shardsafe {
+namespace {
+
+Status Bad(const std::string& what) {
+  return InternalError("bad save plan from rank 0: " + what);
+}
+
+void PutNumbers(wire::Writer& w, const std::vector<uint32_t>& v) {
+  w.U64(v.size());
+  for (uint32_t x : v) w.U32(x);
+}
+
+// Numbers each below `limit`.
+Result<std::vector<uint32_t>> GetNumbers(wire::Reader& r, uint64_t limit) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  std::vector<uint32_t> v;
+  for (uint64_t i = 0; i < n; ++i) {
+    SS_ASSIGN_OR_RETURN(uint32_t x, r.U32());
+    if (x >= limit) return Bad("a number out of range");
+    v.push_back(x);
+  }
+  return v;
+}
+
+void PutTensors(wire::Writer& w, const std::vector<PlannedTensor>& tensors) {
+  w.U64(tensors.size());
+  for (const PlannedTensor& t : tensors) {
+    w.Str(t.key);
+    w.U8(static_cast<uint8_t>(t.dtype));
+    w.Shape(t.shape);
+    PutNumbers(w, t.chunks);
+  }
+}
+
+void PutChunks(wire::Writer& w, const std::vector<PlannedChunk>& chunks) {
+  w.U64(chunks.size());
+  for (const PlannedChunk& c : chunks) {
+    w.U32(c.tensor);
+    w.Slice(c.slice);
+    w.U64(c.bytes);
+    w.U32(static_cast<uint32_t>(c.writer));
+    w.U32(c.writer_shard);
+    w.U64(c.shard_offset);
+    w.U32(c.holders);
+  }
+}
+
+void PutBlobsFilesCopies(wire::Writer& w, const SavePlan& p) {
+  w.U64(p.blobs.size());
+  for (const PlannedBlob& b : p.blobs) {
+    w.Str(b.name);
+    w.U8(b.per_rank);
+    w.U32(static_cast<uint32_t>(b.rank));
+    w.U32(b.writer_blob);
+    w.U64(b.bytes);
+  }
+  w.U64(p.files.size());
+  for (const PlannedFile& f : p.files) {
+    w.U32(static_cast<uint32_t>(f.rank));
+    w.U32(f.number);
+    PutNumbers(w, f.chunks);
+    PutNumbers(w, f.blobs);
+    w.U64(f.payload_bytes);
+  }
+  w.U64(p.copies.size());
+  for (const HeldCopy& h : p.copies) {
+    w.U32(static_cast<uint32_t>(h.rank));
+    w.U32(h.shard);
+    w.U32(h.chunk);
+    w.U32(h.chunks);
+  }
+}
+
+Status GetTensors(wire::Reader& r, SavePlan& p) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  for (uint64_t i = 0; i < n; ++i) {
+    PlannedTensor t;
+    SS_ASSIGN_OR_RETURN(t.key, r.Str());
+    SS_ASSIGN_OR_RETURN(uint8_t dtype, r.U8());
+    if (dtype >= kNumDTypes) return Bad("a dtype out of range");
+    t.dtype = static_cast<DType>(dtype);
+    SS_ASSIGN_OR_RETURN(t.shape, r.Shape());
+    SS_ASSIGN_OR_RETURN(t.chunks, GetNumbers(r, UINT32_MAX));
+    p.tensors.push_back(std::move(t));
+  }
+  return Status();
+}
+
+Status GetChunks(wire::Reader& r, SavePlan& p) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  for (uint64_t i = 0; i < n; ++i) {
+    PlannedChunk c;
+    SS_ASSIGN_OR_RETURN(c.tensor, r.U32());
+    if (c.tensor >= p.tensors.size()) return Bad("a chunk of no tensor");
+    SS_ASSIGN_OR_RETURN(c.slice, r.Slice());
+    SS_ASSIGN_OR_RETURN(c.bytes, r.U64());
+    SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
+    c.writer = static_cast<int>(writer);
+    SS_ASSIGN_OR_RETURN(c.writer_shard, r.U32());
+    SS_ASSIGN_OR_RETURN(c.shard_offset, r.U64());
+    SS_ASSIGN_OR_RETURN(c.holders, r.U32());
+    p.chunks.push_back(std::move(c));
+  }
+  for (const PlannedTensor& t : p.tensors) {
+    for (uint32_t c : t.chunks) {
+      if (c >= p.chunks.size()) return Bad("a tensor's chunk out of range");
+    }
+  }
+  return Status();
+}
+
+Status GetBlobsFilesCopies(wire::Reader& r, SavePlan& p) {
+  SS_ASSIGN_OR_RETURN(uint64_t nb, r.U64());
+  for (uint64_t i = 0; i < nb; ++i) {
+    PlannedBlob b;
+    SS_ASSIGN_OR_RETURN(b.name, r.Str());
+    SS_ASSIGN_OR_RETURN(uint8_t per_rank, r.U8());
+    b.per_rank = per_rank != 0;
+    SS_ASSIGN_OR_RETURN(uint32_t rank, r.U32());
+    b.rank = static_cast<int>(rank);
+    SS_ASSIGN_OR_RETURN(b.writer_blob, r.U32());
+    SS_ASSIGN_OR_RETURN(b.bytes, r.U64());
+    p.blobs.push_back(std::move(b));
+  }
+  SS_ASSIGN_OR_RETURN(uint64_t nf, r.U64());
+  for (uint64_t i = 0; i < nf; ++i) {
+    PlannedFile f;
+    SS_ASSIGN_OR_RETURN(uint32_t rank, r.U32());
+    f.rank = static_cast<int>(rank);
+    SS_ASSIGN_OR_RETURN(f.number, r.U32());
+    SS_ASSIGN_OR_RETURN(f.chunks, GetNumbers(r, p.chunks.size()));
+    SS_ASSIGN_OR_RETURN(f.blobs, GetNumbers(r, p.blobs.size()));
+    SS_ASSIGN_OR_RETURN(f.payload_bytes, r.U64());
+    p.files.push_back(std::move(f));
+  }
+  SS_ASSIGN_OR_RETURN(uint64_t nc, r.U64());
+  for (uint64_t i = 0; i < nc; ++i) {
+    HeldCopy h;
+    SS_ASSIGN_OR_RETURN(uint32_t rank, r.U32());
+    h.rank = static_cast<int>(rank);
+    SS_ASSIGN_OR_RETURN(h.shard, r.U32());
+    SS_ASSIGN_OR_RETURN(h.chunk, r.U32());
+    SS_ASSIGN_OR_RETURN(h.chunks, r.U32());
+    if (uint64_t{h.chunk} + h.chunks > p.chunks.size()) return Bad("a copy out of range");
+    p.copies.push_back(h);
+  }
+  return Status();
+}
+
+}  // namespace
+
+std::string EncodePlanMessage(const SavePlan& part, const Digest& digest) {
+  wire::Writer w;
+  w.U64(digest[0]);
+  w.U64(digest[1]);
+  PutTensors(w, part.tensors);
+  PutChunks(w, part.chunks);
+  PutBlobsFilesCopies(w, part);
+  w.U64(part.bytes_per_rank.size());
+  for (uint64_t b : part.bytes_per_rank) w.U64(b);
+  w.U64(part.unique_bytes);
+  const PlanPartInfo& info = *part.part;
+  PutNumbers(w, info.files);
+  PutNumbers(w, info.chunks);
+  w.U64(info.whole_files);
+  w.U64(info.held_bytes);
+  return w.Take();
+}
+
+Result<PlanMessage> DecodePlanMessage(std::string_view msg) {
+  wire::Reader r(msg);
+  PlanMessage m;
+  SavePlan& p = m.plan;
+  SS_ASSIGN_OR_RETURN(m.digest[0], r.U64());
+  SS_ASSIGN_OR_RETURN(m.digest[1], r.U64());
+  SS_RETURN_IF_ERROR(GetTensors(r, p));
+  SS_RETURN_IF_ERROR(GetChunks(r, p));
+  SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p));
+  SS_ASSIGN_OR_RETURN(uint64_t ranks, r.U64());
+  for (uint64_t i = 0; i < ranks; ++i) {
+    SS_ASSIGN_OR_RETURN(uint64_t b, r.U64());
+    p.bytes_per_rank.push_back(b);
+  }
+  SS_ASSIGN_OR_RETURN(p.unique_bytes, r.U64());
+  PlanPartInfo& info = p.part.emplace();
+  SS_ASSIGN_OR_RETURN(info.files, GetNumbers(r, UINT32_MAX));
+  SS_ASSIGN_OR_RETURN(info.chunks, GetNumbers(r, UINT32_MAX));
+  SS_ASSIGN_OR_RETURN(info.whole_files, r.U64());
+  SS_ASSIGN_OR_RETURN(info.held_bytes, r.U64());
+  if (info.files.size() != p.files.size() || info.chunks.size() != p.chunks.size()) {
+    return Bad("whole-plan numbers do not match the part");
+  }
+  if (!r.done()) return Bad("trailing bytes");
+  return m;
+}
+
+}  // namespace shardsafe

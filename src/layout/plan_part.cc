@@ -1,0 +1,96 @@
+#include "layout/plan_part.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace shardsafe {
+namespace {
+
+// Builds a part: whole-plan chunks and tensors taken in, renumbered.
+class PartBuilder {
+ public:
+  PartBuilder(const SavePlan& whole, SavePlan* part) : whole_(whole), part_(*part) {}
+
+  // The local number of a new copy of whole-plan chunk `c`.
+  uint32_t AddChunk(uint32_t c) {
+    const uint32_t local = static_cast<uint32_t>(part_.chunks.size());
+    part_.chunks.push_back(whole_.chunks[c]);
+    part_.part->chunks.push_back(c);
+    tensors_.push_back(whole_.chunks[c].tensor);
+    return local;
+  }
+
+  // The local number of whole-plan blob `b`.
+  uint32_t AddBlob(uint32_t b) {
+    part_.blobs.push_back(whole_.blobs[b]);
+    return static_cast<uint32_t>(part_.blobs.size() - 1);
+  }
+
+  // Renumbers the chunks' tensors, taking each tensor in once in key order
+  // (the whole plan's order); a tensor lists the chunks of `file_chunks`.
+  void TakeTensors(size_t file_chunks) {
+    std::vector<uint32_t> used = tensors_;
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    std::unordered_map<uint32_t, uint32_t> local;
+    for (uint32_t t : used) {
+      local.emplace(t, static_cast<uint32_t>(part_.tensors.size()));
+      const PlannedTensor& whole = whole_.tensors[t];
+      part_.tensors.push_back(PlannedTensor{whole.key, whole.dtype, whole.shape, {}});
+    }
+    for (uint32_t c = 0; c < part_.chunks.size(); ++c) {
+      PlannedChunk& chunk = part_.chunks[c];
+      chunk.tensor = local.at(chunk.tensor);
+      if (c < file_chunks) part_.tensors[chunk.tensor].chunks.push_back(c);
+    }
+  }
+
+ private:
+  const SavePlan& whole_;
+  SavePlan& part_;
+  std::vector<uint32_t> tensors_;  // whole-plan tensor of each part chunk
+};
+
+}  // namespace
+
+SavePlan PartOfPlan(const SavePlan& whole, int rank) {
+  SavePlan part;
+  part.part.emplace();
+  part.part->whole_files = whole.files.size();
+  for (const PlannedChunk& c : whole.chunks) part.part->held_bytes += c.bytes * c.holders;
+  part.bytes_per_rank = whole.bytes_per_rank;
+  part.unique_bytes = whole.unique_bytes;
+  PartBuilder builder(whole, &part);
+
+  // Files are sorted by rank, copies by (rank, chunk).
+  auto file = std::lower_bound(whole.files.begin(), whole.files.end(), rank,
+                               [](const PlannedFile& f, int r) { return f.rank < r; });
+  for (; file != whole.files.end() && file->rank == rank; ++file) {
+    PlannedFile mine{file->rank, file->number, {}, {}, file->payload_bytes};
+    for (uint32_t c : file->chunks) mine.chunks.push_back(builder.AddChunk(c));
+    for (uint32_t b : file->blobs) mine.blobs.push_back(builder.AddBlob(b));
+    part.part->files.push_back(static_cast<uint32_t>(file - whole.files.begin()));
+    part.files.push_back(std::move(mine));
+  }
+  const size_t file_chunks = part.chunks.size();
+  auto copy = std::lower_bound(whole.copies.begin(), whole.copies.end(), rank,
+                               [](const HeldCopy& h, int r) { return h.rank < r; });
+  for (; copy != whole.copies.end() && copy->rank == rank; ++copy) {
+    HeldCopy mine = *copy;
+    mine.chunk = builder.AddChunk(copy->chunk);
+    for (uint32_t c = copy->chunk + 1; c < copy->chunk + copy->chunks; ++c) builder.AddChunk(c);
+    part.copies.push_back(mine);
+  }
+  builder.TakeTensors(file_chunks);
+  return part;
+}
+
+uint32_t WholeFileNumber(const SavePlan& plan, uint32_t local) {
+  return plan.part ? plan.part->files[local] : local;
+}
+
+uint32_t WholeChunkNumber(const SavePlan& plan, uint32_t local) {
+  return plan.part ? plan.part->chunks[local] : local;
+}
+
+}  // namespace shardsafe
