@@ -243,5 +243,29 @@ TEST_F(ObjectStoreSaveTest, AKilledSavesDataGoesOnceAgedUnderATagCommittedAgain)
   EXPECT_TRUE(LoadsStep(root, 3));
 }
 
+// An object store has no read lease: a load whose checkpoint retention
+// removed after it was opened fails saying so, naming the missing object.
+TEST_F(ObjectStoreSaveTest, ALoadRacingRetentionSaysTheCheckpointWasRemoved) {
+  const std::string root = Root("raced");
+  ASSERT_TRUE(AllOk(SaveStep(root, 1, store_.get())));
+  auto src = OpenSource(*store_, root + "/step-00000001");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_TRUE(store_->RemoveAll(src->path).ok());  // retention, after the open
+  OwnedTarget t = MakeTarget(StepKey("w", 1), DType::kF32, kW, {Box::Whole(kW), std::nullopt});
+  TensorTarget renamed = t.target;
+  renamed.key = "w";
+  auto comm = MakeSingleProcessComm();
+  LoadOptions options;
+  options.fs = store_.get();
+  auto loaded = LoadOpenedSource(LoadRequest{{renamed}}, *src, *comm, options);
+  ASSERT_EQ(loaded.status().code(), StatusCode::kNotFound) << loaded.status().ToString();
+  EXPECT_NE(loaded.status().message().find("was removed (by retention or prune) while it was "
+                                           "being loaded"),
+            std::string::npos)
+      << loaded.status().ToString();
+  EXPECT_NE(loaded.status().message().find("data-00000-000"), std::string::npos)
+      << loaded.status().ToString();
+}
+
 }  // namespace
 }  // namespace shardsafe

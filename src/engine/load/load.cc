@@ -7,6 +7,7 @@
 
 #include "base/crc32c.h"
 #include "comm/agree.h"
+#include "engine/catalog/checkpoint_dir.h"
 #include "engine/load/convert.h"
 #include "engine/load/device_load.h"
 #include "engine/load/load_executor.h"
@@ -291,6 +292,13 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
   std::vector<std::string> written;
   Status local = fs.status();
   if (local.ok()) local = LoadLocal(request, src, comm, **fs, options, &result, &written);
+  if (local.code() == StatusCode::kNotFound && src.native && (*fs)->IsObjectStore() &&
+      !IsCommitted(**fs, src.path)) {
+    // No read lease on an object store: retention or prune got there first.
+    local = NotFoundError("checkpoint " + src.path +
+                          " was removed (by retention or prune) while it was being loaded: " +
+                          local.message());
+  }
   SS_RETURN_IF_ERROR(
       NameTouchedTargets(AgreeOnStatus(comm, local).WithContext("loading " + src.path), written));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
