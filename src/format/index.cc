@@ -162,6 +162,18 @@ std::string SerializeIndex(const CheckpointIndex& index) {
   return t.Take();
 }
 
+Result<std::string> SerializeIndexToCommit(const CheckpointIndex& index, uint64_t limit) {
+  std::string text = SerializeIndex(index);
+  if (text.size() <= limit) return text;
+  uint64_t chunks = 0;
+  for (const auto& [key, tensor] : index.tensors) chunks += tensor.chunks.size();
+  return ResourceExhaustedError(
+      "the index of checkpoint " + index.tag + " would be " + std::to_string(text.size()) +
+      " bytes, over the " + std::to_string(limit) + "-byte limit a load reads (" +
+      std::to_string(chunks) + " chunks in " + std::to_string(index.tensors.size()) +
+      " tensors); nothing was committed: save fewer, larger shards per tensor");
+}
+
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink) {
   Text t(&sink);

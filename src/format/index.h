@@ -22,6 +22,12 @@ namespace shardsafe {
 
 // Compact JSON text of `index` (docs/format.md §3).
 std::string SerializeIndex(const CheckpointIndex& index);
+// SerializeIndex for a commit: ResourceExhausted, naming the size, the
+// limit and the chunk count, when the text is larger than `limit` (what a
+// loader reads, kMaxIndexBytes), so that no save commits an index that no
+// load can open.
+Result<std::string> SerializeIndexToCommit(const CheckpointIndex& index,
+                                           uint64_t limit = kMaxIndexBytes);
 // The same text handed to `sink` in consecutive pieces of about 1 MiB, so
 // that a large index is printed or written without a copy in memory.
 void SerializeIndex(const CheckpointIndex& index,

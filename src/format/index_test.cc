@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -129,6 +130,30 @@ TEST(IndexTest, RoundTripsThroughText) {
   EXPECT_EQ(t2.chunks[1].crc32c, std::nullopt);
   EXPECT_EQ(back->tensors.at("scalar").chunks[0].slice, Slice{});
   EXPECT_EQ(back->blobs.at("rng").chunks[1].rank, 2);
+}
+
+// A save never commits an index a load would refuse (kMaxIndexBytes).
+TEST(IndexTest, AnIndexOverTheLimitIsNotSerializedToCommit) {
+  CheckpointIndex index;
+  index.tag = "step-00000009";
+  index.world_size = 1;
+  index.files = {{"data-00000-000.safetensors", 4096, 0}};
+  IndexTensor& t = index.tensors["w"];
+  t.shape = {100};
+  for (uint64_t i = 0; i < 100; ++i) {
+    t.chunks.push_back({Slice{Box{{i}, {1}}, std::nullopt}, 0, 8 + 4 * i, 4, 1});
+  }
+  const std::string text = SerializeIndex(index);
+  auto fits = SerializeIndexToCommit(index, text.size());
+  ASSERT_TRUE(fits.ok());
+  EXPECT_EQ(*fits, text);
+  auto over = SerializeIndexToCommit(index, text.size() - 1);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.status().message(),
+              ::testing::AllOf(::testing::HasSubstr("step-00000009"),
+                               ::testing::HasSubstr(std::to_string(text.size()) + " bytes"),
+                               ::testing::HasSubstr("100 chunks in 1 tensors"),
+                               ::testing::HasSubstr("nothing was committed")));
 }
 
 TEST(IndexTest, SerializesInDocumentOrderAndOmitsAbsentOptionals) {

@@ -143,7 +143,8 @@ Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
   if (fs.IsObjectStore()) return CommitToObjectStore(fs, dirs, root, index, commit, warnings);
   const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), SerializeIndex(index)));
+  SS_ASSIGN_OR_RETURN(const std::string text, SerializeIndexToCommit(index));
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), text));
   std::vector<ClaimedDir> replaced, pruned;
   {
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));

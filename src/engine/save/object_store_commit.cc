@@ -151,13 +151,13 @@ Result<TmpDir> PrepareObjectStoreSave(FileSystem& fs, const std::string& root,
 Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                            const CheckpointIndex& index, const CommitOptions& commit,
                            std::vector<std::string>* warnings) {
+  SS_ASSIGN_OR_RETURN(const std::string text, SerializeIndexToCommit(index));
   SS_RETURN_IF_ERROR(CheckDataObjects(fs, dirs.data, index));
   SS_ASSIGN_OR_RETURN(CommitRecord record,
                       NextCommitRecord(fs, root, commit.step, commit.update_latest));
   SS_RETURN_IF_ERROR(ClaimTag(fs, dirs.data, SerializeCommitRecord(record), commit.overwrite));
   // Step 5, the commit point.
   const std::string index_path = JoinPath(dirs.data, kIndexFileName);
-  const std::string text = SerializeIndex(index);
   Status published = commit.overwrite ? WriteFileAtomically(fs, index_path, text)
                                       : fs.CreateFileExclusive(index_path, text);
   if (published.code() == StatusCode::kAlreadyExists) {
