@@ -74,12 +74,12 @@ Status AgreeOnStatus(Comm& comm, const Status& local) {
   return ReduceMaxOrFail(comm, local, {}).status();
 }
 
-Result<std::string> ScatterOrFail(Comm& comm, int root,
-                                  const Result<std::vector<std::string>>& parts) {
+Result<std::string> ScatterOrFail(Comm& comm, int root, Result<std::vector<std::string>> parts) {
   std::vector<std::string> sent;
   if (comm.rank() == root) {
     if (parts.ok()) {
-      for (const std::string& p : *parts) sent.push_back(StatusAndPayload(Status(), p));
+      sent = std::move(*parts);
+      for (std::string& p : sent) p = StatusAndPayload(Status(), p);  // one part copied at a time
     } else {
       sent.assign(comm.size(), StatusAndPayload(parts.status(), ""));
     }

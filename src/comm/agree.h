@@ -40,8 +40,7 @@ Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const 
 
 // Rank `root` computes one part per rank (or fails); every rank receives its
 // part, or the root's error as it is.
-Result<std::string> ScatterOrFail(Comm& comm, int root,
-                                  const Result<std::vector<std::string>>& parts);
+Result<std::string> ScatterOrFail(Comm& comm, int root, Result<std::vector<std::string>> parts);
 
 // Rank `root` computes `value` (or fails); every rank receives it or the
 // root's error, prefixed "rank ROOT: " unless `name_root` is false (the

@@ -53,12 +53,18 @@ class PartBuilder {
 
 }  // namespace
 
-SavePlan PartOfPlan(const SavePlan& whole, int rank) {
+PlanPartInfo PlanTotals(const SavePlan& whole) {
+  PlanPartInfo totals;
+  totals.whole_files = whole.files.size();
+  for (const PlannedChunk& c : whole.chunks) totals.held_bytes += c.bytes * c.holders;
+  totals.max_rank_bytes = MaxRankBytes(whole);
+  return totals;
+}
+
+SavePlan PartOfPlan(const SavePlan& whole, int rank, const PlanPartInfo& totals) {
   SavePlan part;
-  part.part.emplace();
-  part.part->whole_files = whole.files.size();
-  for (const PlannedChunk& c : whole.chunks) part.part->held_bytes += c.bytes * c.holders;
-  part.bytes_per_rank = whole.bytes_per_rank;
+  part.part = totals;
+  part.part->rank_bytes = whole.bytes_per_rank[rank];
   part.unique_bytes = whole.unique_bytes;
   PartBuilder builder(whole, &part);
 
@@ -83,6 +89,17 @@ SavePlan PartOfPlan(const SavePlan& whole, int rank) {
   }
   builder.TakeTensors(file_chunks);
   return part;
+}
+
+uint64_t RankBytes(const SavePlan& plan, int rank) {
+  return plan.part ? plan.part->rank_bytes : plan.bytes_per_rank[rank];
+}
+
+uint64_t MaxRankBytes(const SavePlan& plan) {
+  if (plan.part) return plan.part->max_rank_bytes;
+  uint64_t most = 0;
+  for (uint64_t b : plan.bytes_per_rank) most = std::max(most, b);
+  return most;
 }
 
 uint32_t WholeFileNumber(const SavePlan& plan, uint32_t local) {

@@ -119,11 +119,13 @@ struct PlannedFile {
 };
 
 // Set in one rank's part of a plan (plan_part.h): the whole plan's numbers
-// of the part's files and chunks (what the rank's reports name), and the
-// whole plan's totals.
+// of the part's files and chunks (what the rank's reports name), what the
+// rank writes, and the whole plan's totals.
 struct PlanPartInfo {
   std::vector<uint32_t> files;   // whole-plan number of each file of the part
   std::vector<uint32_t> chunks;  // whole-plan number of each chunk of the part
+  uint64_t rank_bytes = 0;       // payload the part's rank writes
+  uint64_t max_rank_bytes = 0;   // the most any rank writes
   uint64_t whole_files = 0;      // files in the whole plan
   uint64_t held_bytes = 0;       // chunk bytes x holders, summed over the whole plan
 };
@@ -134,7 +136,7 @@ struct SavePlan {
   std::vector<PlannedBlob> blobs;      // sorted by (name, rank)
   std::vector<PlannedFile> files;      // sorted by (rank, number)
   std::vector<HeldCopy> copies;        // sorted by (rank, chunk)
-  std::vector<uint64_t> bytes_per_rank;  // payload each rank writes
+  std::vector<uint64_t> bytes_per_rank;  // payload each rank writes (empty in a part)
   uint64_t unique_bytes = 0;             // sum over chunks and blobs
   std::optional<PlanPartInfo> part;      // set in a rank's part only
 };

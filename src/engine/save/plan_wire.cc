@@ -160,14 +160,13 @@ std::string EncodePlanMessage(const SavePlan& part, const Digest& digest) {
   PutTensors(w, part.tensors);
   PutChunks(w, part.chunks);
   PutBlobsFilesCopies(w, part);
-  w.U64(part.bytes_per_rank.size());
-  for (uint64_t b : part.bytes_per_rank) w.U64(b);
   w.U64(part.unique_bytes);
   const PlanPartInfo& info = *part.part;
   PutNumbers(w, info.files);
   PutNumbers(w, info.chunks);
-  w.U64(info.whole_files);
-  w.U64(info.held_bytes);
+  for (uint64_t v : {info.rank_bytes, info.max_rank_bytes, info.whole_files, info.held_bytes}) {
+    w.U64(v);
+  }
   return w.Take();
 }
 
@@ -180,17 +179,14 @@ Result<PlanMessage> DecodePlanMessage(std::string_view msg) {
   SS_RETURN_IF_ERROR(GetTensors(r, p));
   SS_RETURN_IF_ERROR(GetChunks(r, p));
   SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p));
-  SS_ASSIGN_OR_RETURN(uint64_t ranks, r.U64());
-  for (uint64_t i = 0; i < ranks; ++i) {
-    SS_ASSIGN_OR_RETURN(uint64_t b, r.U64());
-    p.bytes_per_rank.push_back(b);
-  }
   SS_ASSIGN_OR_RETURN(p.unique_bytes, r.U64());
   PlanPartInfo& info = p.part.emplace();
   SS_ASSIGN_OR_RETURN(info.files, GetNumbers(r, UINT32_MAX));
   SS_ASSIGN_OR_RETURN(info.chunks, GetNumbers(r, UINT32_MAX));
-  SS_ASSIGN_OR_RETURN(info.whole_files, r.U64());
-  SS_ASSIGN_OR_RETURN(info.held_bytes, r.U64());
+  for (uint64_t* v : {&info.rank_bytes, &info.max_rank_bytes, &info.whole_files,
+                      &info.held_bytes}) {
+    SS_ASSIGN_OR_RETURN(*v, r.U64());
+  }
   if (info.files.size() != p.files.size() || info.chunks.size() != p.chunks.size()) {
     return Bad("whole-plan numbers do not match the part");
   }

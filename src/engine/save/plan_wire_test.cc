@@ -16,7 +16,7 @@ SavePlan SomePart() {
   auto plan = PlanSave(simulated::MakeHoldings(m),
                        SavePlanOptions{.max_file_bytes = 1 << 16, .min_split_bytes = 1});
   EXPECT_TRUE(plan.ok());
-  return PartOfPlan(*plan, 3);
+  return PartOfPlan(*plan, 3, PlanTotals(*plan));
 }
 
 TEST(PlanWireTest, APartRoundTrips) {
@@ -48,7 +48,8 @@ TEST(PlanWireTest, APartRoundTrips) {
   EXPECT_EQ(p.copies.back().chunk, part.copies.back().chunk);
   EXPECT_EQ(p.copies.back().chunks, part.copies.back().chunks);
   EXPECT_EQ(p.blobs.size(), part.blobs.size());
-  EXPECT_EQ(p.bytes_per_rank, part.bytes_per_rank);
+  EXPECT_EQ(p.part->rank_bytes, part.part->rank_bytes);
+  EXPECT_EQ(p.part->max_rank_bytes, part.part->max_rank_bytes);
   EXPECT_EQ(p.part->files, part.part->files);
   EXPECT_EQ(p.part->chunks, part.part->chunks);
   EXPECT_EQ(p.part->held_bytes, part.part->held_bytes);

@@ -140,8 +140,9 @@ Result<SavePlan> PlanOnLeader(const std::vector<std::string>& msgs,
 // Each rank's part of `whole`, encoded; rank 0 keeps the whole plan.
 std::vector<std::string> PartMessages(const SavePlan& whole, const Digest& digest) {
   std::vector<std::string> parts(whole.bytes_per_rank.size());
+  const PlanPartInfo totals = PlanTotals(whole);
   for (size_t r = 1; r < parts.size(); ++r) {
-    parts[r] = EncodePlanMessage(PartOfPlan(whole, static_cast<int>(r)), digest);
+    parts[r] = EncodePlanMessage(PartOfPlan(whole, static_cast<int>(r), totals), digest);
   }
   return parts;
 }
@@ -176,7 +177,7 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
     if (whole.ok()) plan = std::make_shared<const SavePlan>(std::move(*whole));
     parts = whole.ok() ? PartMessages(*plan, digest) : Result<std::vector<std::string>>(whole.status());
   }
-  SS_ASSIGN_OR_RETURN(std::string mine, ScatterOrFail(comm, 0, parts));
+  SS_ASSIGN_OR_RETURN(std::string mine, ScatterOrFail(comm, 0, std::move(parts)));
   if (comm.rank() != 0) {
     SS_ASSIGN_OR_RETURN(PlanMessage received, DecodePlanMessage(mine));
     plan = std::make_shared<const SavePlan>(std::move(received.plan));
@@ -253,9 +254,9 @@ std::vector<std::string> SplitLines(const std::string& text) {
 
 SaveStats StatsOf(const SavePlan& plan, int rank) {
   SaveStats s;
-  s.bytes_written = plan.bytes_per_rank[rank];
+  s.bytes_written = RankBytes(plan, rank);
   s.unique_bytes = plan.unique_bytes;
-  for (uint64_t b : plan.bytes_per_rank) s.max_rank_bytes = std::max(s.max_rank_bytes, b);
+  s.max_rank_bytes = MaxRankBytes(plan);
   if (plan.part) {
     s.files = static_cast<int>(plan.part->whole_files);
     s.held_bytes = plan.part->held_bytes;
@@ -302,7 +303,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     NumberAsWhole(plan, &own);
   }
   auto reports = GatherToRootOrFail(comm, 0, mine, mine.ok() ? EncodeReport(own) : std::string());
-  report("commit", plan.bytes_per_rank[comm.rank()], plan.bytes_per_rank[comm.rank()]);
+  report("commit", RankBytes(plan, comm.rank()), RankBytes(plan, comm.rank()));
   Result<std::string> committed = std::string();
   if (leader) {
     committed = !reports.ok() ? reports.status().WithContext("saving " + path)

@@ -29,9 +29,10 @@ struct AgreedPlan {
   bool reused = false;  // the cached plan of an unchanged layout (plan_cache.h)
 };
 
-// Protocol step 0 (collective): gather every rank's holdings and plan,
-// identically on every rank, or agree that every rank's layout is
-// unchanged and reuse the cached plan (plan_cache.h); `local` (this rank's
+// Protocol steps 0-2 (collective): agree that every rank's layout is
+// unchanged and reuse the cached plan (plan_cache.h), or gather every
+// rank's holdings on rank 0, which plans and sends each rank its part
+// (layout/plan_part.h; rank 0 keeps the whole plan); `local` (this rank's
 // failure so far) fails it on every rank. Every rank must save to the same
 // `destination` (the checkpoint's path) and pass only global values equal
 // to rank 0's. Touches no file.
@@ -39,9 +40,8 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
                                  Comm& comm, const SaveOptions& options, const Status& local,
                                  const UserJson& json);
 
-// Protocol steps 0-1, shared by Save and AsyncSave (collective): gather
-// every rank's holdings, plan identically everywhere, and have rank 0
-// create the temporary directory.
+// Protocol steps 0-3, shared by Save and AsyncSave (collective):
+// GatherAndPlan, then rank 0 creates the temporary directory.
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options);
