@@ -1,9 +1,9 @@
 // The save planner: from what every rank holds to who writes what, where.
 //
 // Input: for each rank, the shards it holds (key, dtype, global shape,
-// slice) and the blobs it wants saved. Output: a SavePlan that every rank
-// computes identically from the same gathered input (pure and deterministic,
-// no I/O), so no further coordination is needed to agree on it.
+// slice) and the blobs it wants saved. Output: a SavePlan (pure and
+// deterministic, no I/O); the engine plans on rank 0 and sends each rank
+// its part (plan_part.h).
 //
 // Guarantees:
 // - All ranks agree on dtype and shape of each key, else InvalidArgument.
