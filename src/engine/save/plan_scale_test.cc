@@ -1,0 +1,72 @@
+// Planning a 4,096-rank save (TP 8 x PP 4 x DP 128, ZeRO-1, an 80-layer
+// ~1 TB transformer) with the functions rank 0 runs: the busiest writer
+// stays within 1.1x its ideal share, and what rank 0 sends each other rank
+// (its part of the plan, plan_wire.h) follows that rank's own work, not the
+// job's size: each rank holds the same tensors at 1,024 and 4,096 ranks,
+// and its part grows only by the pieces of the replicas it holds (more,
+// smaller pieces as the ideal share shrinks: a few tens of bytes each),
+// where every rank's layout and chunks would be 4x as many; every rank's
+// report stays small. Counts bytes, never times.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine/save/plan_wire.h"
+#include "engine/save/save_messages.h"
+#include "layout/plan_part.h"
+#include "layout/simulated_layouts.h"
+
+namespace shardsafe {
+namespace {
+
+struct Measured {
+  double balance = 0;
+  uint64_t largest_part = 0;
+  uint64_t largest_report = 0;
+};
+
+// A report as the rank would send it, its offsets and checksums made up.
+std::string ReportOf(const SavePlan& part) {
+  RankReport report;
+  for (uint32_t f = 0; f < part.files.size(); ++f) {
+    WrittenFile w{f, part.files[f].payload_bytes, {}, {}};
+    w.chunks.resize(part.files[f].chunks.size(), WrittenEntry{4096, 7});
+    w.blobs.resize(part.files[f].blobs.size(), WrittenEntry{4096, 7});
+    report.files.push_back(std::move(w));
+  }
+  for (const HeldCopy& h : part.copies) report.copies.push_back({h.chunk, 9});
+  NumberAsWhole(part, &report);
+  return EncodeReport(report);
+}
+
+Measured Plan(int dp) {
+  simulated::TransformerLayout m;  // tp 8, pp 4, ZeRO-1
+  m.dp = dp;
+  auto plan = PlanSave(simulated::MakeHoldings(m), SavePlanOptions{});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  Measured out;
+  if (!plan.ok()) return out;
+  out.balance = static_cast<double>(MaxRankBytes(*plan)) / simulated::IdealMaxRankBytes(*plan);
+  const PlanPartInfo totals = PlanTotals(*plan);
+  for (int r = 1; r < m.world(); ++r) {
+    const SavePlan part = PartOfPlan(*plan, r, totals);
+    const uint64_t sent = EncodePlanMessage(part, Digest{}).size();
+    out.largest_part = std::max(out.largest_part, sent);
+    out.largest_report = std::max<uint64_t>(out.largest_report, ReportOf(part).size());
+  }
+  return out;
+}
+
+TEST(PlanScaleTest, At4096RanksWritersBalanceAndARankReceivesItsOwnPartOnly) {
+  const Measured at1024 = Plan(32), at4096 = Plan(128);
+  EXPECT_LE(at1024.balance, 1.1);
+  EXPECT_LE(at4096.balance, 1.1);
+  EXPECT_GT(at4096.largest_part, 0u);
+  EXPECT_LE(at4096.largest_part, at1024.largest_part * 5 / 4)
+      << "a part grows with the job, not the rank's own work";
+  EXPECT_LE(at4096.largest_part, 256u << 10);
+  EXPECT_LE(at4096.largest_report, 16u << 10) << "a rank's report of what it wrote";
+}
+
+}  // namespace
+}  // namespace shardsafe
