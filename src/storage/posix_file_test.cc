@@ -426,7 +426,10 @@ TEST_P(PosixFileRoundTripTest, ScatteredReadOfPartlyCachedDataTakesThePageCache)
   std::string buf(1 << 20, '\0');
   ASSERT_EQ(pread(fd, buf.data(), buf.size(), 2 << 20), 1 << 20);
   close(fd);
-  ASSERT_EQ(ResidentPages(path), (1u << 20) / sysconf(_SC_PAGESIZE));
+  // Resident page counts are checked loosely: on a busy machine the kernel
+  // may evict a page at any moment.
+  const size_t mib_pages = (1u << 20) / sysconf(_SC_PAGESIZE);
+  ASSERT_LE(ResidentPages(path), mib_pages) << "only the last MiB is cached";
   auto file = OpenReader(path);
   ASSERT_NE(file, nullptr);
   std::string first(5 << 19, '\0'), second((1 << 19) - 1, '\0');
@@ -434,7 +437,9 @@ TEST_P(PosixFileRoundTripTest, ScatteredReadOfPartlyCachedDataTakesThePageCache)
                                             {second.data(), second.size()}};
   ASSERT_TRUE(file->ReadScattered(1, pieces).ok());
   EXPECT_TRUE(first + second == data.substr(1, first.size() + second.size()));
-  EXPECT_EQ(ResidentPages(path), data.size() / sysconf(_SC_PAGESIZE));
+  // Read through the page cache: the first two MiB are resident now too
+  // (a bounced O_DIRECT read leaves at most the last MiB).
+  EXPECT_GT(ResidentPages(path), 2 * mib_pages);
 }
 
 TEST_P(PosixFileRoundTripTest, ReadPastEndIsDataLoss) {
