@@ -167,13 +167,15 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
 
   // Rank 0 gathers every rank's layout, plans and sends each rank its part
   // of the plan; a rank's cost is its own part, rank 0's the whole job's.
-  SS_ASSIGN_OR_RETURN(auto msgs, GatherToRootOrFail(comm, 0, Status(),
-                                                    EncodeHoldings(layout, agreement)));
+  // Whatever fails, every rank goes on into the scatter, which carries
+  // rank 0's failure to all.
+  auto msgs = GatherToRootOrFail(comm, 0, Status(), EncodeHoldings(layout, agreement));
   std::shared_ptr<const SavePlan> plan;
   Digest digest{};
   Result<std::vector<std::string>> parts = std::vector<std::string>();
   if (comm.rank() == 0) {
-    Result<SavePlan> whole = PlanOnLeader(msgs, plan_options, &digest);
+    Result<SavePlan> whole =
+        msgs.ok() ? PlanOnLeader(*msgs, plan_options, &digest) : Result<SavePlan>(msgs.status());
     if (whole.ok()) plan = std::make_shared<const SavePlan>(std::move(*whole));
     parts = whole.ok() ? PartMessages(*plan, digest) : Result<std::vector<std::string>>(whole.status());
   }
