@@ -1,12 +1,13 @@
 // Planner benchmark: what planning a save and reading the metadata of a load
-// cost one rank of a large job, on the engine's own code, at 1,024 / 4,096 /
+// cost the ranks of a large job, on the engine's own code, at 1,024 / 4,096 /
 // 16,384 / 65,536 simulated ranks on three layouts (bench/planner_jobs.h):
-// planning time of a first and of a repeated save, planning's peak memory,
-// the bytes a rank sends and receives to coordinate, the index a loader
-// reads and its parse time, and the busiest writer's share
-// (bench/planner_row.h says exactly what each measures). Rows that would not
-// fit in this machine's memory are reported with their estimated need
-// instead of run. No I/O.
+// for rank 0, which plans the whole save and scatters every rank its part,
+// and for the other rank that receives the largest part: planning time of a
+// first and of a repeated save, planning's peak memory, the bytes the rank
+// sends and receives to coordinate; then the index a loader reads and its
+// parse time, and the busiest writer's share (bench/planner_row.h says
+// exactly what each measures). Rows that would not fit in this machine's
+// memory are reported with their estimated need instead of run. No I/O.
 //
 //   planner_benchmark [--world N] [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] [--details]
 #include <algorithm>
@@ -79,18 +80,20 @@ std::string Cell(const std::optional<T>& v, double scale, int decimals) {
 
 void PrintHeader() {
   std::printf("| layout | ranks | plan s | repeat ms | peak RSS GB | coord MB | repeat coord MB "
-              "| others: coord MB | others: repeat coord KB | index MB | index parse s "
-              "| writer / ideal | note |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "| other: plan ms | other: peak RSS MB | other: coord KB | other: repeat coord KB "
+              "| index MB | index parse s | writer / ideal | note |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 void PrintRow(const Row& r) {
-  std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-              r.layout.c_str(), r.world, Cell(r.plan_s, 1, 2).c_str(),
-              Cell(r.repeat_plan_s, 1e3, 2).c_str(), Cell(r.peak_rss_bytes, 1e-9, 2).c_str(),
-              Cell(r.coord_bytes, 1e-6, 1).c_str(), Cell(r.repeat_coord_bytes, 1e-6, 2).c_str(),
-              Cell(r.other_coord_bytes, 1e-6, 1).c_str(),
-              Cell(r.other_repeat_coord_bytes, 1e-3, 1).c_str(),
+  const RankCost& l = r.leader;
+  const RankCost& o = r.other;
+  std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+              r.layout.c_str(), r.world, Cell(l.plan_s, 1, 2).c_str(),
+              Cell(l.repeat_plan_s, 1e3, 2).c_str(), Cell(l.peak_rss_bytes, 1e-9, 2).c_str(),
+              Cell(l.coord_bytes, 1e-6, 1).c_str(), Cell(l.repeat_coord_bytes, 1e-6, 2).c_str(),
+              Cell(o.plan_s, 1e3, 2).c_str(), Cell(o.peak_rss_bytes, 1e-6, 1).c_str(),
+              Cell(o.coord_bytes, 1e-3, 1).c_str(), Cell(o.repeat_coord_bytes, 1e-3, 1).c_str(),
               Cell(r.load_meta_bytes, 1e-6, 1).c_str(), Cell(r.load_meta_s, 1, 2).c_str(),
               Cell(r.writer_balance, 1, 3).c_str(), r.note.c_str());
   std::fflush(stdout);
@@ -99,26 +102,31 @@ void PrintRow(const Row& r) {
 void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& rows,
                  int iters) {
   std::printf(
-      "\nPer rank, on the engine's own code (bench/planner_row.h has the exact calls):\n"
-      "  plan s          step 0 of a first save, GatherAndPlan: the quick check, unpacking the\n"
-      "                  all-gathered layouts, DecodeHoldings of each, CheckAgreement, PlanSave\n"
-      "                  over all ranks, the plan's digest and cache entry (every rank does this)\n"
+      "\nOn the engine's own code (bench/planner_row.h has the exact calls), for rank 0 (the\n"
+      "first columns: the whole job's planning, the most of any rank) and for the other rank\n"
+      "whose part of the plan is the largest (\"other\", named below):\n"
+      "  plan s          step 0 of a first save, GatherAndPlan: the quick check; rank 0 unpacks\n"
+      "                  every rank's gathered layout, DecodeHoldings, CheckAgreement, PlanSave\n"
+      "                  over all ranks, then builds, encodes and scatters every rank's part\n"
+      "                  (PartOfPlan, EncodePlanMessage); another rank sends its layout and\n"
+      "                  decodes its part (DecodePlanMessage); both cache what they have\n"
       "  repeat ms       GatherAndPlan of the next save, every layout unchanged: EncodeLayout,\n"
       "                  LookUpPlan and comparison, the quick check (a max-reduction of 80 B)\n"
-      "  peak RSS        VmHWM from receiving the layouts to the plan, less VmRSS before\n"
-      "  coord MB        bytes rank 0 sends + receives in a first save: the quick check, the\n"
-      "                  layouts' all-gather, the directories' broadcast, every rank's step-3\n"
-      "                  report (gathered to rank 0), the outcome's broadcast\n"
-      "  repeat coord    the same for a repeated save (no layouts)\n"
-      "  others          the same for the busiest other rank (the largest report)\n"
+      "  peak RSS        VmHWM during the first save's step 0, less VmRSS before: rank 0's\n"
+      "                  received layouts, plan and parts; the other rank's part, decoded\n"
+      "  coord MB        bytes the rank sends + receives in a first save: the quick check, the\n"
+      "                  layouts' gather to rank 0, the parts' scatter from it, the\n"
+      "                  directories' broadcast, the step-3 reports' gather to rank 0, the\n"
+      "                  outcome's broadcast\n"
+      "  repeat coord    the same for a repeated save (no layouts, no parts)\n"
       "  index MB        the committed index a loader reads whole (BuildIndex, SerializeIndex);\n"
       "                  index parse: ParseIndex of it, which plans nothing until it is done\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
       "Simulated: every rank but the measured one (its holdings computed, encoded as Save\n"
-      "encodes them and handed to the measured rank by a Comm double; no network, so no wait\n"
-      "is timed); the reports' file offsets and checksums (no byte is written). Measured: rank\n"
-      "0 (every rank plans alike; rank 0 also gathers the reports). Timings: best of %d, one\n"
-      "thread, on %u hardware threads shared with other work.\n",
+      "encodes them and handed to rank 0 by a Comm double; the other rank's part is the one\n"
+      "rank 0's run scattered; no network, so no wait is timed); the reports' file offsets and\n"
+      "checksums (no byte is written). Timings: best of %d, one thread, on %u hardware threads\n"
+      "shared with other work.\n",
       iters, std::thread::hardware_concurrency());
   std::string last;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -133,9 +141,11 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
     const Row& r = rows[i];
     std::printf("  %6d ranks: %s; %.1f M shards held", job.world, job.mesh.c_str(),
                 r.shards / 1e6);
-    if (r.plan_s) {
-      std::printf(", %.1f M chunks planned, busiest other rank %d\n", r.chunks / 1e6,
-                  r.other_rank);
+    if (r.other.plan_s) {
+      std::printf(", %.1f M chunks planned; other: rank %d (part %.1f KB)\n", r.chunks / 1e6,
+                  r.other_rank, r.other_part_bytes / 1e3);
+    } else if (r.leader.plan_s) {
+      std::printf(", %.1f M chunks planned\n", r.chunks / 1e6);
     } else {
       std::printf(" (estimated from 64 ranks)\n");
     }
@@ -150,16 +160,24 @@ nlohmann::ordered_json OrNull(const std::optional<T>& v) {
 void PrintJson(const std::vector<Row>& rows) {
   nlohmann::ordered_json out = {{"rows", nlohmann::ordered_json::array()}};
   for (const Row& r : rows) {
+    const RankCost& l = r.leader;
+    const RankCost& o = r.other;
     nlohmann::ordered_json row = {{"layout", r.layout},
                                   {"world", r.world},
-                                  {"plan_s", OrNull(r.plan_s)},
-                                  {"repeat_plan_s", OrNull(r.repeat_plan_s)},
-                                  {"peak_rss_bytes", OrNull(r.peak_rss_bytes)},
-                                  {"coord_bytes", OrNull(r.coord_bytes)},
-                                  {"repeat_coord_bytes", OrNull(r.repeat_coord_bytes)},
+                                  {"plan_s", OrNull(l.plan_s)},
+                                  {"repeat_plan_s", OrNull(l.repeat_plan_s)},
+                                  {"peak_rss_bytes", OrNull(l.peak_rss_bytes)},
+                                  {"coord_bytes", OrNull(l.coord_bytes)},
+                                  {"repeat_coord_bytes", OrNull(l.repeat_coord_bytes)},
                                   {"load_meta_bytes", OrNull(r.load_meta_bytes)},
                                   {"load_meta_s", OrNull(r.load_meta_s)},
-                                  {"writer_balance", OrNull(r.writer_balance)}};
+                                  {"writer_balance", OrNull(r.writer_balance)},
+                                  {"other_rank", o.plan_s ? nlohmann::ordered_json(r.other_rank)
+                                                          : nlohmann::ordered_json(nullptr)},
+                                  {"other_plan_s", OrNull(o.plan_s)},
+                                  {"other_peak_rss_bytes", OrNull(o.peak_rss_bytes)},
+                                  {"other_coord_bytes", OrNull(o.coord_bytes)},
+                                  {"other_repeat_coord_bytes", OrNull(o.repeat_coord_bytes)}};
     if (!r.note.empty()) row["note"] = r.note;
     out["rows"].push_back(std::move(row));
   }

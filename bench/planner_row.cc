@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <new>
 
 #include "comm/agree.h"
@@ -28,10 +29,10 @@ constexpr char kTmpDir[] = "/checkpoints/.tmp-step-00000100.5f0c3a9e12b47d68";
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 // Memory kept free for the rest of the machine while a row runs.
 constexpr uint64_t kMargin = 2 * kGiB;
-// The estimate of a row's need per shard held before a row of its layout
-// has run: above the 570-630 bytes the three layouts needed at 1,024 to
-// 16,384 ranks.
-constexpr double kDefaultBytesPerShard = 700;
+// The estimate of a row's need per shard held before a
+// row of its layout has run: above the 690-930 bytes the three layouts
+// needed at 1,024 to 16,384 ranks.
+constexpr double kDefaultBytesPerShard = 1000;
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -61,8 +62,8 @@ SaveState StateOf(const RankHoldings& h) {
 // the destination, and no values.
 std::string Agreement() { return EncodeAgreement(JoinPath(kRoot, kTag), {}); }
 
-// `payload` as GatherOrFail and BroadcastOrFail (comm/agree.h) frame it
-// from a rank that did not fail.
+// `payload` as GatherToRootOrFail, ScatterOrFail and BroadcastOrFail
+// (comm/agree.h) frame it from a rank that did not fail.
 std::string Framed(std::string_view payload) {
   wire::Writer w;
   w.Status(Status());
@@ -117,7 +118,7 @@ std::vector<std::string> Reports(const SavePlan& plan,
   return out;
 }
 
-// The other ranks' step-3 reports, as GatherToRootOrFail frames them.
+// Every rank's step-3 report, as GatherToRootOrFail frames it.
 std::vector<std::string> FramedReports(const std::vector<std::string>& reports) {
   std::vector<std::string> out;
   for (const std::string& report : reports) out.push_back(Framed(report));
@@ -126,30 +127,22 @@ std::vector<std::string> FramedReports(const std::vector<std::string>& reports) 
 
 // Steps 1-3 of a save after planning, as `comm`'s rank runs them (with the
 // collective helpers Save calls): rank 0's broadcast of the save's
-// directories, every rank's report gathered to rank 0, and rank 0's
-// broadcast of the outcome (no warnings). Returns the bytes they moved
-// through `comm`. Writing and committing are left out.
-Result<uint64_t> StepsAfterPlanning(SimulatedRank& comm, const std::vector<std::string>& reports) {
+// directories, every rank's report (this rank's: `report`) gathered to rank
+// 0 (which receives `framed_reports`), and rank 0's broadcast of the
+// outcome (no warnings). Returns the bytes they moved through `comm`.
+// Writing and committing are left out.
+Result<uint64_t> StepsAfterPlanning(SimulatedRank& comm, const std::string& report,
+                                    std::vector<std::string> framed_reports) {
   const bool leader = comm.rank() == 0;
   const std::string dirs = EncodeSaveDirs(SaveDirs{kTmpDir, kTmpDir, ""});
   comm.TakeBytes();
   if (!leader) comm.QueueBroadcast(Framed(dirs));
   SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, dirs).status());
-  if (leader) comm.QueueGather(FramedReports(reports));
-  SS_RETURN_IF_ERROR(GatherToRootOrFail(comm, 0, Status(), reports[comm.rank()]).status());
+  if (leader) comm.QueueGather(std::move(framed_reports));
+  SS_RETURN_IF_ERROR(GatherToRootOrFail(comm, 0, Status(), report).status());
   if (!leader) comm.QueueBroadcast(Framed(""));
   SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, std::string(), /*name_root=*/false).status());
   return comm.TakeBytes();
-}
-
-// The rank other than 0 with the largest report.
-int LargestOtherReport(const std::vector<std::string>& reports) {
-  if (reports.size() < 2) return 0;
-  int largest = 1;
-  for (size_t r = 2; r < reports.size(); ++r) {
-    if (reports[r].size() > reports[largest].size()) largest = static_cast<int>(r);
-  }
-  return largest;
 }
 
 double WriterBalance(const SavePlan& plan) {
@@ -194,40 +187,43 @@ struct RankRun {
   std::shared_ptr<const SavePlan> plan;
 };
 
-// plan_s and coord_bytes' step 0, `iters` first saves; `msgs` are the
-// first's gathered messages, rebuilt for the others.
-Status TimeFirstSaves(const SimulatedJob& job, int iters, std::vector<std::string> msgs,
-                      RankRun& run, Row* row) {
+// `cost`'s step 0: `iters` first saves of `run`'s rank, `queue(i)` queueing
+// what the other ranks send it before save i (plan_s, peak_rss_bytes, the
+// first's coord_bytes), then `iters` saves with every layout unchanged
+// (repeat_plan_s, repeat_coord_bytes). Keeps the plan in `run`.
+Status MeasureStep0(int iters, const std::function<void(int)>& queue, RankRun& run,
+                    RankCost* cost) {
+  const bool peak_known = ResetPeakRss();
+  const uint64_t rss_before = StatusBytes("VmRSS:");
   for (int i = 0; i < iters; ++i) {
-    if (i > 0) {
-      run.Forget();
-      uint64_t shards = 0;
-      msgs = Announcements(job, Agreement(), &shards);
-    }
-    run.comm.QueueGather(std::move(msgs));
+    run.Forget();
+    queue(i);
     const auto start = Clock::now();
     SS_ASSIGN_OR_RETURN(AgreedPlan agreed, run.Plan());
-    KeepBest(row->plan_s, Since(start));
+    KeepBest(cost->plan_s, Since(start));
     if (agreed.reused) return InternalError("a first save reused a cached plan");
     run.plan = std::move(agreed.plan);
     const uint64_t bytes = run.comm.TakeBytes();
-    if (i == 0) row->coord_bytes = bytes;
-    row->rooted_step0 |= run.comm.TakeRooted();
+    if (i == 0) cost->coord_bytes = bytes;
+  }
+  if (peak_known) cost->peak_rss_bytes = StatusBytes("VmHWM:") - rss_before;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = Clock::now();
+    SS_ASSIGN_OR_RETURN(AgreedPlan agreed, run.Plan());
+    KeepBest(cost->repeat_plan_s, Since(start));
+    if (!agreed.reused) return InternalError("a repeated save did not reuse its plan");
+    cost->repeat_coord_bytes = run.comm.TakeBytes();
   }
   return Status();
 }
 
-// repeat_plan_s and repeat_coord_bytes' step 0: saves with every rank's
-// layout unchanged.
-Status TimeRepeatedSaves(int iters, RankRun& run, Row* row) {
-  for (int i = 0; i < iters; ++i) {
-    const auto start = Clock::now();
-    SS_ASSIGN_OR_RETURN(AgreedPlan agreed, run.Plan());
-    KeepBest(row->repeat_plan_s, Since(start));
-    if (!agreed.reused) return InternalError("a repeated save did not reuse its plan");
-    row->repeat_coord_bytes = run.comm.TakeBytes();
-    row->rooted_step0 |= run.comm.TakeRooted();
-  }
+// Adds the bytes of steps 1-3 to `cost`'s first and repeated saves.
+Status AddStepsAfterPlanning(SimulatedRank& comm, const std::string& report,
+                             std::vector<std::string> framed_reports, RankCost* cost) {
+  SS_ASSIGN_OR_RETURN(const uint64_t bytes,
+                      StepsAfterPlanning(comm, report, std::move(framed_reports)));
+  *cost->coord_bytes += bytes;
+  *cost->repeat_coord_bytes += bytes;
   return Status();
 }
 
@@ -259,49 +255,55 @@ Status TimeIndexParse(const SimulatedJob& job, int iters,
   return Status();
 }
 
-// coord_bytes and repeat_coord_bytes (of rank 0, which `run` plays), and
-// the same for the busiest other rank: its step 0 moves as many bytes as
-// rank 0's where step 0's collectives were all symmetric (else its values
-// are left out), its later steps are run as that rank.
-Status CountCoordination(const SimulatedJob& job,
-                         const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
-                         Row* row) {
-  const std::vector<std::string> reports = Reports(*run.plan, written);
-  SS_ASSIGN_OR_RETURN(const uint64_t leader, StepsAfterPlanning(run.comm, reports));
-  if (row->rooted_step0) {
-    AddNote(row, "others not simulated: step 0 has rooted collectives");
-    *row->coord_bytes += leader;
-    *row->repeat_coord_bytes += leader;
-    return Status();
-  }
-  row->other_rank = LargestOtherReport(reports);
-  SimulatedRank other(row->other_rank, job.world);
-  SS_ASSIGN_OR_RETURN(const uint64_t other_bytes, StepsAfterPlanning(other, reports));
-  row->other_coord_bytes = *row->coord_bytes + other_bytes;
-  row->other_repeat_coord_bytes = *row->repeat_coord_bytes + other_bytes;
-  *row->coord_bytes += leader;
-  *row->repeat_coord_bytes += leader;
-  return Status();
-}
-
-Status Measure(const SimulatedJob& job, int iters, Row* row) {
-  malloc_trim(0);
-  const uint64_t rss_before = StatusBytes("VmRSS:");
-  const bool peak_known = ResetPeakRss();
-  std::vector<std::string> msgs = Announcements(job, Agreement(), &row->shards);
+// Rank 0's costs, the row's plan-wide values and index; *sent: the largest
+// part rank 0 scattered to another rank, *other_report: that rank's step-3
+// report.
+Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank::SentPart* sent,
+                     std::string* other_report) {
   RankRun run(job, 0);
-  SS_RETURN_IF_ERROR(TimeFirstSaves(job, iters, std::move(msgs), run, row));
-  if (peak_known) row->peak_rss_bytes = StatusBytes("VmHWM:") - rss_before;
-  SS_RETURN_IF_ERROR(TimeRepeatedSaves(iters, run, row));
+  const auto queue = [&](int i) {
+    uint64_t shards = 0;
+    run.comm.QueueGather(Announcements(job, Agreement(), &shards));
+    if (i == 0) row->shards = shards;
+  };
+  SS_RETURN_IF_ERROR(MeasureStep0(iters, queue, run, &row->leader));
+  *sent = run.comm.TakeLargestSentPart();
   malloc_trim(0);  // the heap planning freed, which later large blocks would not reuse
 
   row->chunks = run.plan->chunks.size();
   row->writer_balance = WriterBalance(*run.plan);
   const std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
-  SS_RETURN_IF_ERROR(CountCoordination(job, written, run, row));
-  SS_RETURN_IF_ERROR(TimeIndexParse(job, iters, written, run, row));
+  {
+    const std::vector<std::string> reports = Reports(*run.plan, written);
+    *other_report = reports[sent->rank];
+    SS_RETURN_IF_ERROR(
+        AddStepsAfterPlanning(run.comm, reports[0], FramedReports(reports), &row->leader));
+  }
+  return TimeIndexParse(job, iters, written, run, row);
+}
+
+// The other rank's costs: rank `sent.rank`, its part as rank 0 scattered it.
+Status MeasureOther(const SimulatedJob& job, int iters, const SimulatedRank::SentPart& sent,
+                    const std::string& report, Row* row) {
+  row->other_rank = sent.rank;
+  row->other_part_bytes = sent.part.size();
+  RankRun run(job, sent.rank);
+  const auto queue = [&](int) { run.comm.QueueScattered(sent.part); };
+  SS_RETURN_IF_ERROR(MeasureStep0(iters, queue, run, &row->other));
+  return AddStepsAfterPlanning(run.comm, report, {}, &row->other);
+}
+
+Status Measure(const SimulatedJob& job, int iters, Row* row) {
+  malloc_trim(0);
+  const uint64_t rss_before = StatusBytes("VmRSS:");
+  SimulatedRank::SentPart sent;
+  std::string other_report;
+  SS_RETURN_IF_ERROR(MeasureLeader(job, iters, row, &sent, &other_report));
+  // Taken now: measuring the other rank resets the peak.
   row->row_peak = StatusBytes("VmHWM:") - rss_before;
-  if (!peak_known) AddNote(row, "peak RSS unknown: /proc/self/clear_refs refused");
+  if (sent.rank == 0) return InternalError("rank 0 scattered no part to another rank");
+  SS_RETURN_IF_ERROR(MeasureOther(job, iters, sent, other_report, row));
+  if (!row->leader.peak_rss_bytes) AddNote(row, "peak RSS unknown: /proc/self/clear_refs refused");
   return Status();
 }
 
@@ -343,9 +345,10 @@ Row RowRunner::Run(const SimulatedJob& job) {
     row.note = "stopped: out of memory (the heap was limited to " +
                Gigabytes(static_cast<double>(available - kMargin)) + " more)";
   }
-  if (row.row_peak > 0 && row.shards > 0) {
+  const double grown = static_cast<double>(row.row_peak);
+  if (grown > 0 && row.shards > 0) {
     double& known = bytes_per_shard_[job.layout];
-    known = std::max(known, static_cast<double>(row.row_peak) / static_cast<double>(row.shards));
+    known = std::max(known, grown / static_cast<double>(row.shards));
   }
   return row;
 }

@@ -1,37 +1,47 @@
-// One row of the planner benchmark: what planning and metadata cost one
-// rank of a simulated job, measured on the engine's own code.
+// One row of the planner benchmark: what planning and metadata cost the
+// ranks of a simulated job, measured on the engine's own code.
 //
 // The job's ranks are simulated one at a time (their holdings computed,
-// encoded as a save encodes them, and dropped), and rank 0 runs the
-// engine's step 0, GatherAndPlan (engine/save/save_internal.h), through a
-// SimulatedRank whose collectives hand it the other ranks' messages. Every
-// rank plans the same way (but for encoding its own layout); rank 0 is the
-// busiest in coordination, as it gathers every rank's report and roots the
-// broadcasts. What it measures:
+// encoded as a save encodes them, and dropped). Two ranks run the engine's
+// step 0, GatherAndPlan (engine/save/save_internal.h), each through a
+// SimulatedRank whose collectives hand it what the others send:
+//   rank 0        receives every rank's layout (Gather), decodes and checks
+//                 them, plans the whole save (PlanSave), and cuts, encodes
+//                 and scatters every other rank's part of the plan
+//                 (PartOfPlan, EncodePlanMessage, Scatter): the whole job's
+//                 cost, the most of any rank;
+//   another rank  sends its layout, receives its part as rank 0's run
+//                 scattered it (DecodePlanMessage) and caches it: the rank
+//                 other than 0 that rank 0 sent the largest part (the lowest
+//                 of equal ones), named in the row.
+// What is measured, for each of the two (leader, other):
 //
 //   plan_s             GatherAndPlan of a first save (no cached plan): the
-//                      quick check (ReduceMaxOrFail), the layout all-gather
-//                      (GatherOrFail: unframing, then DecodeHoldings of every
-//                      rank's message, CheckAgreement), PlanSave over all
-//                      ranks, the plan's digest and StorePlan.
+//                      quick check (ReduceMaxOrFail), then on rank 0 the
+//                      layouts' gather (GatherToRootOrFail: unframing,
+//                      DecodeHoldings of every message, CheckAgreement),
+//                      PlanSave over all ranks, the digest, every part
+//                      built and encoded, ScatterOrFail; on another rank
+//                      its layout's gather (sent only), ScatterOrFail and
+//                      DecodePlanMessage of its part; StorePlan.
 //   repeat_plan_s      GatherAndPlan of the next save, layout unchanged:
 //                      EncodeLayout, LookUpPlan, the comparison with the
 //                      cached layout, the quick check; the plan is reused.
-//   peak_rss_bytes     VmHWM while the gathered messages are built and the
-//                      first save is planned, less VmRSS before: the
-//                      received messages, their decoded form and the plan.
-//   coord_bytes        bytes rank 0 sends plus receives in a first save,
-//                      counted by SimulatedRank: step 0's reduction and
-//                      all-gather, then steps 1-3 as Save runs them with the
-//                      collective helpers (comm/agree.h): the broadcast of
-//                      the save's directories, every rank's report gathered
-//                      to rank 0 (EncodeReport of its files and replica
-//                      checksums, from the plan), the outcome's broadcast.
+//   peak_rss_bytes     VmHWM during the first saves, less VmRSS before: on
+//                      rank 0 the received layouts, their decoded form, the
+//                      plan and every part (encoded, and framed); on
+//                      another rank its received part and its decoded form.
+//   coord_bytes        bytes the rank sends plus receives in a first save,
+//                      counted by SimulatedRank: step 0's reduction, gather
+//                      and scatter, then steps 1-3 as Save runs them with
+//                      the collective helpers (comm/agree.h): the broadcast
+//                      of the save's directories, the step-3 reports
+//                      gathered to rank 0 (EncodeReport of each rank's files
+//                      and replica checksums, from the whole plan, whose
+//                      numbers a part's report uses too), the outcome's
+//                      broadcast.
 //   repeat_coord_bytes the same for a repeated save.
-//   other_*            the same for the rank other than 0 with the largest
-//                      report: step 0 as rank 0's, where its collectives
-//                      are symmetric (all-gathers, reductions; else left
-//                      out), steps 1-3 run as that rank.
+// And once per row (rank 0's work):
 //   load_meta_bytes    the index a loader reads: SerializeIndex of BuildIndex
 //                      (the commit's own) over the plan and the reports.
 //   load_meta_s        ParseIndex of it; none when it exceeds
@@ -52,16 +62,21 @@
 
 namespace shardsafe::bench {
 
+// What one rank's saves cost it (planner_row.h's list).
+struct RankCost {
+  std::optional<double> plan_s, repeat_plan_s;
+  std::optional<uint64_t> peak_rss_bytes, coord_bytes, repeat_coord_bytes;
+};
+
 struct Row {
   std::string layout;
   int world = 0;
-  std::optional<double> plan_s, repeat_plan_s, load_meta_s, writer_balance;
-  std::optional<uint64_t> peak_rss_bytes, coord_bytes, repeat_coord_bytes, load_meta_bytes;
-  // Coordination of the busiest rank other than 0 (rank 0 gathers every
-  // report): its rank and bytes.
+  RankCost leader;  // rank 0
+  RankCost other;   // rank other_rank
   int other_rank = 0;
-  std::optional<uint64_t> other_coord_bytes, other_repeat_coord_bytes;
-  bool rooted_step0 = false;  // step 0 ran a rooted collective: other_* unknown
+  uint64_t other_part_bytes = 0;  // its part of the plan, as scattered
+  std::optional<double> load_meta_s, writer_balance;
+  std::optional<uint64_t> load_meta_bytes;
   uint64_t shards = 0;   // held by all ranks
   uint64_t chunks = 0;   // in the plan
   uint64_t row_peak = 0; // VmHWM of the whole row less VmRSS before it
@@ -73,7 +88,8 @@ struct Row {
 // estimated: the shards its ranks hold (from an even sample of ranks) times
 // the most bytes per held shard that a row of the same layout needed so far
 // in this process (kDefaultBytesPerShard before one has run; planning's
-// memory grows with the shards held). A row that would not fit in
+// memory grows with the shards held; the parts of the plan rank 0 scatters
+// among them). A row that would not fit in
 // MemAvailable less a margin is not run but reported with its estimate. A
 // row that needs more than the estimate stops with std::bad_alloc, reported
 // as stopped: the process's heap is limited to MemAvailable less the margin

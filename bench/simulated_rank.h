@@ -1,10 +1,17 @@
 // One rank of a simulated job, for the planner benchmark: the Comm a real
 // rank's save calls, whose collectives return what the job's other ranks
 // would have sent (queued by the benchmark) and which counts the bytes this
-// rank sends and receives through it: its own contribution once and what it
-// receives, with no network algorithm modelled. Nothing is transported and
-// nothing waits, so the engine code that runs between the collectives
-// (encoding, decoding, planning) is what a timer around it measures.
+// rank sends and receives through it, with no network algorithm modelled:
+//   AllGather            its own message once, every other rank's once
+//   Gather               rooted here: its own message once, every other
+//                        rank's once; not rooted here: its own message once
+//   Scatter              rooted here: every other rank's part once; not
+//                        rooted here: its own part once
+//   Broadcast            the message once (sent, or received)
+//   AllReduceMax         the values twice (sent and received)
+// Nothing is transported and nothing waits, so the engine code that runs
+// between the collectives (encoding, decoding, planning) is what a timer
+// around it measures.
 //
 // A collective that needs a queued round finds none: InternalError.
 // Collectives not overridden here run Comm's defaults over these, and are
@@ -38,12 +45,21 @@ class SimulatedRank final : public Comm {
   // Queues what the root of the next Broadcast not rooted here sends.
   void QueueBroadcast(std::string from_root) { broadcasts_.push_back(std::move(from_root)); }
 
+  // Queues this rank's part of the next Scatter not rooted here, as the
+  // root sends it.
+  void QueueScattered(std::string part) { scattered_.push_back(std::move(part)); }
+
+  // The largest part that the last Scatter rooted here sent to another
+  // rank (the lowest such rank of equal ones), and that rank; rank 0 and
+  // nothing before such a Scatter.
+  struct SentPart {
+    int rank = 0;
+    std::string part;
+  };
+  SentPart TakeLargestSentPart() { return std::exchange(largest_sent_, SentPart{}); }
+
   // Bytes sent plus bytes received since the last call.
   uint64_t TakeBytes() { return std::exchange(bytes_, 0); }
-
-  // Whether a rooted collective (Gather, Broadcast), whose bytes differ
-  // between the root and the other ranks, ran since the last call.
-  bool TakeRooted() { return std::exchange(rooted_, false); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -58,10 +74,31 @@ class SimulatedRank final : public Comm {
   }
 
   Result<std::vector<std::string>> Gather(std::string_view mine, int root) override {
-    rooted_ = true;
     if (root == rank_) return AllGather(mine);
     bytes_ += mine.size();
     return std::vector<std::string>();
+  }
+
+  Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override {
+    if (root != rank_) {
+      if (scattered_.empty()) return InternalError("simulated rank: no scatter queued");
+      std::string mine = std::move(scattered_.front());
+      scattered_.pop_front();
+      bytes_ += mine.size();
+      return mine;
+    }
+    if (parts.size() != size_t(size_)) {
+      return InvalidArgumentError("simulated rank: scatter of " + std::to_string(parts.size()) +
+                                  " parts over " + std::to_string(size_) + " ranks");
+    }
+    size_t largest = rank_ == 0 ? 1 : 0;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (r == size_t(rank_)) continue;
+      bytes_ += parts[r].size();
+      if (parts[r].size() > parts[largest].size()) largest = r;
+    }
+    if (largest < parts.size()) largest_sent_ = {static_cast<int>(largest), parts[largest]};
+    return parts[rank_];
   }
 
   // Every rank passes the values this rank passes (as in a save's quick
@@ -73,7 +110,6 @@ class SimulatedRank final : public Comm {
   }
 
   Result<std::string> Broadcast(std::string_view data, int root) override {
-    rooted_ = true;
     if (root == rank_) {
       bytes_ += data.size();
       return std::string(data);
@@ -96,8 +132,9 @@ class SimulatedRank final : public Comm {
   int size_;
   std::deque<Gathered> gathers_;
   std::deque<std::string> broadcasts_;
+  std::deque<std::string> scattered_;
+  SentPart largest_sent_;
   uint64_t bytes_ = 0;
-  bool rooted_ = false;
 };
 
 }  // namespace shardsafe::bench
