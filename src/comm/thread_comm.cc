@@ -143,24 +143,24 @@ class ThreadComm final : public Comm {
   int size() const override { return rendezvous_->size(); }
 
   Result<std::vector<std::string>> AllGather(std::string_view mine) override {
-    auto out = rendezvous_->Exchange(rank_, {Op::kAllGather, 0, std::string(mine)});
+    auto out = rendezvous_->Exchange(rank_, {Op::kAllGather, 0, std::string(mine), {}});
     if (!out->status.ok()) return out->status;
     return out->values;  // a copy: other ranks read the same outcome
   }
 
   Result<std::string> Broadcast(std::string_view data, int root) override {
     std::string bytes = rank_ == root ? std::string(data) : std::string();
-    auto out = rendezvous_->Exchange(rank_, {Op::kBroadcast, root, std::move(bytes)});
+    auto out = rendezvous_->Exchange(rank_, {Op::kBroadcast, root, std::move(bytes), {}});
     if (!out->status.ok()) return out->status;
     return out->values[0];
   }
 
   Status Barrier() override {
-    return rendezvous_->Exchange(rank_, {Op::kBarrier, 0, {}})->status;
+    return rendezvous_->Exchange(rank_, {Op::kBarrier, 0, {}, {}})->status;
   }
 
   Result<std::vector<std::string>> Gather(std::string_view mine, int root) override {
-    auto out = rendezvous_->Exchange(rank_, {Op::kGather, root, std::string(mine)});
+    auto out = rendezvous_->Exchange(rank_, {Op::kGather, root, std::string(mine), {}});
     if (!out->status.ok()) return out->status;
     if (rank_ != root) return std::vector<std::string>();
     return out->values;
@@ -177,7 +177,7 @@ class ThreadComm final : public Comm {
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {
     std::string bytes(values.size() * sizeof(uint64_t), '\0');
     if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-    auto out = rendezvous_->Exchange(rank_, {Op::kAllReduceMax, 0, std::move(bytes)});
+    auto out = rendezvous_->Exchange(rank_, {Op::kAllReduceMax, 0, std::move(bytes), {}});
     if (!out->status.ok()) return out->status;
     return out->max;
   }
