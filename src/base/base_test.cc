@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/crc32c.h"
+#include "base/env.h"
 #include "base/thread_pool.h"
 #include "shardsafe/status.h"
 #include "shardsafe/types.h"
@@ -22,6 +23,22 @@ Status Quarter(int x, int* out) {
   SS_ASSIGN_OR_RETURN(int h, Half(x));
   SS_ASSIGN_OR_RETURN(*out, Half(h));
   return Status();
+}
+
+TEST(EnvIntegerTest, UnsetGivesTheFallbackAndBadTextOrRangeIsNamed) {
+  unsetenv("SHARDSAFE_TEST_INT");
+  EXPECT_EQ(*EnvInteger("SHARDSAFE_TEST_INT", 7, 0, 10), 7);
+  setenv("SHARDSAFE_TEST_INT", "10", 1);
+  EXPECT_EQ(*EnvInteger("SHARDSAFE_TEST_INT", 7, 0, 10), 10);
+  for (const char* bad : {"11", "-1", "3s", "", "0x3"}) {
+    setenv("SHARDSAFE_TEST_INT", bad, 1);
+    Result<int64_t> got = EnvInteger("SHARDSAFE_TEST_INT", 7, 0, 10);
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(got.status().message().find("SHARDSAFE_TEST_INT=\"" + std::string(bad) + "\""),
+              std::string::npos)
+        << got.status().ToString();
+  }
+  unsetenv("SHARDSAFE_TEST_INT");
 }
 
 TEST(StatusTest, ContextIsPrependedAndCodeKept) {

@@ -38,10 +38,14 @@ Result<std::string> Comm::Scatter(const std::vector<std::string>& parts, int roo
 }
 
 Result<std::vector<uint64_t>> Comm::AllReduceMax(std::span<const uint64_t> values) {
-  std::string mine(values.size() * sizeof(uint64_t), '\0');
-  if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());
-  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(mine));
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(PackValues(values)));
   return MaxOfGathered(all);
+}
+
+std::string PackValues(std::span<const uint64_t> values) {
+  std::string bytes(values.size_bytes(), '\0');
+  if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
 }
 
 Status CheckScatterParts(const std::vector<std::string>& parts, int size) {

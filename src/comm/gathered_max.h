@@ -4,12 +4,16 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "shardsafe/status.h"
 
 namespace shardsafe {
+
+// A rank's AllReduceMax values as the raw bytes MaxOfGathered reads.
+std::string PackValues(std::span<const uint64_t> values);
 
 // InvalidArgument, naming the rank, when the ranks passed different counts.
 Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gathered);

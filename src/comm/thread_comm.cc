@@ -14,7 +14,6 @@
 // replace the outcome) until every rank, including the slowest reader of the
 // previous round, has arrived. So rounds can follow each other without limit.
 #include <condition_variable>
-#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -175,9 +174,7 @@ class ThreadComm final : public Comm {
   }
 
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {
-    std::string bytes(values.size() * sizeof(uint64_t), '\0');
-    if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-    auto out = rendezvous_->Exchange(rank_, {Op::kAllReduceMax, 0, std::move(bytes), {}});
+    auto out = rendezvous_->Exchange(rank_, {Op::kAllReduceMax, 0, PackValues(values), {}});
     if (!out->status.ok()) return out->status;
     return out->max;
   }

@@ -1,10 +1,9 @@
 #include "s3/s3_file_system.h"
 
-#include <charconv>
 #include <cstring>
-#include <cstdlib>
 
 #include "base/crc32c.h"
+#include "base/env.h"
 #include "s3/s3_writable_file.h"
 
 namespace shardsafe {
@@ -56,20 +55,6 @@ std::string DirPrefix(const S3Location& dir) { return dir.key.empty() ? "" : dir
 namespace {
 
 // The decimal integer in variable `name`, or `fallback` when unset.
-Result<int64_t> EnvInteger(const char* name, int64_t fallback, int64_t min, int64_t max) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return fallback;
-  int64_t value = 0;
-  const std::string_view s(text);
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (ec != std::errc() || ptr != s.data() + s.size() || value < min || value > max) {
-    return InvalidArgumentError(std::string(name) + "=\"" + std::string(s) +
-                                "\": expected an integer in [" + std::to_string(min) + ", " +
-                                std::to_string(max) + "]");
-  }
-  return value;
-}
-
 }  // namespace
 
 Result<S3FileOptions> S3FileOptions::FromEnvironment() {

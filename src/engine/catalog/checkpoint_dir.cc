@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdlib>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "base/env.h"
 #include "format/index.h"
 
 namespace shardsafe {
@@ -423,16 +424,10 @@ Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::str
 }
 
 std::chrono::seconds ObjectLeftoverAge() {
-  const char* env = std::getenv("SHARDSAFE_S3_LEFTOVER_AGE");
-  int64_t seconds = 0;
-  if (env != nullptr) {
-    const std::string_view text(env);
-    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);
-    if (ec == std::errc() && ptr == text.data() + text.size() && seconds >= 0) {
-      return std::chrono::seconds(seconds);
-    }
-  }
-  return std::chrono::hours(1);
+  constexpr int64_t kHour = 3600;
+  // A value that is not a whole number of seconds >= 0 counts as unset.
+  const Result<int64_t> age = EnvInteger("SHARDSAFE_S3_LEFTOVER_AGE", kHour, 0, INT64_MAX);
+  return std::chrono::seconds(age.ok() ? *age : kHour);
 }
 
 std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root) {
