@@ -81,7 +81,7 @@ std::string Cell(const std::optional<T>& v, double scale, int decimals) {
 void PrintHeader() {
   std::printf("| layout | ranks | plan s | repeat ms | peak RSS GB | coord MB | repeat coord MB "
               "| other: plan ms | other: peak RSS MB | other: coord KB | other: repeat coord KB "
-              "| index MB | index parse s | writer / ideal | note |\n"
+              "| load meta MB | load meta s | writer / ideal | note |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
@@ -119,8 +119,10 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
       "                  directories' broadcast, the step-3 reports' gather to rank 0, the\n"
       "                  outcome's broadcast\n"
       "  repeat coord    the same for a repeated save (no layouts, no parts)\n"
-      "  index MB        the committed index a loader reads whole (BuildIndex, SerializeIndex);\n"
-      "                  index parse: ParseIndex of it, which plans nothing until it is done\n"
+      "  load meta MB    what rank 0 reads to load its own shards again: the committed index\n"
+      "                  (BuildIndex, IndexToCommit: a chunk table from 65,536 chunks on, in\n"
+      "                  files under /tmp) and the parts of the chunk table ReadChunksFor reads\n"
+      "                  for its slices; load meta s: ParseIndex and ReadChunksFor\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
       "Simulated: every rank but the measured one (its holdings computed, encoded as Save\n"
       "encodes them and handed to rank 0 by a Comm double; the other rank's part is the one\n"

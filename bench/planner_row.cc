@@ -8,10 +8,12 @@
 
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/load/table_reads.h"
 #include "engine/save/commit.h"
 #include "engine/save/plan_cache.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
+#include "format/chunk_table.h"
 #include "format/index.h"
 #include "layout/simulated_layouts.h"
 #include "proc_memory.h"
@@ -227,32 +229,66 @@ Status AddStepsAfterPlanning(SimulatedRank& comm, const std::string& report,
   return Status();
 }
 
-// load_meta_*: the index of the save, built and serialized as the commit
-// does it, then parsed `iters` times. Drops the plan first.
-Status TimeIndexParse(const SimulatedJob& job, int iters,
-                      const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
-                      Row* row) {
-  std::string text;
+// What rank `rank` loads again in the same layout: its own shards.
+LoadRequest OwnShards(const SimulatedJob& job, int rank) {
+  LoadRequest request;
+  for (const ShardInfo& s : job.rank_shards(rank).shards) {
+    request.tensors.push_back({s.key, s.dtype, s.shape, s.slice, nullptr});
+  }
+  return request;
+}
+
+// A fresh directory for the committed index files (removed by the caller).
+std::string IndexDir() {
+  char dir[] = "/tmp/planner-index-XXXXXX";
+  return mkdtemp(dir) != nullptr ? std::string(dir) : std::string();
+}
+
+// load_meta_*: the index of the save, built and committed as the commit
+// does (IndexToCommit: a chunk table from its default threshold on), into
+// files; then what rank 0 reads to load its own shards again, `iters`
+// times: the index parsed as OpenSourceCollective does, and its part of
+// the chunk table (ReadChunksFor: the block directories of its tensors and
+// the blocks that can hold its slices). Drops the plan first.
+Status TimeLoadMetadata(const SimulatedJob& job, int iters,
+                        const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
+                        Row* row) {
+  CommitIndex committed;
   {
     SS_ASSIGN_OR_RETURN(CheckpointIndex index,
                         BuildIndex(*run.plan, written, run.json, kTag, job.world, ""));
     run.Forget();
     malloc_trim(0);
-    text = SerializeIndex(index);
+    SS_ASSIGN_OR_RETURN(committed,
+                        IndexToCommit(index, 0, std::string(kChunkTableFileName)));
   }
   malloc_trim(0);  // as in a loader, which has planned no save
-  row->load_meta_bytes = text.size();
-  if (text.size() > kMaxIndexBytes) {
-    AddNote(row, "index over kMaxIndexBytes (1 GiB): the loader refuses it, parse not timed");
-    return Status();
+  const std::string dir = IndexDir();
+  if (dir.empty()) return InternalError("no temporary directory for the index");
+  FileSystem& fs = *DefaultFileSystem();
+  Status s = WriteFileAtomically(fs, JoinPath(dir, kIndexFileName), committed.text);
+  if (s.ok() && !committed.table_name.empty()) {
+    s = WriteFileAtomically(fs, JoinPath(dir, committed.table_name), committed.table);
   }
-  for (int i = 0; i < iters; ++i) {
+  const std::string text = std::move(committed.text);
+  committed = CommitIndex();
+  const LoadRequest request = OwnShards(job, 0);
+  for (int i = 0; s.ok() && i < iters; ++i) {
     const auto start = Clock::now();
-    const Result<CheckpointIndex> parsed = ParseIndex(text, "simulated index");
+    Result<CheckpointIndex> parsed = ParseIndex(text, "simulated index");
+    if (!parsed.ok()) {
+      s = parsed.status();
+      break;
+    }
+    CheckpointSource src{dir, dir, true, std::move(*parsed)};
+    src.chunks_pending = src.index.chunk_table.has_value();
+    TableReadStats table;
+    if (src.chunks_pending) s = ReadChunksFor(fs, src, request, &table).status();
     KeepBest(row->load_meta_s, Since(start));
-    SS_RETURN_IF_ERROR(parsed.status());
+    row->load_meta_bytes = text.size() + table.bytes;
   }
-  return Status();
+  fs.RemoveAll(dir).IgnoreError();
+  return s;
 }
 
 // Rank 0's costs, the row's plan-wide values and index; *sent: the largest
@@ -279,7 +315,7 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
     SS_RETURN_IF_ERROR(
         AddStepsAfterPlanning(run.comm, reports[0], FramedReports(reports), &row->leader));
   }
-  return TimeIndexParse(job, iters, written, run, row);
+  return TimeLoadMetadata(job, iters, written, run, row);
 }
 
 // The other rank's costs: rank `sent.rank`, its part as rank 0 scattered it.

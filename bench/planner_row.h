@@ -42,10 +42,13 @@
 //                      broadcast.
 //   repeat_coord_bytes the same for a repeated save.
 // And once per row (rank 0's work):
-//   load_meta_bytes    the index a loader reads: SerializeIndex of BuildIndex
-//                      (the commit's own) over the plan and the reports.
-//   load_meta_s        ParseIndex of it; none when it exceeds
-//                      kMaxIndexBytes, which the loader refuses.
+//   load_meta_bytes    what rank 0 reads to load its own shards again: the
+//                      index as the commit writes it (BuildIndex over the plan
+//                      and the reports, IndexToCommit: a chunk table from its
+//                      default threshold on, written to files under /tmp), and
+//                      the bytes of the chunk table ReadChunksFor reads.
+//   load_meta_s        ParseIndex of the index and ReadChunksFor (from the
+//                      page cache: the files were just written).
 //   writer_balance     the busiest writer's bytes / IdealMaxRankBytes.
 //
 // Timings are the best of `iters` runs. Synthesized, since no byte is

@@ -109,6 +109,11 @@ struct SaveOptions {
   // is written, before failing the save as Unavailable naming what it waited
   // for. A dead peer costs this long, so minutes, not hours.
   std::chrono::seconds peer_timeout{600};
+  // From this many chunks on, the index keeps its chunks in a binary chunk
+  // table that each loading rank reads only in part (docs/format.md §3a;
+  // a version-2 index). 0: SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS if set, else
+  // 65,536.
+  uint64_t chunk_table_min_chunks = 0;
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
   ProgressFn progress;       // called on the calling thread, this rank only
   // A failure this rank met before the call, preparing its part (the Python

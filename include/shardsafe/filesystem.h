@@ -102,6 +102,12 @@ struct ReadOptions {
   // checkpoint or model directory set it, so a planted link cannot make
   // them read (or copy out) a file from elsewhere.
   std::string within;
+  // The size the caller knows the file has (a checkpoint's index records
+  // its data files' sizes). An object store then skips the request that
+  // would learn it (a HEAD); a read past the object's real end still fails
+  // (DataLoss), and the checksums catch other bytes. A local file system
+  // ignores it (its size costs no request).
+  std::optional<uint64_t> size;
 };
 
 // A file read at arbitrary offsets. ReadAt may be called concurrently from
@@ -264,6 +270,7 @@ Status CheckLocalPath(std::string_view path);
 Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_view data);
 
 // Reads a whole file. ResourceExhausted if it is larger than `max_bytes`.
+// On an object store, one GET (FileSystem::ReadFileVersioned).
 Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
                                      uint64_t max_bytes, const ReadOptions& options = {});
 

@@ -18,7 +18,9 @@
 namespace shardsafe {
 
 inline constexpr std::string_view kIndexFileName = "shardsafe.json";
-inline constexpr int kFormatVersion = 1;
+// The newest format version this reader reads (docs/format.md §3; 2: the
+// chunks are in a chunk table, §3a).
+inline constexpr int kFormatVersion = 2;
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
 
 // A data file: its name in the checkpoint directory, size, and writer.
@@ -37,10 +39,22 @@ struct IndexChunk {
   std::optional<uint32_t> crc32c;  // absent for data read from foreign files
 };
 
+// Where a tensor's chunks lie in the chunk table (docs/format.md §3a).
+struct IndexTableRef {
+  uint64_t count = 0;         // chunks
+  uint64_t directory_at = 0;  // byte offset of its block directory
+  uint64_t records_at = 0;    // byte offset of its first chunk record
+  uint32_t directory_crc32c = 0;
+};
+
 struct IndexTensor {
   DType dtype = DType::kF32;
   Shape shape;
+  // Empty, for an index with a chunk table, until they are read from it
+  // (shardsafe/source.h: a collective open reads none, a load those it
+  // needs).
   std::vector<IndexChunk> chunks;
+  std::optional<IndexTableRef> table;  // with a chunk table only
 };
 
 // A blob's bytes in one data file (one per rank for a per-rank blob).
@@ -60,8 +74,14 @@ struct IndexBlob {
 // Tensors by key; found by std::string_view too (no string built per lookup).
 using IndexTensors = std::map<std::string, IndexTensor, std::less<>>;
 
+// The chunk table file of a version-2 index.
+struct IndexChunkTable {
+  std::string name;  // in the checkpoint directory
+  uint64_t bytes = 0;
+};
+
 struct CheckpointIndex {
-  int version = kFormatVersion;
+  int version = 1;  // as read; a writer writes 2 exactly when chunk_table is set
   std::string tag;
   int64_t created_unix = 0;
   int world_size = 1;
@@ -72,6 +92,7 @@ struct CheckpointIndex {
   IndexTensors tensors;
   std::string values = "{}";  // a JSON object
   std::map<std::string, IndexBlob> blobs;
+  std::optional<IndexChunkTable> chunk_table;
 };
 
 // Finds an index's tensors by key. Keys asked in the index's order (sorted,

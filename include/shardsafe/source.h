@@ -33,6 +33,10 @@ struct CheckpointSource {
   std::string data_dir;  // directory holding the data files
   bool native = false;   // a shardsafe checkpoint (has checksums)
   CheckpointIndex index;
+  // The index has a chunk table (docs/format.md §3a) that was not read: its
+  // tensors hold no chunks (dtypes and shapes only). OpenSourceCollective
+  // opens so; a load reads the parts of the table it needs.
+  bool chunks_pending = false;
   // A native checkpoint's index, locked shared while the source lives
   // (where the file system has locks; on the rank that opened it): retention
   // and prune leave a checkpoint alone while a load holds it.
@@ -46,15 +50,17 @@ struct CheckpointSource {
 // .safetensors file the caller named is not confined.
 ReadOptions SourceReadOptions(const CheckpointSource& src);
 
-// Opens `path` on this process alone. NotFound if nothing loadable is
-// there; DataLoss for a corrupt index or header (naming the file and rule).
+// Opens `path` on this process alone, with every chunk of the index (a
+// chunk table read whole). NotFound if nothing loadable is there; DataLoss
+// for a corrupt index, chunk table or header (naming the file and rule).
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path);
 // OpenSource on the file system `path` lies on (FileSystemFor).
 Result<CheckpointSource> OpenSource(const std::string& path);
 
 // Collective: rank 0 resolves and reads `path` (OpenSource) and sends what
 // it read; every rank returns the same source, or the same error. Other
-// ranks never touch the index file.
+// ranks never touch the index file. A chunk table is not read
+// (chunks_pending): each rank's load reads what it needs of it.
 Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
                                               Comm& comm);
 // OpenSourceCollective on the file system `path` lies on (FileSystemFor).

@@ -4,7 +4,9 @@ into a shardsafe one (shardsafe._import.import_checkpoint), with a progress
 bar on a terminal (--progress: always; --no-progress: never). The
 `shardsafe import` command hands every directory the engine cannot open
 to this (their pickles are read here, never by the engine), passing
---engine-error with the engine's own message for a path nothing claims.
+--engine-error with the engine's own message for a path nothing claims
+(an s3:// prefix is staged on a local disk and detected there: the
+import's own error says that nothing claims it).
 What the import leaves out (values JSON cannot hold, the reader's
 not_imported() lines) is printed as notes on stdout, also with --json (as
 the result's "dropped" and "not_imported"); any other warning raised during
@@ -19,6 +21,7 @@ import warnings
 
 from . import _import
 from ._foreign import KNOWN, detect
+from ._paths import is_s3
 from .errors import ShardsafeError
 
 
@@ -40,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.engine_error is not None and detect(args.src) is None:
+    # An s3:// SRC is detected once staged, by the import itself.
+    if args.engine_error is not None and not is_s3(args.src) and detect(args.src) is None:
         print(f"shardsafe: error: {args.engine_error}; nor is it a {KNOWN} checkpoint",
               file=sys.stderr)
         return 2

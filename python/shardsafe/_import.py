@@ -39,6 +39,7 @@ result instead.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -47,7 +48,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ from ._comm import agree, resolve
 from ._device import _host_view
 from ._foreign import KNOWN, ForeignCheckpoint, Format, detect
 from ._options import SaveOptions
+from ._paths import is_s3, staged
 from ._parts import PerRank
 from ._state import (DTYPE_NAMES, Flat, encode_values, flatten, from_json, join, rebuild,
                      to_json)
@@ -435,22 +437,40 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     {"source", "format", "path", "tensors", "values", "bytes", "dropped",
     "not_imported", "files", "seconds"}: "dropped" the value keys JSON
     cannot hold, "not_imported" the reader's lines about what it could not
-    carry over (both also told by a NotImportedWarning)."""
+    carry over (both also told by a NotImportedWarning). `src` may be an
+    s3:// prefix: its objects are copied into a temporary local directory
+    first (shardsafe._paths.staged: $SHARDSAFE_STAGING_DIR, checked for
+    space; removed afterwards), where the format is detected and read;
+    `dst` may be one too."""
     src, dst = os.fspath(src), os.fspath(dst)
     start = time.monotonic()
-    fmt = detect(src)
-    if fmt is None:
-        raise CheckpointNotFoundError(f"no {KNOWN} checkpoint in {src}")
-    if os.path.exists(dst) and not overwrite:
+    if os.path.exists(dst) and not overwrite:  # an s3:// one: the engine's save refuses it
         raise CheckpointExistsError(f"checkpoint {dst} already exists (overwrite=True, or "
                                     f"--overwrite, replaces it)")
-    fc = fmt.open(src, unsafe_pickle=unsafe_pickle)
-    try:
-        done = _import(fc, dst, overwrite, progress)
-    finally:
-        fc.close()
+    with _local(src, progress) as local:
+        fmt = detect(local)
+        if fmt is None:
+            raise CheckpointNotFoundError(f"no {KNOWN} checkpoint in {src}")
+        fc = fmt.open(local, unsafe_pickle=unsafe_pickle)
+        try:
+            source = os.fspath(fc.path)  # a root's reader names the checkpoint it reads
+            done = _import(fc, source.replace(local, src.rstrip("/")), dst, overwrite, progress)
+        finally:
+            fc.close()
     done["seconds"] = time.monotonic() - start
     return done
+
+
+@contextlib.contextmanager
+def _local(src: str, progress: bool | None) -> Iterator[str]:
+    """`src`, or for an s3:// prefix its objects staged on a local disk for
+    the readers (shardsafe._paths.staged; removed afterwards), with a
+    progress bar of the download when `progress` asks for one."""
+    if not is_s3(src):
+        yield src
+        return
+    with staged(src, lambda total: _progress_bar(progress, total, "download")) as local:
+        yield local
 
 
 def _not_imported(fc: ForeignCheckpoint) -> list[str]:
@@ -464,16 +484,19 @@ def _some(items: list[str], limit: int = 16, sep: str = ", ") -> str:
     return sep.join(items[:limit]) + (" ..." if len(items) > limit else "")
 
 
-def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | None) -> dict:
+def _import(fc: ForeignCheckpoint, source: str, dst: str, overwrite: bool,
+            progress: bool | None) -> dict:
+    """import_checkpoint of the opened `fc`; `source` names it in messages
+    and the result (an s3:// URI where `fc` reads a staged copy)."""
     tensors = fc.tensors()
     dropped: list[str] = []
     values = _plain_values(fc.values(), "", dropped)
     not_imported = _not_imported(fc)
     if dropped:
-        warnings.warn(f"{fc.path}: {len(dropped)} value(s) that JSON cannot hold were not "
+        warnings.warn(f"{source}: {len(dropped)} value(s) that JSON cannot hold were not "
                       f"imported: {_some(dropped)}", NotImportedWarning, stacklevel=3)
     if not_imported:
-        warnings.warn(f"{fc.path}: {len(not_imported)} part(s) not imported (the result's "
+        warnings.warn(f"{source}: {len(not_imported)} part(s) not imported (the result's "
                       f"\"not_imported\"): {_some(not_imported, 4, '; ')}", NotImportedWarning,
                       stacklevel=3)
     flat = flatten(values)  # tensors among the values stay tensors, as save keeps them
@@ -496,7 +519,7 @@ def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | N
     host = [(leaf.key, leaf.tensor.contiguous()) for leaf in flat.tensors]
     host_specs = [(k, _dtype_name(fc, k, t.dtype), tuple(t.shape), (0,) * t.dim(),
                    tuple(t.shape), t.data_ptr()) for k, t in host]
-    metadata = json.dumps({"imported_from": {"format": fc.format, "path": fc.path}})
+    metadata = json.dumps({"imported_from": {"format": fc.format, "path": source}})
     # One file at a time, through small write buffers: the bound of the module doc.
     options = SaveOptions(overwrite=overwrite, io_threads=1, io_buffer_bytes=8 << 20).engine()
     call = _C.SaveCall(host_specs, [], json.dumps(json_values, allow_nan=False), metadata, None,
@@ -510,7 +533,7 @@ def _import(fc: ForeignCheckpoint, dst: str, overwrite: bool, progress: bool | N
     finally:
         if bar is not None:
             bar.close()
-    return {"source": fc.path, "format": fc.format, "path": dst, "tensors": len(specs) + len(host),
+    return {"source": source, "format": fc.format, "path": dst, "tensors": len(specs) + len(host),
             "values": len(flat.values), "bytes": total + sum(t.numel() * t.element_size()
                                                               for _, t in host),
             "dropped": dropped, "not_imported": not_imported, "files": stats.get("files"),

@@ -4,18 +4,19 @@ the engine's load run, and values handed back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _device, _foreign, _hub, _keys, peers
+from . import _C, _boxes, _device, _foreign, _hub, _keys, _paths, peers
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
@@ -23,8 +24,8 @@ from ._options import LoadOptions
 from ._parts import PerRank, Sharded, decode_per_rank
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
                      TensorLeaf, decode_value, flatten, from_json, holds, rebuild)
-from .errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
-                     ShapeMismatchError, ShardsafeError)
+from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
+                     KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
 
 @dataclass
@@ -287,6 +288,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     tool's checkpoint: torch DCP (through DCP's own reader: shardsafe.peers),
     Megatron torch_dist, DeepSpeed, nanotron (shardsafe._foreign; rename
     and experts need it imported first: shardsafe import). Collective.
+    An s3:// URI is read by the engine, or, where it holds nothing the
+    engine opens, staged on a local disk by every rank and read as another
+    tool's checkpoint there (shardsafe._paths.staged).
 
     strict=True raises KeyMismatchError (before changing anything) when a
     key is missing from the checkpoint or a saved key is wanted by no rank;
@@ -342,6 +346,10 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
             comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = e
+    if _paths.is_s3(path) and all(agree(comm, None, source is None and
+                                        isinstance(error, CheckpointNotFoundError))):
+        return _load_staged(state_dict, path, error, comm, strict, process_group, unsafe_pickle,
+                            rename is not None or bool(experts), skip, options)
     reports = agree(comm, error, report)
     missing = sorted({k for r in reports for k in r["missing"]})
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
@@ -395,6 +403,28 @@ def _load_foreign(state_dict: Any, path: str, fmt: _foreign.Format, strict: bool
     return _import.load_foreign(state_dict, path, fmt, strict=strict,
                                 process_group=process_group, unsafe_pickle=unsafe_pickle,
                                 convert_dtypes=bool(options.convert_dtypes), skip=skip)
+
+
+def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,
+                 comm: TorchComm | None, *args: Any) -> LoadResult:
+    """load() of an s3:// prefix holding nothing the engine opens (its
+    error: `not_native`): the prefix staged on a local disk by every rank
+    (shardsafe._paths.staged, removed afterwards), another tool's checkpoint
+    detected there and loaded (_load_foreign's `args`), as from a local
+    directory; nothing known there is `not_native`, extended."""
+    with contextlib.ExitStack() as stack:
+        local, error = None, None
+        try:
+            local = stack.enter_context(_paths.staged(uri))
+        except (ShardsafeError, OSError) as e:
+            error = e
+        agree(comm, error)
+        fmt = _detect_on_every_rank(local, comm)
+        if fmt is None:
+            raise CheckpointNotFoundError(f"{not_native}; nor is it a {_foreign.KNOWN} "
+                                          f"checkpoint", not_native.code)
+        result = _load_foreign(state_dict, local, fmt, *args)
+    return replace(result, path=uri, tag=os.path.basename(uri.rstrip("/")))
 
 
 def _detect_on_every_rank(path: str, comm: TorchComm | None) -> _foreign.Format | None:

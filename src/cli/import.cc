@@ -7,8 +7,9 @@
 // A directory the engine cannot open (NotFound: no checkpoint, model or
 // safetensors file it knows) is handed to the Python package's importer,
 // which reads other tools' checkpoints (torch DCP, Megatron torch_dist,
-// DeepSpeed, nanotron: their pickles, which the engine never reads) with a
-// bounded memory and a progress bar: this process becomes `python3 -c BOOT
+// DeepSpeed, nanotron: their pickles, which the engine never reads; an
+// s3:// SRC is staged on a local disk first) with a bounded memory and a
+// progress bar: this process becomes `python3 -c BOOT
 // ENGINE_ERROR import SRC DST ...` running shardsafe.__main__ (the python3
 // next to this program when there is one, as in a virtual environment; else
 // the PATH's). Nothing claims the path: the engine's message, extended.
@@ -28,6 +29,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
+#include "shardsafe/filesystem.h"
 #include "shardsafe/source.h"
 
 namespace shardsafe::cli {
@@ -126,6 +128,16 @@ Status ExecPythonImport(const std::string& src, const std::string& dst,
                        "package: running " + python + " failed: " + std::strerror(errno) + ")");
 }
 
+// A directory, or a prefix of an object store: where another tool's
+// checkpoint may be (the Python package stages a prefix's objects on a local
+// disk to read them).
+bool MaybeForeign(const std::string& src) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(src, ec)) return true;
+  Result<FileSystem*> fs = FileSystemFor(src);
+  return fs.ok() && (*fs)->IsObjectStore();
+}
+
 }  // namespace
 
 void AddImport(CLI::App& app, int* exit_code) {
@@ -149,9 +161,7 @@ void AddImport(CLI::App& app, int* exit_code) {
                 "checkpoints you trust)");
   cmd->callback([=] {
     auto source = OpenSource(*src);
-    std::error_code ec;
-    if (!source.ok() && source.status().code() == StatusCode::kNotFound &&
-        std::filesystem::is_directory(*src, ec)) {
+    if (!source.ok() && source.status().code() == StatusCode::kNotFound && MaybeForeign(*src)) {
       std::vector<std::string> flags = {*json ? "--json" : "--progress"};
       if (*overwrite) flags.push_back("--overwrite");
       if (*unsafe_pickle) flags.push_back("--unsafe-pickle");

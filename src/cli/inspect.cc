@@ -17,9 +17,10 @@ uint64_t TensorBytes(const IndexTensor& t) {
   return n;
 }
 
-// The index as the format writes it (compact), with "path" and "native"
-// first, streamed: a copy of a large index (or a DOM, ~10x) would take
-// more memory than the parsed index itself.
+// The index as the format writes it (compact; every chunk inline, also
+// those of a chunk table), with "path" and "native" first, streamed: a
+// copy of a large index (or a DOM, ~10x) would take more memory than the
+// parsed index itself.
 void PrintIndexJson(const CheckpointSource& src) {
   std::cout << "{\"path\":" << Json(src.path).dump() << ",\"native\":"
             << (src.native ? "true" : "false") << ",";
@@ -47,7 +48,14 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
   for (const IndexFile& f : ix.files) file_bytes += f.bytes;
   for (const auto& [k, t] : ix.tensors) tensor_bytes += TensorBytes(t);
   std::cout << "path      " << Printable(src.path) << "\n"
-            << "kind      " << (src.native ? "shardsafe checkpoint (format v1)" : "safetensors (no index, no checksums)") << "\n";
+            << "kind      "
+            << (src.native ? "shardsafe checkpoint (format v" + std::to_string(ix.version) + ")"
+                           : "safetensors (no index, no checksums)")
+            << "\n";
+  if (ix.chunk_table) {
+    std::cout << "chunks in " << Printable(ix.chunk_table->name) << ", "
+              << FormatBytes(ix.chunk_table->bytes) << "\n";
+  }
   if (src.native) {
     std::cout << "tag       " << Printable(ix.tag) << "\n"
               << "saved by  " << ix.world_size << " rank(s), layout " << ix.layout << "\n";

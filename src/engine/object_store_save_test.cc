@@ -35,6 +35,13 @@ std::string StepKey(const std::string& key, int64_t step) {
   return key + "@" + std::to_string(step);
 }
 
+bool AllOk(const std::vector<Status>& statuses) {
+  for (const Status& s : statuses) {
+    if (!s.ok()) return false;
+  }
+  return true;
+}
+
 class ObjectStoreSaveTest : public testing::S3ServerTest {
  protected:
   void SetUp() override {
@@ -45,7 +52,10 @@ class ObjectStoreSaveTest : public testing::S3ServerTest {
     S3_ASSERT_OK(client);
     store_ = std::make_unique<S3FileSystem>(std::move(*client), S3FileOptions{});
   }
-  void TearDown() override { unsetenv("SHARDSAFE_S3_LEFTOVER_AGE"); }
+  void TearDown() override {
+    unsetenv("SHARDSAFE_S3_LEFTOVER_AGE");
+    unsetenv("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS");
+  }
 
   std::string Root(const std::string& name) const {
     return "s3://" + std::string(kBucket) + "/" + name;
@@ -118,6 +128,7 @@ class ObjectStoreSaveTest : public testing::S3ServerTest {
       expected.insert(c.path + "/shardsafe.json");
       expected.insert(c.path + "/commit.json");
       for (const IndexFile& f : src->index.files) expected.insert(c.path + "/" + f.name);
+      if (src->index.chunk_table) expected.insert(c.path + "/" + src->index.chunk_table->name);
     }
     auto keys = client_->List(kBucket, root.substr(std::string("s3://").size() +
                                                    std::string(kBucket).size() + 1) + "/", "");
@@ -139,19 +150,32 @@ class ObjectStoreSaveTest : public testing::S3ServerTest {
     return stray;
   }
 
+  // A save of step 2 over a root holding step 1, cut short at each of its
+  // storage operations in turn (roots named `name`-N).
+  void CutShortAnywhere(const std::string& name);
+
   std::unique_ptr<S3FileSystem> store_;
 };
 
-bool AllOk(const std::vector<Status>& statuses) {
-  for (const Status& s : statuses) {
-    if (!s.ok()) return false;
-  }
-  return true;
+TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
+  CutShortAnywhere("cut");
 }
 
-TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
+// The same with the index's chunks in a chunk table, written before the
+// index under the save's private name.
+TEST_F(ObjectStoreSaveTest, ASaveWithAChunkTableCutShortAnywhereLosesNothing) {
+  setenv("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS", "1", 1);
+  CutShortAnywhere("table");
+  auto src = OpenSource(*store_, Root("table-counted") + "/step-00000002");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_TRUE(src->index.chunk_table.has_value());
+  EXPECT_TRUE(src->index.chunk_table->name.starts_with("shardsafe."));
+  EXPECT_TRUE(src->index.chunk_table->name.ends_with(".chunks"));
+}
+
+void ObjectStoreSaveTest::CutShortAnywhere(const std::string& name) {
   // The operations of a clean save of step 2 over step 1.
-  const std::string counted_root = Root("counted");
+  const std::string counted_root = Root(name + "-counted");
   ASSERT_TRUE(AllOk(SaveStep(counted_root, 1, store_.get())));
   FaultInjectingFileSystem counting(store_.get());
   ASSERT_TRUE(AllOk(SaveStep(counted_root, 2, &counting)));
@@ -163,7 +187,7 @@ TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
   for (int64_t n = 0; n < total; ++n) {
     SCOPED_TRACE("the save stops at operation " + std::to_string(n) + " of " +
                  std::to_string(total));
-    const std::string root = Root("crash-" + std::to_string(n));
+    const std::string root = Root(name + "-" + std::to_string(n));
     ASSERT_TRUE(AllOk(SaveStep(root, 1, store_.get())));
     FaultInjectingFileSystem faulty(store_.get());
     faulty.FailAfter(n, UnavailableError("injected: the process died here"));
@@ -241,6 +265,25 @@ TEST_F(ObjectStoreSaveTest, AKilledSavesDataGoesOnceAgedUnderATagCommittedAgain)
   EXPECT_EQ(StrayKeys(root), std::vector<std::string>());
   EXPECT_TRUE(LoadsStep(root + "/step-00000002", 2));
   EXPECT_TRUE(LoadsStep(root, 3));
+}
+
+// A load knows each data object's size from the index: it reads them with
+// ranged GETs and asks for no HEAD. Small objects (indexes, commit records)
+// are read with one GET each, no HEAD first.
+TEST_F(ObjectStoreSaveTest, LoadsAndCommitsSendNoHeadsForWhatTheyRead) {
+  const std::string root = Root("heads");
+  ASSERT_TRUE(AllOk(SaveStep(root, 1, store_.get())));
+  const size_t heads = CountRequests("HEAD", "/data-");
+  const size_t gets = CountRequests("GET", "/data-");
+  ASSERT_TRUE(LoadsStep(root, 1));
+  EXPECT_EQ(CountRequests("HEAD", "/data-"), heads);
+  EXPECT_GT(CountRequests("GET", "/data-"), gets);
+
+  const size_t record_heads = CountRequests("HEAD", "commit.json");
+  const size_t record_gets = CountRequests("GET", "step-00000001/commit.json");
+  ASSERT_TRUE(AllOk(SaveStep(root, 2, store_.get())));  // reads step 1's record
+  EXPECT_EQ(CountRequests("HEAD", "commit.json"), record_heads);
+  EXPECT_GT(CountRequests("GET", "step-00000001/commit.json"), record_gets);
 }
 
 // An object store has no read lease: a load whose checkpoint retention

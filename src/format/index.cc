@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "format/chunk_table.h"
 #include "format/json_text.h"
 
 namespace shardsafe {
@@ -88,8 +89,13 @@ void ChunkText(const IndexChunk& c, Text& t) {
   t.Raw("}");
 }
 
-void TensorText(const IndexTensor& tensor, Text& t) {
+void TensorText(const IndexTensor& tensor, const IndexTableRef* ref, Text& t) {
   t.Raw("{").Field("dtype").Str(DTypeName(tensor.dtype)).Field("shape").Nums(tensor.shape);
+  if (ref != nullptr) {
+    t.Field("table").Nums({ref->count, ref->directory_at, ref->records_at, ref->directory_crc32c});
+    t.Raw("}");
+    return;
+  }
   t.Field("chunks").Raw("[");
   for (size_t i = 0; i < tensor.chunks.size(); ++i) {
     if (i) t.Raw(",");
@@ -133,8 +139,10 @@ std::string Range(uint64_t begin, uint64_t end) {
 
 namespace {
 
-void WriteIndex(const CheckpointIndex& index, Text& t) {
-  t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(index.version);
+// `table`: the chunk table whose refs (in key order) the tensors name, or
+// null for chunks in the index (version 1).
+void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table, Text& t) {
+  t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(table ? 2 : 1);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
   t.Field("world_size").Num(index.world_size);
   t.Field("layout").Raw(index.layout);
@@ -146,38 +154,73 @@ void WriteIndex(const CheckpointIndex& index, Text& t) {
     t.Raw("{").Field("name").Str(f.name).Field("bytes").Num(f.bytes);
     t.Field("rank").Num(f.rank).Raw("}");
   }
-  t.Raw("]").Field("tensors");
-  ObjectText(index.tensors, TensorText, t);
+  t.Raw("]");
+  if (table != nullptr) {
+    t.Field("chunk_table").Str(table->file.name).Field("chunk_table_bytes").Num(table->file.bytes);
+  }
+  t.Field("tensors");
+  size_t i = 0;
+  ObjectText(index.tensors, [&](const IndexTensor& tensor, Text& out) {
+    TensorText(tensor, table ? &table->refs[i++] : nullptr, out);
+  }, t);
   t.Field("values").Raw(index.values);
   t.Field("blobs");
   ObjectText(index.blobs, BlobText, t);
   t.Raw("}");
 }
 
+// The table a read version-2 index names, as its refs.
+std::optional<EncodedChunkTable> TableOf(const CheckpointIndex& index) {
+  if (!index.chunk_table) return std::nullopt;
+  EncodedChunkTable table{*index.chunk_table, {}, {}};
+  for (const auto& [key, tensor] : index.tensors) {
+    table.refs.push_back(tensor.table.value_or(IndexTableRef()));
+  }
+  return table;
+}
+
 }  // namespace
 
 std::string SerializeIndex(const CheckpointIndex& index) {
+  const std::optional<EncodedChunkTable> table = TableOf(index);
   Text t;
-  WriteIndex(index, t);
+  WriteIndex(index, table ? &*table : nullptr, t);
   return t.Take();
 }
 
-Result<std::string> SerializeIndexToCommit(const CheckpointIndex& index, uint64_t limit) {
-  std::string text = SerializeIndex(index);
-  if (text.size() <= limit) return text;
+Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
+                                           std::optional<std::string> table_name,
+                                           uint64_t limit) {
+  CommitIndex out;
+  Text t;
+  if (table_name) {
+    EncodedChunkTable table = EncodeChunkTable(index, std::move(*table_name));
+    WriteIndex(index, &table, t);
+    out.table_name = std::move(table.file.name);
+    out.table = std::move(table.bytes);
+  } else {
+    WriteIndex(index, nullptr, t);
+  }
+  out.text = t.Take();
+  if (out.text.size() <= limit) return out;
+  return ResourceExhaustedError(
+      "the index of checkpoint " + index.tag + " would be " + std::to_string(out.text.size()) +
+      " bytes, over the " + std::to_string(limit) + "-byte limit a load reads (" +
+      std::to_string(ChunkCount(index)) + " chunks in " + std::to_string(index.tensors.size()) +
+      " tensors); nothing was committed: save fewer, larger shards per tensor" +
+      (table_name ? "" : ", or write a chunk table (SaveOptions::chunk_table_min_chunks)"));
+}
+
+uint64_t ChunkCount(const CheckpointIndex& index) {
   uint64_t chunks = 0;
   for (const auto& [key, tensor] : index.tensors) chunks += tensor.chunks.size();
-  return ResourceExhaustedError(
-      "the index of checkpoint " + index.tag + " would be " + std::to_string(text.size()) +
-      " bytes, over the " + std::to_string(limit) + "-byte limit a load reads (" +
-      std::to_string(chunks) + " chunks in " + std::to_string(index.tensors.size()) +
-      " tensors); nothing was committed: save fewer, larger shards per tensor");
+  return chunks;
 }
 
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink) {
   Text t(&sink);
-  WriteIndex(index, t);
+  WriteIndex(index, nullptr, t);
   t.Flush();
 }
 

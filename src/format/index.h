@@ -20,16 +20,32 @@
 
 namespace shardsafe {
 
-// Compact JSON text of `index` (docs/format.md §3).
+// Compact JSON text of `index` (docs/format.md §3): version 2, naming each
+// tensor's part of the chunk table, when `index.chunk_table` is set (an
+// index read that way), else version 1 with the chunks.
 std::string SerializeIndex(const CheckpointIndex& index);
-// SerializeIndex for a commit: ResourceExhausted, naming the size, the
-// limit and the chunk count, when the text is larger than `limit` (what a
-// loader reads, kMaxIndexBytes), so that no save commits an index that no
-// load can open.
-Result<std::string> SerializeIndexToCommit(const CheckpointIndex& index,
+// What a commit writes: the index text, and the chunk table (named
+// table_name) when it has one (docs/format.md §3a).
+struct CommitIndex {
+  std::string text;
+  std::string table_name;  // empty: no table
+  std::string table;
+};
+// The index of `index` (whose tensors hold their chunks) for a commit: a
+// version-2 index and its chunk table named `table_name` when one is
+// given, else version 1. ResourceExhausted, naming the size, the limit and
+// the chunk count, when the text is larger than `limit` (what a loader
+// reads, kMaxIndexBytes), so that no save commits an index that no load
+// can open.
+Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
+                                           std::optional<std::string> table_name,
                                            uint64_t limit = kMaxIndexBytes);
-// The same text handed to `sink` in consecutive pieces of about 1 MiB, so
-// that a large index is printed or written without a copy in memory.
+// Chunks of all tensors of `index` (as held in memory).
+uint64_t ChunkCount(const CheckpointIndex& index);
+// The index with every chunk inline (the version-1 form, also for an index
+// read with its chunk table: what tools print), handed to `sink` in
+// consecutive pieces of about 1 MiB, so that a large index is printed
+// without a copy in memory.
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink);
 

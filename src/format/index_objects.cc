@@ -2,6 +2,8 @@
 // index_objects.h for the split between ReadX and CheckX).
 #include "format/index_objects.h"
 
+#include "format/chunk_table.h"
+
 #include <climits>
 
 namespace shardsafe::internal {
@@ -139,7 +141,7 @@ Result<std::string> Json(const IndexObject& o, int field, bool object) {
 
 // --- Objects --------------------------------------------------------------------
 
-Status CheckFormatVersion(const IndexObject& root) {
+Result<int> CheckFormatVersion(const IndexObject& root) {
   SS_ASSIGN_OR_RETURN(std::string format, String(root, kFormat));
   if (format != "shardsafe") {
     return Loss("field \"format\"", "\"" + format + "\" is not \"shardsafe\"");
@@ -150,8 +152,54 @@ Status CheckFormatVersion(const IndexObject& root) {
                                    " is newer than this reader supports (" +
                                    std::to_string(kFormatVersion) + ")");
   }
-  if (version != static_cast<uint64_t>(kFormatVersion)) {
-    return Loss("field \"version\"", "unsupported version " + std::to_string(version));
+  if (version == 0) return Loss("field \"version\"", "unsupported version 0");
+  return static_cast<int>(version);
+}
+
+Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, int version) {
+  if (version < 2) {
+    if (root.Has(kChunkTable) || root.Has(kChunkTableBytes)) {
+      return Loss("field \"chunk_table\"", "a version-1 index has no chunk table");
+    }
+    return std::optional<IndexChunkTable>();
+  }
+  IndexChunkTable table;
+  SS_ASSIGN_OR_RETURN(table.name, String(root, kChunkTable));
+  SS_RETURN_IF_ERROR(CheckFileName(table.name, Where("field \"chunk_table\"")));
+  SS_ASSIGN_OR_RETURN(table.bytes, U64(root, kChunkTableBytes));
+  return std::optional<IndexChunkTable>(std::move(table));
+}
+
+Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t) {
+  if (!v.Has(kTable)) return Holder(v, kChunks, "array");
+  if (v.Has(kChunks)) return Loss(v.where, "has both \"chunks\" and \"table\"");
+  SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(v, kTable));
+  if (n.size() != 4 || n[3] > UINT32_MAX) {
+    return Loss(v.At(kTable), "expected [count, directory_at, records_at, directory_crc32c]");
+  }
+  t->table = IndexTableRef{n[0], n[1], n[2], static_cast<uint32_t>(n[3])};
+  return Status();
+}
+
+Status CheckTableRefs(const CheckpointIndex& index) {
+  for (const auto& [key, t] : index.tensors) {
+    const Where where("tensor", key);
+    if (t.table.has_value() != index.chunk_table.has_value()) {
+      return Loss(where, index.chunk_table ? "has no \"table\" in a version-2 index"
+                                           : "has a \"table\" in a version-1 index");
+    }
+    if (!t.table) continue;
+    const IndexTableRef& r = *t.table;
+    const uint64_t size = index.chunk_table->bytes;
+    const uint64_t magic = kChunkTableMagic.size();
+    uint64_t records = 0, records_end = 0;
+    const bool fits =
+        r.count <= size && r.directory_at >= magic && r.directory_at <= size &&
+        BlockCount(r.count) * kBlockEntryBytes <= size - r.directory_at &&
+        !__builtin_mul_overflow(r.count, ChunkRecordBytes(t.shape.size()), &records) &&
+        r.records_at >= magic && !__builtin_add_overflow(r.records_at, records, &records_end) &&
+        records_end <= size;
+    if (!fits) return Loss(FieldAt(where, "table"), "lies outside the chunk table");
   }
   return Status();
 }

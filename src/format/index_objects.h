@@ -69,9 +69,9 @@ Status CheckKey(const char* kind, std::string_view name);
 // at the same positions.
 enum ObjectKind { kRoot, kFile, kTensor, kChunk, kBlob, kBlobChunk };
 enum RootField { kFormat, kVersion, kTag, kCreated, kWorldSize, kLayout, kMetadata, kFiles,
-                 kTensors, kValues, kBlobs };
+                 kTensors, kValues, kBlobs, kChunkTable, kChunkTableBytes };
 enum FileField { kName, kFileBytes, kFileRank };
-enum TensorField { kDtype, kShape, kChunks };
+enum TensorField { kDtype, kShape, kChunks, kTable };
 enum ChunkField { kFileIndex, kAt, kBytes, kCrc, kOffset, kSize, kFlat, kRank = kOffset };
 enum BlobField { kPerRank, kBlobChunks };
 
@@ -79,10 +79,12 @@ inline constexpr FieldSpec kRootSpec[] = {
     {"format"}, {"version"}, {"tag"}, {"created_unix"}, {"world_size"},
     {"layout", FieldKind::kJson}, {"metadata", FieldKind::kJson},
     {"files", FieldKind::kObjects, kFile}, {"tensors", FieldKind::kNamed, kTensor},
-    {"values", FieldKind::kJson}, {"blobs", FieldKind::kNamed, kBlob}};
+    {"values", FieldKind::kJson}, {"blobs", FieldKind::kNamed, kBlob}, {"chunk_table"},
+    {"chunk_table_bytes"}};
 inline constexpr FieldSpec kFileSpec[] = {{"name"}, {"bytes"}, {"rank"}};
 inline constexpr FieldSpec kTensorSpec[] = {
-    {"dtype"}, {"shape", FieldKind::kNumbers}, {"chunks", FieldKind::kObjects, kChunk}};
+    {"dtype"}, {"shape", FieldKind::kNumbers}, {"chunks", FieldKind::kObjects, kChunk},
+    {"table", FieldKind::kNumbers}};
 inline constexpr FieldSpec kChunkSpec[] = {
     {"file"}, {"at"}, {"bytes"}, {"crc32c"}, {"offset", FieldKind::kNumbers},
     {"size", FieldKind::kNumbers}, {"flat", FieldKind::kNumbers}};
@@ -120,8 +122,16 @@ Result<std::string> Json(const IndexObject& o, int field, bool object = false);
 
 // --- Objects -----------------------------------------------------------------------
 
-// format and version, which come first: a newer version may change all else.
-Status CheckFormatVersion(const IndexObject& root);
+// format and version, which come first: a newer version may change all
+// else. The version read.
+Result<int> CheckFormatVersion(const IndexObject& root);
+// The chunk table named by a version-2 index (absent in version 1).
+Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, int version);
+// A tensor's chunks: its "chunks" holder, or its "table" (into t->table)
+// for a version-2 index. Exactly one of them must be there.
+Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t);
+// Each tensor of a version-2 index names a part that lies in the table.
+Status CheckTableRefs(const CheckpointIndex& index);
 
 struct FileRead {
   IndexFile file;
@@ -153,5 +163,9 @@ Result<BlobChunkRead> ReadBlobChunk(const IndexObject& c, size_t index);
 Result<IndexBlobChunk> CheckBlobChunk(const BlobChunkRead& read,
                                       const std::vector<IndexFile>& files, int world_size,
                                       const Where& where);
+
+// No two chunks (of tensors or blobs, non-empty) share a byte of a file
+// (ParseIndex's check across chunks; DataLoss naming both).
+Status CheckNoSharedBytes(const CheckpointIndex& index);
 
 }  // namespace shardsafe::internal

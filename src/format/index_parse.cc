@@ -220,7 +220,14 @@ void IndexBuilder::EndObjects(int kind) {
 void IndexBuilder::EndRoot(std::vector<FieldValue>& fields) {
   const Where top("");
   const IndexObject root{fields, kRootSpec, top};
-  Fail(kStageVersion, CheckFormatVersion(root));
+  Result<int> version = CheckFormatVersion(root);
+  if (version.ok()) {
+    index_.version = *version;
+    Result<std::optional<IndexChunkTable>> table = ReadChunkTable(root, *version);
+    if (table.ok()) index_.chunk_table = std::move(*table);
+    Fail(kStageVersion, table.status());
+  }
+  Fail(kStageVersion, version.status());
   Result<std::string> tag = String(root, kTag);
   if (tag.ok()) index_.tag = std::move(*tag);
   Fail(kStageTag, tag.status());
@@ -341,7 +348,8 @@ void IndexBuilder::Add(const TensorOwner& t, ChunkRead& read) {
 
 void IndexBuilder::EndTensor(std::vector<FieldValue>& fields) {
   CheckTensorHeader(/*at_end=*/true);
-  EndOwner(tensor_, Holder(IndexObject{fields, kTensorSpec, tensor_.where}, kChunks, "array"),
+  EndOwner(tensor_,
+           ReadTensorChunksField(IndexObject{fields, kTensorSpec, tensor_.where}, tensor_.target),
            waiting_tensors_);
 }
 
@@ -455,7 +463,7 @@ NamedChunk ChunkAt(const CheckpointIndex& index, uint32_t file, const Range& ran
 // otherwise make one tensor's bytes pass for another's. The ranges are
 // grouped by file (a counting sort, which keeps the index's order) and
 // each group sorted by start: ranges overlap only if two neighbours do.
-Status CheckNoSharedBytes(const CheckpointIndex& index) {
+Status NoSharedBytes(const CheckpointIndex& index) {
   std::vector<size_t> group(index.files.size() + 1, 0);  // file f: [group[f], group[f+1])
   ForEachRange(index, [&](uint32_t file, const Range&) { ++group[file + 1]; });
   std::partial_sum(group.begin(), group.end(), group.begin());
@@ -503,8 +511,11 @@ Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view sourc
   if (Status s = CheckText(text); !s.ok()) return s.WithContext(source);
   Result<CheckpointIndex> index = IndexBuilder().Read(text);
   if (!index.ok()) return index.status().WithContext(source);
-  if (Status s = CheckNoSharedBytes(*index); !s.ok()) return s.WithContext(source);
+  if (Status s = NoSharedBytes(*index); !s.ok()) return s.WithContext(source);
+  if (Status s = CheckTableRefs(*index); !s.ok()) return s.WithContext(source);
   return index;
 }
+
+Status internal::CheckNoSharedBytes(const CheckpointIndex& index) { return NoSharedBytes(index); }
 
 }  // namespace shardsafe

@@ -144,10 +144,10 @@ TEST(IndexTest, AnIndexOverTheLimitIsNotSerializedToCommit) {
     t.chunks.push_back({Slice{Box{{i}, {1}}, std::nullopt}, 0, 8 + 4 * i, 4, 1});
   }
   const std::string text = SerializeIndex(index);
-  auto fits = SerializeIndexToCommit(index, text.size());
+  auto fits = SerializeIndexToCommit(index, std::nullopt, text.size());
   ASSERT_TRUE(fits.ok());
-  EXPECT_EQ(*fits, text);
-  auto over = SerializeIndexToCommit(index, text.size() - 1);
+  EXPECT_EQ(fits->text, text);
+  auto over = SerializeIndexToCommit(index, std::nullopt, text.size() - 1);
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(over.status().message(),
               ::testing::AllOf(::testing::HasSubstr("step-00000009"),
@@ -212,7 +212,7 @@ TEST(IndexTest, VerdictsDoNotDependOnFieldOrder) {
       {{"/blobs/sampler/per_rank", 1}},
       {{"/blobs/rng/chunks/0/at", 39}},  // overlaps the tensor's chunk 0
       {{"/tag", 5}, {"/tensors/layers.0.w/chunks/0/at", -8}},  // the tag comes first
-      {{"/version", 2}, {"/tensors", json::array()}},          // a newer version first
+      {{"/version", 3}, {"/tensors", json::array()}},          // a newer version first
   };
   for (const auto& damages : cases) {
     json sorted = Valid();
@@ -366,8 +366,8 @@ TEST(IndexTest, RejectsUnknownFormat) {
 }
 
 TEST(IndexTest, RejectsNewerVersionAsFailedPrecondition) {
-  EXPECT_INDEX_ERROR(ParseJson(With("/version", 2)), StatusCode::kFailedPrecondition,
-                     "format version 2 is newer");
+  EXPECT_INDEX_ERROR(ParseJson(With("/version", 3)), StatusCode::kFailedPrecondition,
+                     "format version 3 is newer");
 }
 
 TEST(IndexTest, RejectsVersionZero) {

@@ -18,17 +18,19 @@ Status OverlapError(std::string_view key, const Slice& a, const Slice& b) {
 
 FlatRange FlatOf(const Slice& s) { return s.flat ? *s.flat : FlatRange{0, Volume(s.box)}; }
 
-// Checks that the slices of one box (sorted by flat begin) cover it exactly.
-Status CheckOneBox(std::string_view key, std::span<const Slice* const> group) {
+// Checks that the slices of one box (sorted by flat begin) do not overlap
+// and, if `whole`, cover it exactly.
+Status CheckOneBox(std::string_view key, std::span<const Slice* const> group, bool whole) {
   const Box& box = group.front()->box;
   uint64_t covered = 0;  // elements [0, covered) of the box are covered
   for (size_t i = 0; i < group.size(); ++i) {
     const FlatRange f = FlatOf(*group[i]);
-    if (f.begin < covered) return OverlapError(key, *group[i - 1], *group[i]);
-    if (f.begin > covered) break;
-    covered = f.end;
+    if (i > 0 && f.begin < FlatOf(*group[i - 1]).end) {
+      return OverlapError(key, *group[i - 1], *group[i]);
+    }
+    if (f.begin == covered) covered = f.end;
   }
-  if (covered == Volume(box)) return Status();
+  if (covered == Volume(box) || !whole) return Status();
   uint64_t next = Volume(box);  // first covered element after the gap
   for (const Slice* s : group) {
     if (FlatOf(*s).begin > covered) next = std::min(next, FlatOf(*s).begin);
@@ -76,10 +78,9 @@ Status CheckDisjoint(std::string_view key, std::vector<const Box*> boxes) {
   return Status();
 }
 
-}  // namespace
-
-Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Slice> slices) {
-  SS_ASSIGN_OR_RETURN(const uint64_t total, NumElements(shape));
+// Checks that `slices` do not overlap; the distinct boxes into *boxes.
+Status CheckSlices(std::string_view key, std::span<const Slice> slices, bool whole,
+                   std::vector<const Box*>* boxes) {
   // Slices without elements cover nothing and overlap nothing.
   std::vector<const Slice*> sorted;
   for (const Slice& s : slices) {
@@ -87,14 +88,26 @@ Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Sli
   }
   std::sort(sorted.begin(), sorted.end(),
             [](const Slice* a, const Slice* b) { return SliceLess(*a, *b); });
-  std::vector<const Box*> boxes;
-  uint64_t volume = 0;
   for (size_t i = 0, j; i < sorted.size(); i = j) {
     for (j = i + 1; j < sorted.size() && sorted[j]->box == sorted[i]->box;) ++j;
-    SS_RETURN_IF_ERROR(CheckOneBox(key, std::span(sorted).subspan(i, j - i)));
-    boxes.push_back(&sorted[i]->box);
+    SS_RETURN_IF_ERROR(CheckOneBox(key, std::span(sorted).subspan(i, j - i), whole));
+    boxes->push_back(&sorted[i]->box);
   }
-  SS_RETURN_IF_ERROR(CheckDisjoint(key, boxes));
+  return CheckDisjoint(key, *boxes);
+}
+
+}  // namespace
+
+Status CheckNoOverlap(std::string_view key, std::span<const Slice> slices) {
+  std::vector<const Box*> boxes;
+  return CheckSlices(key, slices, /*whole=*/false, &boxes);
+}
+
+Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Slice> slices) {
+  SS_ASSIGN_OR_RETURN(const uint64_t total, NumElements(shape));
+  std::vector<const Box*> boxes;
+  SS_RETURN_IF_ERROR(CheckSlices(key, slices, /*whole=*/true, &boxes));
+  uint64_t volume = 0;
   for (const Box* b : boxes) volume += Volume(*b);  // disjoint: no overflow
   if (volume != total) {
     return InvalidArgumentError(Prefix(key) + "gap: " + std::to_string(total - volume) + " of " +

@@ -31,4 +31,10 @@ namespace shardsafe {
 // shape (ValidateSlice).
 Status CheckTiling(std::string_view key, const Shape& shape, std::span<const Slice> slices);
 
+// OK if no two of `slices` share an element (some of a tensor's chunks:
+// with the load planner's count of the elements they give a request, this
+// proves they cover it exactly once). InvalidArgument naming the overlap
+// otherwise.
+Status CheckNoOverlap(std::string_view key, std::span<const Slice> slices);
+
 }  // namespace shardsafe

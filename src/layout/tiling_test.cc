@@ -26,6 +26,19 @@ TEST(TilingTest, AcceptsFlatShardsOfBoxes) {
   EXPECT_TRUE(CheckTiling("w", {4, 6}, s).ok());
 }
 
+TEST(TilingTest, NoOverlapAcceptsGapsAndFindsOverlaps) {
+  // Some chunks of a tensor: gaps are expected, overlaps are not.
+  std::vector<Slice> s = {F({0, 0}, {2, 6}, 0, 5), F({0, 0}, {2, 6}, 7, 9), S({3, 0}, {1, 6})};
+  EXPECT_TRUE(CheckNoOverlap("w", s).ok());
+  s.push_back(F({0, 0}, {2, 6}, 8, 12));
+  Status st = CheckNoOverlap("w", s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("overlap between"));
+  s.pop_back();
+  s.push_back(S({1, 2}, {3, 1}));  // crosses the box of rows 0-1 and row 3
+  EXPECT_THAT(CheckNoOverlap("w", s).message(), HasSubstr("tensor \"w\": overlap between"));
+}
+
 TEST(TilingTest, ReportsGapWithKeyAndCount) {
   std::vector<Slice> s = {S({0, 0}, {2, 6}), S({2, 0}, {1, 6})};
   Status st = CheckTiling("layers.0.w", {4, 6}, s);

@@ -43,6 +43,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace shardsafe::python {
+void BindDownload(nb::module_& m);  // download.cc: PrefixDownload
 namespace {
 
 // (key, dtype, global shape, box offset, box size, data address), and the
@@ -522,6 +523,7 @@ NB_MODULE(_C, m) {
         "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
 
   BindOpenedSource(m);
+  BindDownload(m);
   BindWhole<TensorTarget>(m, "WholeTargets");
   BindWhole<TensorShard>(m, "WholeShards");
   nb::class_<AskedTensors>(m, "AskedTensors")

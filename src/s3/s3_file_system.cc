@@ -9,7 +9,8 @@
 namespace shardsafe {
 namespace {
 
-// An object read with ranged GETs; its size is the one HEAD saw at open.
+// An object read with ranged GETs; its size is the one HEAD saw at open,
+// or the one the caller knew (ReadOptions::size).
 class S3ReadFile : public RandomAccessFile {
  public:
   S3ReadFile(S3Client& client, S3Location at, uint64_t size)
@@ -87,10 +88,16 @@ Result<std::unique_ptr<WritableFile>> S3FileSystem::NewWritableFile(const std::s
 }
 
 Result<std::unique_ptr<RandomAccessFile>> S3FileSystem::NewRandomAccessFile(
-    const std::string& path, const ReadOptions&) {
+    const std::string& path, const ReadOptions& options) {
   SS_ASSIGN_OR_RETURN(S3Location at, ParseS3Uri(path));
-  SS_ASSIGN_OR_RETURN(ObjectInfo info, client_->Head(at));
-  return std::unique_ptr<RandomAccessFile>(new S3ReadFile(*client_, std::move(at), info.size));
+  uint64_t size = 0;
+  if (options.size) {
+    size = *options.size;  // known: no HEAD
+  } else {
+    SS_ASSIGN_OR_RETURN(ObjectInfo info, client_->Head(at));
+    size = info.size;
+  }
+  return std::unique_ptr<RandomAccessFile>(new S3ReadFile(*client_, std::move(at), size));
 }
 
 Result<FileInfo> S3FileSystem::Stat(const std::string& path) {

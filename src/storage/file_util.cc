@@ -110,6 +110,10 @@ Status WriteFileAtomically(FileSystem& fs, const std::string& path, std::string_
 
 Result<std::string> ReadFileToString(FileSystem& fs, const std::string& path,
                                      uint64_t max_bytes, const ReadOptions& options) {
+  if (fs.IsObjectStore()) {  // one GET, where opening would add a HEAD
+    std::string version;
+    return fs.ReadFileVersioned(path, max_bytes, &version);
+  }
   SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, options));
   const uint64_t size = file->size();
   if (size > max_bytes) {

@@ -38,14 +38,15 @@ std::optional<int64_t> NewestMtime(FileSystem& fs, const std::string& dir) {
 
 // True if the committed index in `dir` names a file whose name ends with
 // `suffix`; an index that cannot be read or parsed counts as naming it.
-bool IndexNamesFileEndingWith(FileSystem& fs, const std::string& dir, std::string_view suffix) {
+bool IndexNamesFileOfSave(FileSystem& fs, const std::string& dir, std::string_view suffix) {
   const std::string path = JoinPath(dir, kIndexFileName);
   auto text = ReadFileToString(fs, path, kMaxIndexBytes);
   if (!text.ok()) return text.status().code() != StatusCode::kNotFound;
   auto index = ParseIndex(*text, path);
   if (!index.ok()) return true;
+  if (index->chunk_table && WrittenBySave(index->chunk_table->name, suffix)) return true;
   return std::any_of(index->files.begin(), index->files.end(),
-                     [&](const IndexFile& f) { return f.name.ends_with(suffix); });
+                     [&](const IndexFile& f) { return WrittenBySave(f.name, suffix); });
 }
 
 // The data objects of the dead save whose private prefix is `ledger`
@@ -62,15 +63,15 @@ bool RemoveDataOfDeadSave(FileSystem& fs, const std::string& root, std::string_v
   const size_t dot = name.rfind('.');
   if (dot == std::string_view::npos || !ValidateTag(name.substr(0, dot)).ok()) return true;
   const std::string dir = JoinPath(root, std::string(name.substr(0, dot)));
-  const std::string suffix = std::string(name.substr(dot)) + ".safetensors";
+  const std::string_view suffix = name.substr(dot);
   auto entries = fs.ListDir(dir);
   if (!entries.ok()) return entries.status().code() == StatusCode::kNotFound;
   std::vector<std::string> dead;
   for (const DirEntry& e : *entries) {
-    if (!e.is_dir && e.name.ends_with(suffix)) dead.push_back(JoinPath(dir, e.name));
+    if (!e.is_dir && WrittenBySave(e.name, suffix)) dead.push_back(JoinPath(dir, e.name));
   }
   if (dead.empty()) return true;
-  if (IndexNamesFileEndingWith(fs, dir, suffix)) return true;
+  if (IndexNamesFileOfSave(fs, dir, suffix)) return true;
   for (const std::string& path : dead) {
     auto info = fs.Stat(path);
     if (info.ok() && info->mtime_seconds > before) return false;
@@ -205,6 +206,19 @@ std::optional<int64_t> StepOfTag(std::string_view tag) {
 bool IsCommitted(FileSystem& fs, const std::string& dir) {
   auto info = fs.Stat(JoinPath(dir, kIndexFileName));
   return info.ok() && !info->is_dir;
+}
+
+bool IsSavedFile(std::string_view name) {
+  return name.ends_with(".safetensors") || name.ends_with(".chunks");
+}
+
+bool WrittenBySave(std::string_view name, std::string_view suffix) {
+  const std::string data = std::string(suffix) + ".safetensors";
+  return name.ends_with(data) || name == ChunkTableObjectName(suffix);
+}
+
+std::string ChunkTableObjectName(std::string_view suffix) {
+  return "shardsafe" + std::string(suffix) + ".chunks";
 }
 
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, FileSystem* fsp) {

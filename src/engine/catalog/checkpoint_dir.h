@@ -56,6 +56,17 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
 // True if `dir` is a committed checkpoint (has an index).
 bool IsCommitted(FileSystem& fs, const std::string& dir);
 
+// A file a save writes beside the index: a data file (*.safetensors) or a
+// chunk table (*.chunks, docs/format.md §3a).
+bool IsSavedFile(std::string_view name);
+// In an object store, whether file `name` was written by the save whose
+// files end with `suffix` (".NONCE"): data-R-F.NONCE.safetensors or
+// shardsafe.NONCE.chunks.
+bool WrittenBySave(std::string_view name, std::string_view suffix);
+// The chunk table's name for the object-store save whose files end with
+// `suffix`.
+std::string ChunkTableObjectName(std::string_view suffix);
+
 // ListCheckpoints without taking the root's lock: call with it held (either
 // mode), or the listing may miss a checkpoint being renamed meanwhile.
 // Without `data_bytes`, CheckpointInfo::bytes is left 0 (no data file is

@@ -15,6 +15,7 @@
 #include "engine/shared_reads/ring_reads.h"
 #include "engine/shared_reads/shared_reads.h"
 #include "engine/load/source.h"
+#include "engine/load/table_reads.h"
 
 namespace shardsafe {
 namespace {
@@ -197,10 +198,14 @@ constexpr std::chrono::milliseconds kRingStallTimeout = std::chrono::minutes(5);
 // Runs this rank's part of a collective load: the shared-reads collective,
 // then the local load. `*written` receives the keys of the checkpoint
 // tensors whose targets the load began to fill (empty if it never read).
-Status LoadLocal(const LoadRequest& request, const CheckpointSource& src, Comm& comm,
+Status LoadLocal(const LoadRequest& request, const CheckpointSource& opened, Comm& comm,
                  FileSystem& fs, const LoadOptions& options, LoadResult* result,
                  std::vector<std::string>* written) {
-  Result<Prepared> prepared = Prepare(request, src, options, result);
+  Result<CheckpointSource> filled = CheckpointSource();
+  if (opened.chunks_pending) filled = ReadChunksFor(fs, opened, request);
+  const CheckpointSource& src = opened.chunks_pending && filled.ok() ? *filled : opened;
+  Result<Prepared> prepared =
+      filled.ok() ? Prepare(request, src, options, result) : Result<Prepared>(filled.status());
   std::unique_ptr<RingReads> rings;
   if (options.share_reads) {  // the same on every rank: the plan is collective
     SharedReadsOptions share;
@@ -236,9 +241,14 @@ Status NameTouchedTargets(const Status& s, const std::vector<std::string>& writt
 
 }  // namespace
 
-Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
+Status LoadFromSource(const LoadRequest& request, const CheckpointSource& opened,
                       std::optional<int> blobs_of_rank, FileSystem& fs,
                       const LoadOptions& options, LoadResult* result) {
+  if (opened.chunks_pending) {
+    SS_ASSIGN_OR_RETURN(CheckpointSource filled, ReadChunksFor(fs, opened, request));
+    return LoadFromSource(request, filled, blobs_of_rank, fs, options, result);
+  }
+  const CheckpointSource& src = opened;
   SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
   return Execute(p, src, blobs_of_rank, fs, options, result);
 }
@@ -253,7 +263,8 @@ Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std
   Result<std::string> opened = std::string();
   if (comm.rank() == 0) {
     std::string text;
-    local_src = fs.ok() ? OpenSource(**fs, path, comm.size() > 1 ? &text : nullptr)
+    local_src = fs.ok() ? OpenSource(**fs, path, comm.size() > 1 ? &text : nullptr,
+                                     /*whole=*/false)
                         : Result<CheckpointSource>(fs.status());
     opened = !local_src.ok()     ? Result<std::string>(local_src.status())
              : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src, text))

@@ -29,7 +29,8 @@ class FileCache {
     if (!files_[index]) {
       const bool buffered = index < sources_.buffered.size() && sources_.buffered[index];
       const std::string& path = sources_.file_paths[index];
-      const ReadOptions read{.direct = direct_ && !buffered, .within = sources_.within};
+      ReadOptions read{.direct = direct_ && !buffered, .within = sources_.within};
+      if (index < sources_.file_bytes.size()) read.size = sources_.file_bytes[index];
       SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, read));
       if (index < sources_.file_bytes.size() && file->size() != sources_.file_bytes[index]) {
         return DataLossError(path + ": size " + std::to_string(file->size()) +

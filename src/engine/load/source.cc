@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog/checkpoint_dir.h"
+#include "format/chunk_table.h"
 #include "format/index.h"
 #include "comm/wire.h"
 #include "layout/tiling.h"
@@ -88,20 +89,34 @@ Result<std::shared_ptr<FileLock>> Pin(FileSystem& fs, const std::string& dir) {
   }
 }
 
-// `*text` (when set) receives the index bytes read. The tag is the
-// directory's name (what a root lists and `latest` names), not the index's
-// field.
-Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text) {
+// Fills every tensor's chunks from the chunk table `index` names.
+Status ReadWholeTable(FileSystem& fs, const std::string& dir, CheckpointIndex* index) {
+  const std::string path = JoinPath(dir, index->chunk_table->name);
+  SS_ASSIGN_OR_RETURN(std::string table,
+                      ReadFileToString(fs, path, index->chunk_table->bytes, Within(dir)));
+  return FillChunksFromTable(table, path, index);
+}
+
+// `*text` (when set) receives the index bytes read; `whole`: a chunk table
+// is read too. The tag is the directory's name (what a root lists and
+// `latest` names), not the index's field.
+Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text,
+                                    bool whole) {
   const std::string index_path = JoinPath(dir, kIndexFileName);
   SS_ASSIGN_OR_RETURN(std::shared_ptr<FileLock> pin, Pin(fs, dir));
   SS_ASSIGN_OR_RETURN(std::string read,
                       ReadFileToString(fs, index_path, kMaxIndexBytes, Within(dir)));
   SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
-  SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
+  const bool pending = index.chunk_table && !whole;
+  if (index.chunk_table && whole) SS_RETURN_IF_ERROR(ReadWholeTable(fs, dir, &index));
+  if (!pending) SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
   SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, index_path));
   index.tag = BaseName(dir);
   if (text != nullptr) *text = std::move(read);
-  return CheckpointSource{dir, dir, true, std::move(index), std::move(pin)};
+  CheckpointSource src{dir, dir, true, std::move(index)};
+  src.chunks_pending = pending;
+  src.pin = std::move(pin);
+  return src;
 }
 
 // Adds the entries of one foreign safetensors file as whole-tensor chunks.
@@ -163,7 +178,7 @@ Status CheckWeightMap(const CheckpointSource& src, const std::map<std::string, s
 Result<CheckpointSource> OpenForeign(FileSystem& fs, const std::string& dir,
                                      const std::vector<std::string>& names,
                                      const std::string& shown_path) {
-  CheckpointSource src{shown_path, dir, false, {}, nullptr};
+  CheckpointSource src{shown_path, dir, false, {}};
   src.index.tag = BaseName(shown_path);
   const ReadOptions options = SourceReadOptions(src);
   for (const std::string& name : names) {
@@ -194,8 +209,8 @@ bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
 }
 
 Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
-                                       std::string* text) {
-  if (IsCommitted(fs, dir)) return OpenNative(fs, dir, text);
+                                       std::string* text, bool whole) {
+  if (IsCommitted(fs, dir)) return OpenNative(fs, dir, text, whole);
   const std::string hf_index = JoinPath(dir, kHfIndexName);
   if (fs.Stat(hf_index).ok()) {
     SS_ASSIGN_OR_RETURN(auto map, ReadHfWeightMap(fs, hf_index));
@@ -211,7 +226,7 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
     // shared, so no commit or retention renames anything in between.
     SS_ASSIGN_OR_RETURN(auto shared, LockRoot(fs, dir, LockMode::kShared));
     SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
-    if (latest) return OpenNative(fs, JoinPath(dir, *latest), text);
+    if (latest) return OpenNative(fs, JoinPath(dir, *latest), text, whole);
   }
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
   if (LooksLikeUncommittedCheckpoint(names)) {
@@ -257,7 +272,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::strin
 
 
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
-  return OpenSource(fs, path, nullptr);
+  return OpenSource(fs, path, nullptr, /*whole=*/true);
 }
 
 Result<CheckpointSource> OpenSource(const std::string& path) {
@@ -266,7 +281,7 @@ Result<CheckpointSource> OpenSource(const std::string& path) {
 }
 
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
-                                    std::string* index_text) {
+                                    std::string* index_text, bool whole) {
   auto info = fs.Stat(path);
   if (!info.ok()) {
     if (info.status().code() == StatusCode::kNotFound) {
@@ -274,7 +289,7 @@ Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
     }
     return info.status();
   }
-  if (info->is_dir) return OpenDirectory(fs, path, index_text);
+  if (info->is_dir) return OpenDirectory(fs, path, index_text, whole);
   return OpenForeign(fs, ParentDir(path), {BaseName(path)}, path);
 }
 
@@ -302,6 +317,7 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(std::string_view text, r.View());
   SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
   if (src.native) src.index.tag = BaseName(src.path);  // as OpenNative
+  src.chunks_pending = src.index.chunk_table.has_value();
   return src;
 }
 

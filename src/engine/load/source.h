@@ -24,9 +24,10 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::strin
                                                 const ReadOptions& options = {});
 
 // OpenSource, and `*index_text` receives the index bytes it read (a native
-// checkpoint; left empty for a synthesized index).
+// checkpoint; left empty for a synthesized index). Without `whole`, a chunk
+// table is left unread (CheckpointSource::chunks_pending).
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
-                                    std::string* index_text);
+                                    std::string* index_text, bool whole);
 
 // Encodes a source for a broadcast to other ranks: the index bytes rank 0
 // read, `index_text` (a synthesized index, when empty, as SerializeIndex

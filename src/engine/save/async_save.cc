@@ -357,7 +357,8 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device
-  job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last};
+  job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last,
+                              .chunk_table_min_chunks = options.chunk_table_min_chunks};
   job->start = start;
   auto handle = std::make_shared<Handle>();
   pending_ = handle;

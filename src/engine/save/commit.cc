@@ -2,8 +2,10 @@
 
 #include <chrono>
 
+#include "base/env.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/object_store_commit.h"
+#include "format/chunk_table.h"
 
 namespace shardsafe {
 namespace {
@@ -137,14 +139,32 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
   return index;
 }
 
+Result<CommitIndex> IndexToCommit(const CheckpointIndex& index, uint64_t min_chunks,
+                                  const std::string& table_name) {
+  if (min_chunks == 0) {
+    SS_ASSIGN_OR_RETURN(const int64_t env,
+                        EnvInteger("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS",
+                                   kDefaultChunkTableMinChunks, 1, INT64_MAX));
+    min_chunks = static_cast<uint64_t>(env);
+  }
+  return SerializeIndexToCommit(index, ChunkCount(index) >= min_chunks
+                                           ? std::optional<std::string>(table_name)
+                                           : std::nullopt);
+}
+
 Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                   const CheckpointIndex& index, const CommitOptions& commit,
                   std::vector<std::string>* warnings) {
   if (fs.IsObjectStore()) return CommitToObjectStore(fs, dirs, root, index, commit, warnings);
   const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
-  SS_ASSIGN_OR_RETURN(const std::string text, SerializeIndexToCommit(index));
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), text));
+  SS_ASSIGN_OR_RETURN(const CommitIndex written,
+                      IndexToCommit(index, commit.chunk_table_min_chunks,
+                                    std::string(kChunkTableFileName)));
+  if (!written.table_name.empty()) {
+    SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, written.table_name), written.table));
+  }
+  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), written.text));
   std::vector<ClaimedDir> replaced, pruned;
   {
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
@@ -165,9 +185,10 @@ void AbandonSave(FileSystem& fs, const SaveDirs& dirs) {
   if (dirs.file_suffix.empty()) return;  // the data files were in dirs.tmp
   auto entries = fs.ListDir(dirs.data);
   if (!entries.ok()) return;
-  const std::string mine = dirs.file_suffix + ".safetensors";
   for (const DirEntry& e : *entries) {
-    if (!e.is_dir && e.name.ends_with(mine)) fs.RemoveFile(JoinPath(dirs.data, e.name)).IgnoreError();
+    if (!e.is_dir && WrittenBySave(e.name, dirs.file_suffix)) {
+      fs.RemoveFile(JoinPath(dirs.data, e.name)).IgnoreError();
+    }
   }
 }
 

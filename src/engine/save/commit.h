@@ -101,7 +101,16 @@ struct CommitOptions {
   bool update_latest = false;  // step 6 runs
   std::optional<int64_t> step; // recorded in the commit record
   int keep_last = 0;           // step 7 runs when > 0
+  // Chunks from which the index gets a chunk table (SaveOptions).
+  uint64_t chunk_table_min_chunks = 0;
 };
+
+// The index of a commit (format/index.h SerializeIndexToCommit), with a
+// chunk table named `table_name` once the index has `min_chunks` chunks
+// (CommitOptions::chunk_table_min_chunks; 0: SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS,
+// else kDefaultChunkTableMinChunks). InvalidArgument for a bad variable.
+Result<CommitIndex> IndexToCommit(const CheckpointIndex& index, uint64_t min_chunks,
+                                  const std::string& table_name);
 
 // Steps 4-7: the commit record (its sequence read from the root's committed
 // checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit

@@ -122,10 +122,11 @@ Status MoveLatestForward(FileSystem& fs, const std::string& root, const std::str
 Status RemoveReplacedData(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
   std::set<std::string> named;
   for (const IndexFile& f : index.files) named.insert(f.name);
+  if (index.chunk_table) named.insert(index.chunk_table->name);
   SS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs.ListDir(dir));
   Status first;
   for (const DirEntry& e : entries) {
-    if (e.is_dir || !e.name.ends_with(".safetensors") || named.count(e.name)) continue;
+    if (e.is_dir || !IsSavedFile(e.name) || named.count(e.name)) continue;
     Status s = fs.RemoveFile(JoinPath(dir, e.name));
     if (first.ok()) first = s;
   }
@@ -151,8 +152,15 @@ Result<TmpDir> PrepareObjectStoreSave(FileSystem& fs, const std::string& root,
 Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                            const CheckpointIndex& index, const CommitOptions& commit,
                            std::vector<std::string>* warnings) {
-  SS_ASSIGN_OR_RETURN(const std::string text, SerializeIndexToCommit(index));
+  SS_ASSIGN_OR_RETURN(const CommitIndex written,
+                      IndexToCommit(index, commit.chunk_table_min_chunks,
+                                    ChunkTableObjectName(dirs.file_suffix)));
+  const std::string& text = written.text;
   SS_RETURN_IF_ERROR(CheckDataObjects(fs, dirs.data, index));
+  if (!written.table_name.empty()) {  // a private name, as the data objects'
+    SS_RETURN_IF_ERROR(
+        WriteFileAtomically(fs, JoinPath(dirs.data, written.table_name), written.table));
+  }
   SS_ASSIGN_OR_RETURN(CommitRecord record,
                       NextCommitRecord(fs, root, commit.step, commit.update_latest));
   SS_RETURN_IF_ERROR(ClaimTag(fs, dirs.data, SerializeCommitRecord(record), commit.overwrite));

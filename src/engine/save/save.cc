@@ -271,7 +271,8 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
 
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
-                             const CommitOptions& commit) {
+                             CommitOptions commit) {
+  commit.chunk_table_min_chunks = options.chunk_table_min_chunks;
   const auto start = std::chrono::steady_clock::now();
   const bool leader = comm.rank() == 0;
   auto report = [&](std::string_view phase, uint64_t done, uint64_t total) {

@@ -62,6 +62,6 @@ SaveStats StatsOf(const SavePlan& plan, int rank);
 // Saves `state` as ROOT/TAG, committed as `commit` says.
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
-                             const CommitOptions& commit);
+                             CommitOptions commit);
 
 }  // namespace shardsafe

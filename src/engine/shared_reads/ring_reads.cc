@@ -113,7 +113,9 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths,
   const uint32_t readers = std::min<uint32_t>(kReaders, ring.slots());
   const uint32_t count = static_cast<uint32_t>(role.blocks.size());
   for (const RingBlock& b : role.blocks) {
-    if (b.file >= paths.size()) return InternalError("ring block of an unknown data file");
+    if (b.file >= paths.size() || b.file >= file_sizes_.size()) {
+      return InternalError("ring block of an unknown data file");
+    }
   }
   std::mutex mu;
   std::vector<bool> done(count, false);
@@ -131,7 +133,9 @@ Status RingReads::Produce(FileSystem& fs, const std::vector<std::string>& paths,
     AlignedBuffer staging = AcquireAlignedBuffer(ring.slot_bytes());
     auto read_block = [&](const RingBlock& b, uint32_t k) -> Status {
       if (!file || b.file != role.blocks[k - readers].file) {  // k >= readers: same reader
-        SS_ASSIGN_OR_RETURN(file, fs.NewRandomAccessFile(paths[b.file], ReadOptions{true, within}));
+        const ReadOptions options{.direct = true, .within = within,
+                                  .size = file_sizes_[b.file]};
+        SS_ASSIGN_OR_RETURN(file, fs.NewRandomAccessFile(paths[b.file], options));
       }
       SS_RETURN_IF_ERROR(file->ReadAt(b.offset, staging.data(), b.length));
       SS_ASSIGN_OR_RETURN(char* slot, ring.AcquireSlot(k));
@@ -195,6 +199,7 @@ Result<std::unique_ptr<RingReads>> SetUpRings(Comm& comm, const SharedReadPlan& 
   if (!all_opened) return std::unique_ptr<RingReads>();
   for (const auto& ring : reads->rings_) ring->Watch();  // every process has joined
   reads->files_.resize(file_sizes.size());
+  reads->file_sizes_ = file_sizes;
   for (uint32_t f = 0; f < file_sizes.size(); ++f) {
     const int i = f < plan.ring_of_file.size() ? plan.ring_of_file[f] : -1;
     if (i < 0) continue;

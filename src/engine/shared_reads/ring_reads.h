@@ -54,6 +54,7 @@ class RingReads {
   std::vector<RingRole> roles_;
   std::vector<std::unique_ptr<SharedRing>> rings_;  // by role
   std::vector<std::unique_ptr<RingFile>> files_;    // by data file; null: from disk
+  std::vector<uint64_t> file_sizes_;                // by data file (ReadOptions::size)
   std::vector<int> ring_of_file_;                   // by data file: index into rings_
   int produced_ = -1;
 };

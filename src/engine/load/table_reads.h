@@ -1,0 +1,41 @@
+// A load's part of a chunk table (docs/format.md §3a): the chunks of the
+// tensors a rank loads that can hold the slices it loads, and no others.
+//
+// Two rounds of ranged reads of the table file: the block directories of
+// the wanted tensors, then the blocks whose element range meets a wanted
+// slice's (format/chunk_table.h). Ranges of one round are sorted and read
+// together where at most kTableJoinGap bytes lie between them (on a disk;
+// kTableJoinGapObjectStore and 16 requests in flight on an object store,
+// where a request costs a round trip). Every directory and block is
+// checked against its CRC-32C and every record as the JSON index's chunks
+// are; the chunks read for a tensor must not overlap (with the planner's
+// count of the elements a request gets, that proves exact cover).
+#pragma once
+
+#include <cstdint>
+
+#include "shardsafe/checkpoint.h"
+#include "shardsafe/filesystem.h"
+#include "shardsafe/source.h"
+
+namespace shardsafe {
+
+inline constexpr uint64_t kTableJoinGap = 16 << 10;
+inline constexpr uint64_t kTableJoinGapObjectStore = 256 << 10;
+
+// What a load read of the table.
+struct TableReadStats {
+  uint64_t bytes = 0;     // of the table
+  uint64_t requests = 0;  // ranged reads
+  uint64_t chunks = 0;    // records decoded
+};
+
+// A copy of `src` (chunks_pending) whose tensors that `request` names hold
+// the chunks that can hold the targets' slices (the others hold none).
+// DataLoss naming the table, tensor and chunk or block for a corrupt or
+// truncated table.
+Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& src,
+                                       const LoadRequest& request,
+                                       TableReadStats* stats = nullptr);
+
+}  // namespace shardsafe

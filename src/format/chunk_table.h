@@ -1,0 +1,109 @@
+// The chunk table of a version-2 index (docs/format.md §3a): every
+// tensor's chunks as fixed-size binary records, grouped in blocks of 16
+// that a directory describes by the range of element indices they hold, so
+// that a loader reads only the blocks that can hold what it loads.
+//
+// Layout of one tensor's part (little-endian), at offsets the index gives
+// (the writer puts every directory first, then every tensor's records):
+//   directory: ceil(count / 16) x {u64 first, u64 end, u32 crc32c, u32 0}
+//   records:   count x {u64 at, u64 bytes, u64 flat_begin, u64 flat_end,
+//                       u32 file, u32 crc32c, u32 flags, u32 0,
+//                       u64 offset[ndim], u64 size[ndim]}
+//
+// Element range. Element p of a tensor of shape S has the row-major index
+// lin(p) = sum_d p_d * stride_d. A slice's range is [lin(first element),
+// lin(last element) + 1): its elements lie in it, because row-major order
+// within a box (and a flat range of it) is increasing in lin. Two slices
+// that share an element therefore have ranges that meet; a block whose
+// range (the hull of its records' ranges) does not meet a wanted slice's
+// holds nothing of it.
+//
+// Encoding is the writer's; decoding takes untrusted bytes and checks each
+// record as the JSON reader checks a chunk (format/index_objects.h
+// CheckChunk), DataLoss naming the table, tensor and chunk.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardsafe/index.h"
+#include "shardsafe/status.h"
+
+namespace shardsafe {
+
+inline constexpr std::string_view kChunkTableMagic = "SSCHUNKS";
+// The table's name in a checkpoint directory on disk; in an object store
+// "shardsafe.<nonce>.chunks" (docs/format.md §3a).
+inline constexpr std::string_view kChunkTableFileName = "shardsafe.chunks";
+inline constexpr uint64_t kChunksPerBlock = 16;
+inline constexpr uint64_t kBlockEntryBytes = 24;
+// Chunks from which a save writes a chunk table unless told otherwise
+// (SaveOptions::chunk_table_min_chunks).
+inline constexpr uint64_t kDefaultChunkTableMinChunks = 65536;
+
+// Bytes of one chunk record of a tensor of `ndim` dimensions.
+constexpr uint64_t ChunkRecordBytes(size_t ndim) { return 48 + 16 * uint64_t{ndim}; }
+// Blocks (directory entries) of a tensor of `count` chunks.
+constexpr uint64_t BlockCount(uint64_t count) {
+  return (count + kChunksPerBlock - 1) / kChunksPerBlock;
+}
+
+// [first, end) of row-major element indices of a tensor; empty when
+// first == end.
+struct ElementRange {
+  uint64_t first = 0;
+  uint64_t end = 0;
+  bool Meets(const ElementRange& o) const { return first < o.end && o.first < end; }
+};
+// The range of `slice` (valid for `shape`; [0, 0) without elements).
+ElementRange RangeOf(const Slice& slice, const Shape& shape);
+
+// A chunk table for `index` (whose tensors hold their chunks), named
+// `name`, and where each tensor's part lies (in the index's key order).
+struct EncodedChunkTable {
+  IndexChunkTable file;
+  std::vector<IndexTableRef> refs;
+  std::string bytes;
+};
+EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string name);
+
+// One block directory entry.
+struct BlockEntry {
+  ElementRange range;
+  uint32_t crc32c = 0;
+};
+
+// Decodes tensor `key`'s directory from its bytes (ref.directory_at, all
+// of it), checking their CRC-32C against the index's. `source` names the
+// table file in errors.
+Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const IndexTableRef& ref,
+                                                std::string_view key, std::string_view source);
+
+// Decodes block `block` of tensor `key` (its record bytes) and appends its
+// chunks to *out, checking the block's CRC-32C, each record against the
+// tensor and the files, and its range against the block's.
+Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& entry,
+                   const IndexTensor& tensor, std::string_view key,
+                   const std::vector<IndexFile>& files, std::string_view source,
+                   std::vector<IndexChunk>* out);
+
+// Where block `block`'s records lie in the table: [at, at + bytes).
+struct ByteSpan {
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+};
+ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block);
+ByteSpan DirectoryBytes(const IndexTableRef& ref);
+
+// The whole table read: fills every tensor's chunks from `table` (the
+// file's bytes), checking everything the JSON reader checks but tiling
+// (left to the engine, as for JSON) and, exactly, each block's range and
+// the file's size and magic. DataLoss naming `source`.
+Status FillChunksFromTable(std::string_view table, std::string_view source,
+                           CheckpointIndex* index);
+
+}  // namespace shardsafe

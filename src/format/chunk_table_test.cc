@@ -1,0 +1,290 @@
+// Chunk table tests (docs/format.md §3a): element ranges against brute
+// force, the round trip through a version-2 index and its table, and one
+// test per check on read.
+#include "format/chunk_table.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "base/crc32c.h"
+#include "format/index.h"
+
+namespace shardsafe {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Elements of `slice` (row-major in its box, then its flat range) as
+// indices of the whole tensor.
+std::vector<uint64_t> Elements(const Slice& slice, const Shape& shape) {
+  std::vector<uint64_t> out;
+  std::vector<uint64_t> c(shape.size(), 0);
+  uint64_t volume = 1;
+  for (uint64_t n : slice.box.size) volume *= n;
+  for (uint64_t i = 0; i < volume; ++i) {
+    uint64_t rest = i, lin = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      c[d] = slice.box.offset[d] + rest % slice.box.size[d];
+      rest /= slice.box.size[d];
+    }
+    for (size_t d = 0; d < shape.size(); ++d) lin = lin * shape[d] + c[d];
+    if (!slice.flat || (i >= slice.flat->begin && i < slice.flat->end)) out.push_back(lin);
+  }
+  return out;
+}
+
+TEST(ChunkTableTest, ElementRangeIsTheHullOfTheSlicesElements) {
+  std::mt19937_64 rng(7);
+  const Shape shape{5, 7, 3};
+  for (int trial = 0; trial < 2000; ++trial) {
+    Box box{{0, 0, 0}, {0, 0, 0}};
+    for (size_t d = 0; d < 3; ++d) {
+      box.offset[d] = rng() % shape[d];
+      box.size[d] = rng() % (shape[d] - box.offset[d] + 1);
+    }
+    Slice slice{box, std::nullopt};
+    const uint64_t volume = box.size[0] * box.size[1] * box.size[2];
+    if (volume > 0 && trial % 2) {
+      const uint64_t b = rng() % volume;
+      slice.flat = FlatRange{b, b + rng() % (volume - b + 1)};
+    }
+    const std::vector<uint64_t> elements = Elements(slice, shape);
+    const ElementRange r = RangeOf(slice, shape);
+    if (elements.empty()) {
+      EXPECT_EQ(r.first, r.end);
+      continue;
+    }
+    EXPECT_EQ(r.first, *std::min_element(elements.begin(), elements.end()));
+    EXPECT_EQ(r.end, *std::max_element(elements.begin(), elements.end()) + 1);
+  }
+}
+
+// An index of two tensors: "w" [8, 6] F32 in two row boxes of 12 flat
+// pieces each (24 chunks: blocks of 16 and 8), and the scalar "s".
+CheckpointIndex SampleIndex() {
+  CheckpointIndex index;
+  index.tag = "step-1";
+  index.world_size = 2;
+  index.files = {{"data-00000-000.safetensors", 1 << 20, 0},
+                 {"data-00001-000.safetensors", 1 << 20, 1}};
+  IndexTensor& w = index.tensors["w"];
+  w.dtype = DType::kF32;
+  w.shape = {8, 6};
+  uint64_t at[2] = {4096, 4096};
+  for (uint32_t box = 0; box < 2; ++box) {
+    for (uint64_t piece = 0; piece < 12; ++piece) {
+      Slice slice{Box{{4 * box, 0}, {4, 6}}, FlatRange{2 * piece, 2 * piece + 2}};
+      w.chunks.push_back({slice, box, at[box], 8, 1000 * box + piece});
+      at[box] += 8;
+    }
+  }
+  IndexTensor& s = index.tensors["s"];
+  s.dtype = DType::kI64;
+  s.chunks.push_back({Slice{Box{}, std::nullopt}, 0, 8192, 8, 5});
+  return index;
+}
+
+struct Written {
+  std::string text;
+  std::string table;
+};
+
+Written WriteWithTable(const CheckpointIndex& index) {
+  auto written = SerializeIndexToCommit(index, std::string("shardsafe.chunks"));
+  EXPECT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_EQ(written->table_name, "shardsafe.chunks");
+  return {written->text, written->table};
+}
+
+void ExpectSameChunks(const IndexTensor& a, const IndexTensor& b) {
+  ASSERT_EQ(a.chunks.size(), b.chunks.size());
+  for (size_t i = 0; i < a.chunks.size(); ++i) {
+    EXPECT_EQ(a.chunks[i].slice, b.chunks[i].slice) << i;
+    EXPECT_EQ(a.chunks[i].file, b.chunks[i].file) << i;
+    EXPECT_EQ(a.chunks[i].at, b.chunks[i].at) << i;
+    EXPECT_EQ(a.chunks[i].bytes, b.chunks[i].bytes) << i;
+    EXPECT_EQ(a.chunks[i].crc32c, b.chunks[i].crc32c) << i;
+  }
+}
+
+TEST(ChunkTableTest, AVersion2IndexAndItsTableGiveBackEveryChunk) {
+  const CheckpointIndex index = SampleIndex();
+  const Written written = WriteWithTable(index);
+  const auto j = nlohmann::json::parse(written.text);
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["chunk_table"], "shardsafe.chunks");
+  EXPECT_EQ(j["chunk_table_bytes"], written.table.size());
+  EXPECT_FALSE(j["tensors"]["w"].contains("chunks"));
+  EXPECT_EQ(j["tensors"]["w"]["table"][0], 24);
+  EXPECT_TRUE(written.table.starts_with("SSCHUNKS"));
+
+  auto parsed = ParseIndex(written.text, "ckpt/shardsafe.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->version, 2);
+  EXPECT_TRUE(parsed->tensors.at("w").chunks.empty());  // in the table, not read yet
+  ASSERT_TRUE(FillChunksFromTable(written.table, "ckpt/shardsafe.chunks", &*parsed).ok());
+  ExpectSameChunks(parsed->tensors.at("w"), index.tensors.at("w"));
+  ExpectSameChunks(parsed->tensors.at("s"), index.tensors.at("s"));
+  // Written again, the summary is the same text.
+  EXPECT_EQ(SerializeIndex(*parsed), written.text);
+}
+
+TEST(ChunkTableTest, WithoutATableNameTheIndexIsVersion1WithItsChunks) {
+  auto written = SerializeIndexToCommit(SampleIndex(), std::nullopt);
+  ASSERT_TRUE(written.ok());
+  EXPECT_TRUE(written->table_name.empty());
+  const auto j = nlohmann::json::parse(written->text);
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_FALSE(j.contains("chunk_table"));
+  EXPECT_EQ(j["tensors"]["w"]["chunks"].size(), 24u);
+}
+
+TEST(ChunkTableTest, BlocksHoldTheRangesOfTheirChunks) {
+  const CheckpointIndex index = SampleIndex();
+  const Written written = WriteWithTable(index);
+  auto parsed = ParseIndex(written.text, "i");
+  ASSERT_TRUE(parsed.ok());
+  const IndexTableRef& ref = *parsed->tensors.at("w").table;
+  const ByteSpan dir = DirectoryBytes(ref);
+  auto entries = DecodeDirectory(std::string_view(written.table).substr(dir.at, dir.bytes), ref,
+                                 "w", "t");
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  ASSERT_EQ(entries->size(), 2u);
+  // Block 0: box 0 (elements 0-23) and box 1's first 4 pieces (24-31).
+  EXPECT_EQ((*entries)[0].range.first, 0u);
+  EXPECT_EQ((*entries)[0].range.end, 32u);
+  EXPECT_EQ((*entries)[1].range.first, 32u);
+  EXPECT_EQ((*entries)[1].range.end, 48u);
+  std::vector<IndexChunk> chunks;
+  const ByteSpan block = BlockBytes(ref, 2, 1);
+  ASSERT_TRUE(DecodeBlock(std::string_view(written.table).substr(block.at, block.bytes), 1,
+                          (*entries)[1], parsed->tensors.at("w"), "w", parsed->files, "t", &chunks)
+                  .ok());
+  ASSERT_EQ(chunks.size(), 8u);
+  EXPECT_EQ(chunks[0].slice, index.tensors.at("w").chunks[16].slice);
+}
+
+// The table of SampleIndex with one change, and its index text.
+class DamagedTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    written_ = WriteWithTable(SampleIndex());
+    auto parsed = ParseIndex(written_.text, "i");
+    ASSERT_TRUE(parsed.ok());
+    ref_ = *parsed->tensors.at("w").table;
+  }
+  Status Fill(const std::string& table, const std::string& text) {
+    auto parsed = ParseIndex(text, "ckpt/shardsafe.json");
+    if (!parsed.ok()) return parsed.status();
+    return FillChunksFromTable(table, "ckpt/shardsafe.chunks", &*parsed);
+  }
+  // Recomputes the CRCs of "w"'s blocks and directory after a change to
+  // its records; returns the index text with the new directory CRC.
+  std::string Reseal(std::string& table) {
+    for (uint64_t b = 0; b < BlockCount(ref_.count); ++b) {
+      const ByteSpan block = BlockBytes(ref_, 2, b);
+      const uint32_t crc = Crc32c(table.data() + block.at, block.bytes);
+      std::memcpy(table.data() + ref_.directory_at + b * kBlockEntryBytes + 16, &crc, 4);
+    }
+    const ByteSpan dir = DirectoryBytes(ref_);
+    const uint32_t crc = Crc32c(table.data() + dir.at, dir.bytes);
+    auto j = nlohmann::ordered_json::parse(written_.text);
+    j["tensors"]["w"]["table"][3] = crc;
+    return j.dump();
+  }
+  char* Record(std::string& table, uint64_t i) {
+    return table.data() + ref_.records_at + i * ChunkRecordBytes(2);
+  }
+
+  Written written_;
+  IndexTableRef ref_;
+};
+
+TEST_F(DamagedTableTest, AChangedRecordIsAChecksumMismatchOfItsBlock) {
+  std::string table = written_.table;
+  Record(table, 20)[0] ^= 1;
+  const Status s = Fill(table, written_.text);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("ckpt/shardsafe.chunks: tensor \"w\": block 1: records checksum mismatch"));
+}
+
+TEST_F(DamagedTableTest, AChangedDirectoryIsAChecksumMismatch) {
+  std::string table = written_.table;
+  table[ref_.directory_at + 3] ^= 1;
+  const Status s = Fill(table, written_.text);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("tensor \"w\": block directory checksum mismatch"));
+}
+
+TEST_F(DamagedTableTest, ATruncatedOrForeignTableIsDataLoss) {
+  Status s = Fill(written_.table.substr(0, written_.table.size() - 1), written_.text);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("ckpt/shardsafe.chunks: is "));
+  std::string table = written_.table;
+  table[0] = 'X';
+  s = Fill(table, written_.text);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("does not start with SSCHUNKS"));
+}
+
+TEST_F(DamagedTableTest, ResealedRecordsAreStillCheckedOneByOne) {
+  std::string table = written_.table;
+  uint64_t big = 1 << 30;  // "at" past the end of its file
+  std::memcpy(Record(table, 3), &big, 8);
+  Status s = Fill(table, Reseal(table));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("tensor \"w\": chunk 3"));
+
+  table = written_.table;
+  Record(table, 3)[40] = 2;  // an undefined flag
+  s = Fill(table, Reseal(table));
+  EXPECT_THAT(s.message(), HasSubstr("only flag bit 0 is defined"));
+
+  // Chunk 17 (box 1, elements 34-35, in block 1: [32, 48)) moved to box
+  // 0's rows: elements 10-11, outside its block's range.
+  table = written_.table;
+  const uint64_t row = 0;
+  std::memcpy(Record(table, 17) + 48, &row, 8);
+  s = Fill(table, Reseal(table));
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("outside the element range its block directory gives"));
+}
+
+TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {
+  auto j = nlohmann::ordered_json::parse(written_.text);
+  auto expect_loss = [&](const nlohmann::ordered_json& damaged, const std::string& substring) {
+    auto parsed = ParseIndex(damaged.dump(), "ckpt/shardsafe.json");
+    ASSERT_FALSE(parsed.ok()) << substring;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(parsed.status().message(), HasSubstr(substring));
+  };
+  auto d = j;
+  d["tensors"]["w"]["table"][2] = written_.table.size();
+  expect_loss(d, "tensor \"w\": field \"table\": lies outside the chunk table");
+  d = j;
+  d["tensors"]["w"]["table"] = {1, 2, 3};
+  expect_loss(d, "expected [count, directory_at, records_at, directory_crc32c]");
+  d = j;
+  d["tensors"]["w"]["chunks"] = nlohmann::json::array();
+  expect_loss(d, "has both \"chunks\" and \"table\"");
+  d = j;
+  d["tensors"]["w"].erase("table");
+  expect_loss(d, "missing field \"chunks\"");
+  d = j;
+  d["version"] = 1;
+  expect_loss(d, "a version-1 index has no chunk table");
+  d = j;
+  d["chunk_table"] = "../x";
+  expect_loss(d, "chunk_table");
+  d = j;
+  d["version"] = 3;
+  auto newer = ParseIndex(d.dump(), "i");
+  EXPECT_EQ(newer.status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace shardsafe

@@ -1,0 +1,103 @@
+"""Format versions (docs/format.md §3, §3a): checkpoints written by the
+version-1 writer (tests/data/format-v1, committed as that writer left
+them) keep loading and verifying; a save with a chunk table writes a
+version-2 index that loads, verifies, inspects and imports like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import shardsafe
+
+from conftest import EXIT_OK, REPO_ROOT, describe
+
+V1 = REPO_ROOT / "tests" / "data" / "format-v1"
+
+
+def _index(ckpt: Path) -> dict:
+    return json.loads((ckpt / "shardsafe.json").read_text())
+
+
+def test_a_version_1_checkpoint_loads_the_values_it_was_written_with(tmp_path):
+    ckpt = tmp_path / "step-1"
+    shutil.copytree(V1 / "import" / "step-1", ckpt)
+    assert _index(ckpt)["version"] == 1
+    got = {"a.f32": torch.zeros(4, 6), "b.bf16": torch.zeros(2, 8, dtype=torch.bfloat16),
+           "c.i64": torch.zeros(5, dtype=torch.int64)}
+    shardsafe.load(got, ckpt)
+    assert torch.equal(got["a.f32"], torch.arange(24, dtype=torch.float32).reshape(4, 6) * 0.5)
+    assert torch.equal(got["b.bf16"],
+                       (torch.arange(16, dtype=torch.float32) - 8).to(torch.bfloat16).reshape(2, 8))
+    assert torch.equal(got["c.i64"], torch.arange(5, dtype=torch.int64) * 1000)
+
+
+def test_a_sharded_version_1_checkpoint_verifies_and_loads_every_chunk(run, tmp_path):
+    root = tmp_path / "demo"
+    shutil.copytree(V1 / "demo", root)
+    proc = run("verify", root)
+    assert proc.returncode == EXIT_OK, describe(proc)
+    ckpt = root / "step-00000100"
+    index = _index(ckpt)
+    assert index["version"] == 1 and index["world_size"] == 4
+    # Every tensor whole: each chunk read whole, so its checksum verified.
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+    got = {k: torch.zeros(t["shape"], dtype=dtypes[t["dtype"]])
+           for k, t in index["tensors"].items()}
+    result = shardsafe.load(got, root, strict=False)  # its values are not in `got`
+    assert result.missing_keys == []
+    assert result.values["step"] == 100
+    assert result.bytes_read >= sum(c["bytes"] for t in index["tensors"].values()
+                                    for c in t["chunks"])
+
+
+@pytest.fixture
+def chunk_table_everywhere(monkeypatch):
+    monkeypatch.setenv("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS", "1")
+
+
+def test_a_chunk_table_checkpoint_round_trips_and_the_tools_read_it(
+        chunk_table_everywhere, run, tmp_path):
+    state = {"w": torch.randn(64, 32), "b": torch.arange(7, dtype=torch.int64),
+             "h": torch.randn(3, 5).to(torch.bfloat16)}
+    shardsafe.save(state, tmp_path / "ck")
+    index = _index(tmp_path / "ck")
+    assert index["version"] == 2
+    assert index["chunk_table"] == "shardsafe.chunks"
+    assert (tmp_path / "ck" / "shardsafe.chunks").stat().st_size == index["chunk_table_bytes"]
+    assert all("table" in t and "chunks" not in t for t in index["tensors"].values())
+
+    got = {k: torch.zeros_like(v) for k, v in state.items()}
+    shardsafe.load(got, tmp_path / "ck")
+    for k in state:
+        assert torch.equal(got[k], state[k]), k
+
+    for command in (["verify", tmp_path / "ck"], ["inspect", tmp_path / "ck"],
+                    ["import", tmp_path / "ck", tmp_path / "copy"]):
+        proc = run(*command)
+        assert proc.returncode == EXIT_OK, describe(proc)
+    human = run("inspect", tmp_path / "ck").stdout
+    assert "format v2" in human and "chunks in shardsafe.chunks" in human
+    printed = json.loads(run("inspect", "--json", tmp_path / "ck").stdout)
+    assert [c["crc32c"] for c in printed["tensors"]["w"]["chunks"]]  # every chunk, inline
+    copied = {k: torch.zeros_like(v) for k, v in state.items()}
+    shardsafe.load(copied, tmp_path / "copy")
+    assert all(torch.equal(copied[k], state[k]) for k in state)
+
+
+def test_a_damaged_chunk_table_is_a_clear_error_naming_it(chunk_table_everywhere, run, tmp_path):
+    shardsafe.save({"w": torch.randn(16, 16)}, tmp_path / "ck")
+    table = tmp_path / "ck" / "shardsafe.chunks"
+    data = bytearray(table.read_bytes())
+    data[-3] ^= 0x40  # in the last record
+    table.write_bytes(bytes(data))
+    with pytest.raises(shardsafe.CorruptCheckpointError, match="shardsafe.chunks"):
+        shardsafe.load({"w": torch.zeros(16, 16)}, tmp_path / "ck")
+    proc = run("verify", tmp_path / "ck")
+    assert proc.returncode != EXIT_OK
+    assert "shardsafe.chunks" in proc.stdout + proc.stderr
