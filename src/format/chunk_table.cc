@@ -29,16 +29,6 @@ T Get(const char*& p) {
   return v;
 }
 
-// lin() of the point `offset + coords` (coords may be null: the offset).
-uint64_t Linear(const Shape& shape, const std::vector<uint64_t>& offset,
-                const std::vector<uint64_t>* coords) {
-  uint64_t lin = 0;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    lin = lin * shape[d] + offset[d] + (coords ? (*coords)[d] : 0);
-  }
-  return lin;
-}
-
 // The coordinates, within `box`, of its row-major element `i`.
 std::vector<uint64_t> Unravel(const Box& box, uint64_t i) {
   std::vector<uint64_t> c(box.rank());
@@ -62,19 +52,15 @@ void PutRecord(const IndexChunk& c, std::string& out) {
   for (uint64_t v : c.slice.box.size) Put<uint64_t>(out, v);
 }
 
-ElementRange Hull(std::span<const IndexChunk> chunks, const Shape& shape) {
-  ElementRange hull;
-  for (const IndexChunk& c : chunks) {
-    const ElementRange r = RangeOf(c.slice, shape);
-    if (r.first == r.end) continue;
-    if (hull.first == hull.end) {
-      hull = r;
-    } else {
-      hull.first = std::min(hull.first, r.first);
-      hull.end = std::max(hull.end, r.end);
-    }
-  }
+Bounds Hull(std::span<const IndexChunk> chunks) {
+  Bounds hull;
+  for (const IndexChunk& c : chunks) hull.Add(BoundsOf(c.slice));
   return hull;
+}
+
+void PutBounds(const Bounds& b, size_t ndim, std::string& out) {
+  for (size_t d = 0; d < ndim; ++d) Put<uint64_t>(out, b.empty ? 0 : b.lo[d]);
+  for (size_t d = 0; d < ndim; ++d) Put<uint64_t>(out, b.empty ? 0 : b.hi[d]);
 }
 
 // One record at `p` (ChunkRecordBytes(ndim) bytes), as the JSON reader
@@ -113,14 +99,51 @@ Status WithSource(Status s, std::string_view source) {
 
 }  // namespace
 
-ElementRange RangeOf(const Slice& slice, const Shape& shape) {
+bool Bounds::Meets(const Bounds& o) const {
+  if (empty || o.empty) return false;
+  for (size_t d = 0; d < lo.size(); ++d) {
+    if (lo[d] >= o.hi[d] || o.lo[d] >= hi[d]) return false;
+  }
+  return true;
+}
+
+void Bounds::Add(const Bounds& o) {
+  if (o.empty) return;
+  if (empty) {
+    *this = o;
+    return;
+  }
+  for (size_t d = 0; d < lo.size(); ++d) {
+    lo[d] = std::min(lo[d], o.lo[d]);
+    hi[d] = std::max(hi[d], o.hi[d]);
+  }
+}
+
+bool Bounds::Holds(const Bounds& o) const {
+  if (o.empty) return true;
+  if (empty) return false;
+  for (size_t d = 0; d < lo.size(); ++d) {
+    if (o.lo[d] < lo[d] || o.hi[d] > hi[d]) return false;
+  }
+  return true;
+}
+
+Bounds BoundsOf(const Slice& slice) {
   const Box& box = slice.box;
-  uint64_t volume = 1;  // fits: the slice is valid for the shape
+  uint64_t volume = 1;  // fits: the slice is valid for its tensor
   for (uint64_t n : box.size) volume *= n;
   const FlatRange flat = slice.flat ? *slice.flat : FlatRange{0, volume};
   if (flat.end <= flat.begin || volume == 0) return {};
+  Bounds b{box.offset, box.offset, false};
+  for (size_t d = 0; d < box.rank(); ++d) b.hi[d] += box.size[d];
+  if (!slice.flat) return b;
   const std::vector<uint64_t> first = Unravel(box, flat.begin), last = Unravel(box, flat.end - 1);
-  return {Linear(shape, box.offset, &first), Linear(shape, box.offset, &last) + 1};
+  for (size_t d = 0; d < box.rank(); ++d) {
+    b.lo[d] = box.offset[d] + first[d];
+    b.hi[d] = box.offset[d] + last[d] + 1;
+    if (first[d] != last[d]) break;  // later dimensions: the box's whole extent
+  }
+  return b;
 }
 
 EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string name) {
@@ -129,7 +152,7 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
   EncodedChunkTable table;
   uint64_t directories = 0;
   for (const auto& [key, tensor] : index.tensors) {
-    directories += BlockCount(tensor.chunks.size()) * kBlockEntryBytes;
+    directories += BlockCount(tensor.chunks.size()) * BlockEntryBytes(tensor.shape.size());
   }
   std::string& out = table.bytes;
   out.append(kChunkTableMagic);
@@ -148,10 +171,8 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
     for (uint64_t b = 0; b < BlockCount(ref.count); ++b) {
       const uint64_t first = b * kChunksPerBlock;
       const uint64_t n = std::min<uint64_t>(kChunksPerBlock, ref.count - first);
-      const ElementRange hull = Hull(chunks.subspan(first, n), tensor.shape);
       const char* bytes = records.data() + first_record + first * record_bytes;
-      Put<uint64_t>(out, hull.first);
-      Put<uint64_t>(out, hull.end);
+      PutBounds(Hull(chunks.subspan(first, n)), tensor.shape.size(), out);
       Put<uint32_t>(out, Crc32c(bytes, n * record_bytes));
       Put<uint32_t>(out, 0);
     }
@@ -163,8 +184,8 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
   return table;
 }
 
-ByteSpan DirectoryBytes(const IndexTableRef& ref) {
-  return {ref.directory_at, BlockCount(ref.count) * kBlockEntryBytes};
+ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim) {
+  return {ref.directory_at, BlockCount(ref.count) * BlockEntryBytes(ndim)};
 }
 
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block) {
@@ -174,9 +195,10 @@ ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block) {
 }
 
 Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const IndexTableRef& ref,
-                                                std::string_view key, std::string_view source) {
+                                                size_t ndim, std::string_view key,
+                                                std::string_view source) {
   const Where where("tensor", key);
-  if (bytes.size() != DirectoryBytes(ref).bytes) {
+  if (bytes.size() != DirectoryBytes(ref, ndim).bytes) {
     return WithSource(Loss(where, "block directory cut short"), source);
   }
   if (Crc32c(bytes.data(), bytes.size()) != ref.directory_crc32c) {
@@ -185,11 +207,17 @@ Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const In
   std::vector<BlockEntry> entries(BlockCount(ref.count));
   const char* p = bytes.data();
   for (size_t b = 0; b < entries.size(); ++b) {
-    entries[b].range.first = Get<uint64_t>(p);
-    entries[b].range.end = Get<uint64_t>(p);
+    Bounds& bounds = entries[b].bounds;
+    bounds.lo.resize(ndim);
+    bounds.hi.resize(ndim);
+    for (uint64_t& v : bounds.lo) v = Get<uint64_t>(p);
+    for (uint64_t& v : bounds.hi) v = Get<uint64_t>(p);
     entries[b].crc32c = Get<uint32_t>(p);
     const uint32_t zero = Get<uint32_t>(p);
-    if (zero != 0 || entries[b].range.end < entries[b].range.first) {
+    bounds.empty = false;
+    for (size_t d = 0; d < ndim; ++d) bounds.empty |= bounds.hi[d] <= bounds.lo[d];
+    if (bounds.empty) bounds = Bounds();  // as BoundsOf gives it: written as zeros
+    if (zero != 0) {
       return WithSource(Loss(Where(where, "block", b), "bad block directory entry"), source);
     }
   }
@@ -214,10 +242,9 @@ Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& ent
     Result<IndexChunk> chunk =
         DecodeRecord(bytes.data() + i * ChunkRecordBytes(ndim), first + i, tensor, files, owner);
     if (!chunk.ok()) return WithSource(chunk.status(), source);
-    const ElementRange r = RangeOf(chunk->slice, tensor.shape);
-    if (r.first != r.end && (r.first < entry.range.first || r.end > entry.range.end)) {
+    if (!entry.bounds.Holds(BoundsOf(chunk->slice))) {
       return WithSource(Loss(Where(owner, "chunk", first + i),
-                             "lies outside the element range its block directory gives"),
+                             "lies outside the bounds its block directory gives"),
                         source);
     }
     out->push_back(std::move(*chunk));
@@ -237,9 +264,10 @@ Status FillChunksFromTable(std::string_view table, std::string_view source,
   if (!table.starts_with(kChunkTableMagic)) return loss("does not start with SSCHUNKS");
   for (auto& [key, tensor] : index->tensors) {
     const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
-    const ByteSpan dir = DirectoryBytes(ref);
+    const ByteSpan dir = DirectoryBytes(ref, tensor.shape.size());
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> entries,
-                        DecodeDirectory(table.substr(dir.at, dir.bytes), ref, key, source));
+                        DecodeDirectory(table.substr(dir.at, dir.bytes), ref,
+                                        tensor.shape.size(), key, source));
     tensor.chunks.clear();
     tensor.chunks.reserve(ref.count);
     for (uint64_t b = 0; b < entries.size(); ++b) {
@@ -247,11 +275,9 @@ Status FillChunksFromTable(std::string_view table, std::string_view source,
       const ByteSpan span = BlockBytes(ref, tensor.shape.size(), b);
       SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, entries[b], tensor,
                                      key, index->files, source, &tensor.chunks));
-      const ElementRange hull =
-          Hull(std::span(tensor.chunks).subspan(before), tensor.shape);
-      if (hull.first != entries[b].range.first || hull.end != entries[b].range.end) {
+      if (Hull(std::span(tensor.chunks).subspan(before)) != entries[b].bounds) {
         return loss("tensor \"" + key + "\": block " + std::to_string(b) +
-                    ": its directory range is not the range of its records");
+                    ": its directory bounds are not the bounds of its records");
       }
     }
   }

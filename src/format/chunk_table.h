@@ -1,22 +1,24 @@
 // The chunk table of a version-2 index (docs/format.md §3a): every
 // tensor's chunks as fixed-size binary records, grouped in blocks of 16
-// that a directory describes by the range of element indices they hold, so
+// that a directory describes by the bounding box of their elements, so
 // that a loader reads only the blocks that can hold what it loads.
 //
 // Layout of one tensor's part (little-endian), at offsets the index gives
 // (the writer puts every directory first, then every tensor's records):
-//   directory: ceil(count / 16) x {u64 first, u64 end, u32 crc32c, u32 0}
+//   directory: ceil(count / 16) x {u64 lo[ndim], u64 hi[ndim], u32 crc32c, u32 0}
 //   records:   count x {u64 at, u64 bytes, u64 flat_begin, u64 flat_end,
 //                       u32 file, u32 crc32c, u32 flags, u32 0,
 //                       u64 offset[ndim], u64 size[ndim]}
 //
-// Element range. Element p of a tensor of shape S has the row-major index
-// lin(p) = sum_d p_d * stride_d. A slice's range is [lin(first element),
-// lin(last element) + 1): its elements lie in it, because row-major order
-// within a box (and a flat range of it) is increasing in lin. Two slices
-// that share an element therefore have ranges that meet; a block whose
-// range (the hull of its records' ranges) does not meet a wanted slice's
-// holds nothing of it.
+// Bounds. A slice's bounds are a box holding all its elements: a box
+// without a flat range is its own bounds. A flat range [b, e) of box B
+// runs row-major from element b to element e-1 of B; where their
+// coordinates first differ, in dimension k, the bounds take the
+// coordinates both share before k, [first_k, last_k] in k, and B's whole
+// extent after k (exactly the range when it is one row). A block's bounds
+// are the smallest box holding its records' bounds. Two slices that share
+// an element have bounds that meet in every dimension, so a block whose
+// bounds do not meet a wanted slice's holds nothing of it.
 //
 // Encoding is the writer's; decoding takes untrusted bytes and checks each
 // record as the JSON reader checks a chunk (format/index_objects.h
@@ -40,27 +42,32 @@ inline constexpr std::string_view kChunkTableMagic = "SSCHUNKS";
 // "shardsafe.<nonce>.chunks" (docs/format.md §3a).
 inline constexpr std::string_view kChunkTableFileName = "shardsafe.chunks";
 inline constexpr uint64_t kChunksPerBlock = 16;
-inline constexpr uint64_t kBlockEntryBytes = 24;
 // Chunks from which a save writes a chunk table unless told otherwise
 // (SaveOptions::chunk_table_min_chunks).
 inline constexpr uint64_t kDefaultChunkTableMinChunks = 65536;
 
-// Bytes of one chunk record of a tensor of `ndim` dimensions.
+// Bytes of one chunk record, and of one directory entry, of a tensor of
+// `ndim` dimensions.
 constexpr uint64_t ChunkRecordBytes(size_t ndim) { return 48 + 16 * uint64_t{ndim}; }
+constexpr uint64_t BlockEntryBytes(size_t ndim) { return 8 + 16 * uint64_t{ndim}; }
 // Blocks (directory entries) of a tensor of `count` chunks.
 constexpr uint64_t BlockCount(uint64_t count) {
   return (count + kChunksPerBlock - 1) / kChunksPerBlock;
 }
 
-// [first, end) of row-major element indices of a tensor; empty when
-// first == end.
-struct ElementRange {
-  uint64_t first = 0;
-  uint64_t end = 0;
-  bool Meets(const ElementRange& o) const { return first < o.end && o.first < end; }
+// A box holding elements of a tensor: [lo[d], hi[d]) in each dimension;
+// `empty` when it holds none.
+struct Bounds {
+  Shape lo, hi;
+  bool empty = true;
+  bool Meets(const Bounds& o) const;
+  // The smallest box holding this and `o`.
+  void Add(const Bounds& o);
+  bool Holds(const Bounds& o) const;
+  friend bool operator==(const Bounds&, const Bounds&) = default;
 };
-// The range of `slice` (valid for `shape`; [0, 0) without elements).
-ElementRange RangeOf(const Slice& slice, const Shape& shape);
+// The bounds of `slice` (valid for its tensor; empty without elements).
+Bounds BoundsOf(const Slice& slice);
 
 // A chunk table for `index` (whose tensors hold their chunks), named
 // `name`, and where each tensor's part lies (in the index's key order).
@@ -73,7 +80,7 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
 
 // One block directory entry.
 struct BlockEntry {
-  ElementRange range;
+  Bounds bounds;
   uint32_t crc32c = 0;
 };
 
@@ -81,11 +88,12 @@ struct BlockEntry {
 // of it), checking their CRC-32C against the index's. `source` names the
 // table file in errors.
 Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const IndexTableRef& ref,
-                                                std::string_view key, std::string_view source);
+                                                size_t ndim, std::string_view key,
+                                                std::string_view source);
 
 // Decodes block `block` of tensor `key` (its record bytes) and appends its
 // chunks to *out, checking the block's CRC-32C, each record against the
-// tensor and the files, and its range against the block's.
+// tensor and the files, and its bounds against the block's.
 Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& entry,
                    const IndexTensor& tensor, std::string_view key,
                    const std::vector<IndexFile>& files, std::string_view source,
@@ -97,11 +105,11 @@ struct ByteSpan {
   uint64_t bytes = 0;
 };
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block);
-ByteSpan DirectoryBytes(const IndexTableRef& ref);
+ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim);
 
 // The whole table read: fills every tensor's chunks from `table` (the
 // file's bytes), checking everything the JSON reader checks but tiling
-// (left to the engine, as for JSON) and, exactly, each block's range and
+// (left to the engine, as for JSON) and, exactly, each block's bounds and
 // the file's size and magic. DataLoss naming `source`.
 Status FillChunksFromTable(std::string_view table, std::string_view source,
                            CheckpointIndex* index);

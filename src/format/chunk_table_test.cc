@@ -1,6 +1,6 @@
-// Chunk table tests (docs/format.md §3a): element ranges against brute
-// force, the round trip through a version-2 index and its table, and one
-// test per check on read.
+// Chunk table tests (docs/format.md §3a): bounds against brute force, the
+// round trip through a version-2 index and its table, and one test per
+// check on read.
 #include "format/chunk_table.h"
 
 #include <gmock/gmock.h>
@@ -37,7 +37,17 @@ std::vector<uint64_t> Elements(const Slice& slice, const Shape& shape) {
   return out;
 }
 
-TEST(ChunkTableTest, ElementRangeIsTheHullOfTheSlicesElements) {
+// Whether element `lin` of a tensor of `shape` lies in `b`.
+bool Inside(const Bounds& b, const Shape& shape, uint64_t lin) {
+  for (size_t d = shape.size(); d-- > 0;) {
+    const uint64_t c = lin % shape[d];
+    lin /= shape[d];
+    if (c < b.lo[d] || c >= b.hi[d]) return false;
+  }
+  return true;
+}
+
+TEST(ChunkTableTest, BoundsHoldEverySliceElementAndAreTheBoxWithoutAFlatRange) {
   std::mt19937_64 rng(7);
   const Shape shape{5, 7, 3};
   for (int trial = 0; trial < 2000; ++trial) {
@@ -53,14 +63,27 @@ TEST(ChunkTableTest, ElementRangeIsTheHullOfTheSlicesElements) {
       slice.flat = FlatRange{b, b + rng() % (volume - b + 1)};
     }
     const std::vector<uint64_t> elements = Elements(slice, shape);
-    const ElementRange r = RangeOf(slice, shape);
-    if (elements.empty()) {
-      EXPECT_EQ(r.first, r.end);
-      continue;
+    const Bounds bounds = BoundsOf(slice);
+    EXPECT_EQ(bounds.empty, elements.empty());
+    for (uint64_t e : elements) ASSERT_TRUE(Inside(bounds, shape, e)) << trial;
+    if (!slice.flat && volume > 0) {
+      EXPECT_EQ(bounds.lo, box.offset);
+      for (size_t d = 0; d < 3; ++d) EXPECT_EQ(bounds.hi[d], box.offset[d] + box.size[d]);
     }
-    EXPECT_EQ(r.first, *std::min_element(elements.begin(), elements.end()));
-    EXPECT_EQ(r.end, *std::max_element(elements.begin(), elements.end()) + 1);
   }
+}
+
+TEST(ChunkTableTest, AFlatRangeWithinOneRowIsBoundedByThatRow) {
+  // Elements 9-11 of the box rows 2-5 x cols 0-5: row 3, cols 3-5.
+  const Bounds b = BoundsOf(Slice{Box{{2, 0}, {4, 6}}, FlatRange{9, 12}});
+  EXPECT_EQ(b.lo, (Shape{3, 3}));
+  EXPECT_EQ(b.hi, (Shape{4, 6}));
+  // Elements 4-7: rows 2-3, all of the box's columns.
+  const Bounds c = BoundsOf(Slice{Box{{2, 0}, {4, 6}}, FlatRange{4, 8}});
+  EXPECT_EQ(c.lo, (Shape{2, 0}));
+  EXPECT_EQ(c.hi, (Shape{4, 6}));
+  EXPECT_FALSE(b.Meets(BoundsOf(Slice{Box{{0, 0}, {3, 6}}, std::nullopt})));
+  EXPECT_TRUE(c.Meets(BoundsOf(Slice{Box{{0, 0}, {3, 6}}, std::nullopt})));
 }
 
 // An index of two tensors: "w" [8, 6] F32 in two row boxes of 12 flat
@@ -149,16 +172,18 @@ TEST(ChunkTableTest, BlocksHoldTheRangesOfTheirChunks) {
   auto parsed = ParseIndex(written.text, "i");
   ASSERT_TRUE(parsed.ok());
   const IndexTableRef& ref = *parsed->tensors.at("w").table;
-  const ByteSpan dir = DirectoryBytes(ref);
+  const ByteSpan dir = DirectoryBytes(ref, 2);
   auto entries = DecodeDirectory(std::string_view(written.table).substr(dir.at, dir.bytes), ref,
-                                 "w", "t");
+                                 2, "w", "t");
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();
   ASSERT_EQ(entries->size(), 2u);
-  // Block 0: box 0 (elements 0-23) and box 1's first 4 pieces (24-31).
-  EXPECT_EQ((*entries)[0].range.first, 0u);
-  EXPECT_EQ((*entries)[0].range.end, 32u);
-  EXPECT_EQ((*entries)[1].range.first, 32u);
-  EXPECT_EQ((*entries)[1].range.end, 48u);
+  // Block 0: box 0 (rows 0-3) and box 1's first 4 pieces of 2 (row 4,
+  // cols 0-5, and row 5, cols 0-1): rows 0-5. Block 1: the rest of box 1,
+  // elements 32-47: rows 5-7.
+  EXPECT_EQ((*entries)[0].bounds.lo, (Shape{0, 0}));
+  EXPECT_EQ((*entries)[0].bounds.hi, (Shape{6, 6}));
+  EXPECT_EQ((*entries)[1].bounds.lo, (Shape{5, 0}));
+  EXPECT_EQ((*entries)[1].bounds.hi, (Shape{8, 6}));
   std::vector<IndexChunk> chunks;
   const ByteSpan block = BlockBytes(ref, 2, 1);
   ASSERT_TRUE(DecodeBlock(std::string_view(written.table).substr(block.at, block.bytes), 1,
@@ -188,9 +213,9 @@ class DamagedTableTest : public ::testing::Test {
     for (uint64_t b = 0; b < BlockCount(ref_.count); ++b) {
       const ByteSpan block = BlockBytes(ref_, 2, b);
       const uint32_t crc = Crc32c(table.data() + block.at, block.bytes);
-      std::memcpy(table.data() + ref_.directory_at + b * kBlockEntryBytes + 16, &crc, 4);
+      std::memcpy(table.data() + ref_.directory_at + (b + 1) * BlockEntryBytes(2) - 8, &crc, 4);
     }
-    const ByteSpan dir = DirectoryBytes(ref_);
+    const ByteSpan dir = DirectoryBytes(ref_, 2);
     const uint32_t crc = Crc32c(table.data() + dir.at, dir.bytes);
     auto j = nlohmann::ordered_json::parse(written_.text);
     j["tensors"]["w"]["table"][3] = crc;
@@ -244,14 +269,14 @@ TEST_F(DamagedTableTest, ResealedRecordsAreStillCheckedOneByOne) {
   s = Fill(table, Reseal(table));
   EXPECT_THAT(s.message(), HasSubstr("only flag bit 0 is defined"));
 
-  // Chunk 17 (box 1, elements 34-35, in block 1: [32, 48)) moved to box
-  // 0's rows: elements 10-11, outside its block's range.
+  // Chunk 17 (box 1, elements 10-11 of it: row 5; block 1: rows 5-7)
+  // moved to box 0's rows: row 1, outside its block's bounds.
   table = written_.table;
   const uint64_t row = 0;
   std::memcpy(Record(table, 17) + 48, &row, 8);
   s = Fill(table, Reseal(table));
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("outside the element range its block directory gives"));
+  EXPECT_THAT(s.message(), HasSubstr("outside the bounds its block directory gives"));
 }
 
 TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {

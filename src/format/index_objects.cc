@@ -195,7 +195,7 @@ Status CheckTableRefs(const CheckpointIndex& index) {
     uint64_t records = 0, records_end = 0;
     const bool fits =
         r.count <= size && r.directory_at >= magic && r.directory_at <= size &&
-        BlockCount(r.count) * kBlockEntryBytes <= size - r.directory_at &&
+        BlockCount(r.count) * BlockEntryBytes(t.shape.size()) <= size - r.directory_at &&
         !__builtin_mul_overflow(r.count, ChunkRecordBytes(t.shape.size()), &records) &&
         r.records_at >= magic && !__builtin_add_overflow(r.records_at, records, &records_end) &&
         records_end <= size;

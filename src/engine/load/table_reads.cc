@@ -78,11 +78,11 @@ Result<SpanReads> ReadSpans(const RandomAccessFile& file, const std::vector<Byte
   return out;
 }
 
-// A tensor a load wants, and the element ranges of its targets.
+// A tensor a load wants, and the bounds of its targets.
 struct Wanted {
   const std::string* key = nullptr;
   const IndexTensor* tensor = nullptr;
-  std::vector<ElementRange> ranges;
+  std::vector<Bounds> wants;  // of its targets' slices
   std::vector<BlockEntry> directory;
   std::vector<IndexChunk> chunks;
 };
@@ -98,16 +98,15 @@ std::vector<Wanted> WantedTensors(const CheckpointIndex& index, const LoadReques
     Wanted& w = by_key[it->first];
     w.key = &it->first;
     w.tensor = &it->second;
-    w.ranges.push_back(RangeOf(t.slice, t.shape));
+    w.wants.push_back(BoundsOf(t.slice));
   }
   std::vector<Wanted> wanted;
   for (auto& [key, w] : by_key) wanted.push_back(std::move(w));
   return wanted;
 }
 
-bool MeetsAny(const ElementRange& block, const std::vector<ElementRange>& ranges) {
-  return std::any_of(ranges.begin(), ranges.end(),
-                     [&](const ElementRange& r) { return block.Meets(r); });
+bool MeetsAny(const Bounds& block, const std::vector<Bounds>& wants) {
+  return std::any_of(wants.begin(), wants.end(), [&](const Bounds& w) { return block.Meets(w); });
 }
 
 }  // namespace
@@ -126,7 +125,9 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   }
   // Round 1: the directories.
   std::vector<ByteSpan> spans;
-  for (const Wanted& w : wanted) spans.push_back(DirectoryBytes(*w.tensor->table));
+  for (const Wanted& w : wanted) {
+    spans.push_back(DirectoryBytes(*w.tensor->table, w.tensor->shape.size()));
+  }
   SS_ASSIGN_OR_RETURN(SpanReads dirs, ReadSpans(*file, spans, path, ShapeFor(fs), stats));
   // Round 2: the blocks that can hold a wanted element.
   spans.clear();
@@ -134,9 +135,10 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   for (size_t i = 0; i < wanted.size(); ++i) {
     Wanted& w = wanted[i];
     SS_ASSIGN_OR_RETURN(w.directory,
-                        DecodeDirectory(dirs.views[i], *w.tensor->table, *w.key, path));
+                        DecodeDirectory(dirs.views[i], *w.tensor->table, w.tensor->shape.size(),
+                                        *w.key, path));
     for (uint64_t b = 0; b < w.directory.size(); ++b) {
-      if (!MeetsAny(w.directory[b].range, w.ranges)) continue;
+      if (!MeetsAny(w.directory[b].bounds, w.wants)) continue;
       blocks.emplace_back(i, b);
       spans.push_back(BlockBytes(*w.tensor->table, w.tensor->shape.size(), b));
     }

@@ -2,7 +2,7 @@
 // tensors a rank loads that can hold the slices it loads, and no others.
 //
 // Two rounds of ranged reads of the table file: the block directories of
-// the wanted tensors, then the blocks whose element range meets a wanted
+// the wanted tensors, then the blocks whose bounds meet a wanted
 // slice's (format/chunk_table.h). Ranges of one round are sorted and read
 // together where at most kTableJoinGap bytes lie between them (on a disk;
 // kTableJoinGapObjectStore and 16 requests in flight on an object store,
