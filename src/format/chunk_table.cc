@@ -146,13 +146,89 @@ Bounds BoundsOf(const Slice& slice) {
   return b;
 }
 
+std::vector<uint64_t> LevelSizes(uint64_t count) {
+  std::vector<uint64_t> sizes = {BlockCount(count)};
+  while (sizes.back() > kChunksPerBlock) sizes.push_back(BlockCount(sizes.back()));
+  return sizes;
+}
+
+ByteSpan EntryBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t first,
+                    uint64_t n) {
+  const std::vector<uint64_t> sizes = LevelSizes(ref.count);
+  uint64_t at = ref.directory_at;
+  for (size_t above = sizes.size() - 1; above > level; --above) {
+    at += sizes[above] * BlockEntryBytes(ndim);
+  }
+  return {at + first * BlockEntryBytes(ndim), n * BlockEntryBytes(ndim)};
+}
+
+ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim) {
+  uint64_t entries = 0;
+  for (uint64_t n : LevelSizes(ref.count)) entries += n;
+  return {ref.directory_at, entries * BlockEntryBytes(ndim)};
+}
+
+ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t entry) {
+  if (level == 0) return BlockBytes(ref, ndim, entry);
+  const uint64_t below = LevelSizes(ref.count)[level - 1];
+  const uint64_t first = entry * kChunksPerBlock;
+  return EntryBytes(ref, ndim, level - 1, first, std::min(kChunksPerBlock, below - first));
+}
+
+namespace {
+
+// Appends one directory entry.
+void PutEntry(const Bounds& bounds, size_t ndim, uint32_t crc, std::string& out) {
+  PutBounds(bounds, ndim, out);
+  Put<uint32_t>(out, crc);
+  Put<uint32_t>(out, 0);
+}
+
+// A tensor's directory, top level first, for records `records` (its own)
+// of `chunks`.
+std::string EncodeDirectory(std::span<const IndexChunk> chunks, size_t ndim,
+                            std::string_view records) {
+  const uint64_t record_bytes = ChunkRecordBytes(ndim);
+  std::vector<std::string> levels(1);
+  std::vector<Bounds> bounds;
+  for (uint64_t b = 0; b < BlockCount(chunks.size()); ++b) {
+    const uint64_t first = b * kChunksPerBlock;
+    const uint64_t n = std::min<uint64_t>(kChunksPerBlock, chunks.size() - first);
+    bounds.push_back(Hull(chunks.subspan(first, n)));
+    const std::string_view bytes = records.substr(first * record_bytes, n * record_bytes);
+    PutEntry(bounds.back(), ndim, Crc32c(bytes.data(), bytes.size()), levels.back());
+  }
+  while (bounds.size() > kChunksPerBlock) {
+    const std::string& below = levels.back();
+    std::string level;
+    std::vector<Bounds> above;
+    for (uint64_t g = 0; g < BlockCount(bounds.size()); ++g) {
+      const uint64_t first = g * kChunksPerBlock;
+      const uint64_t n = std::min<uint64_t>(kChunksPerBlock, bounds.size() - first);
+      Bounds hull;
+      for (uint64_t i = first; i < first + n; ++i) hull.Add(bounds[i]);
+      const std::string_view bytes = std::string_view(below).substr(
+          first * BlockEntryBytes(ndim), n * BlockEntryBytes(ndim));
+      PutEntry(hull, ndim, Crc32c(bytes.data(), bytes.size()), level);
+      above.push_back(std::move(hull));
+    }
+    levels.push_back(std::move(level));
+    bounds = std::move(above);
+  }
+  std::string out;
+  for (size_t l = levels.size(); l-- > 0;) out += levels[l];
+  return out;
+}
+
+}  // namespace
+
 EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string name) {
   // Every directory first, then every record: the directories a load reads
   // first lie together, a few requests for all of them.
   EncodedChunkTable table;
   uint64_t directories = 0;
   for (const auto& [key, tensor] : index.tensors) {
-    directories += BlockCount(tensor.chunks.size()) * BlockEntryBytes(tensor.shape.size());
+    directories += DirectoryBytes(IndexTableRef{tensor.chunks.size()}, tensor.shape.size()).bytes;
   }
   std::string& out = table.bytes;
   out.append(kChunkTableMagic);
@@ -160,32 +236,22 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
   const uint64_t records_start = out.size() + directories;
   table.refs.reserve(index.tensors.size());
   for (const auto& [key, tensor] : index.tensors) {
-    const std::span<const IndexChunk> chunks(tensor.chunks);
-    const uint64_t record_bytes = ChunkRecordBytes(tensor.shape.size());
+    const size_t ndim = tensor.shape.size();
     IndexTableRef ref;
-    ref.count = chunks.size();
+    ref.count = tensor.chunks.size();
     ref.directory_at = out.size();
     ref.records_at = records_start + records.size();
     const size_t first_record = records.size();
-    for (const IndexChunk& c : chunks) PutRecord(c, records);
-    for (uint64_t b = 0; b < BlockCount(ref.count); ++b) {
-      const uint64_t first = b * kChunksPerBlock;
-      const uint64_t n = std::min<uint64_t>(kChunksPerBlock, ref.count - first);
-      const char* bytes = records.data() + first_record + first * record_bytes;
-      PutBounds(Hull(chunks.subspan(first, n)), tensor.shape.size(), out);
-      Put<uint32_t>(out, Crc32c(bytes, n * record_bytes));
-      Put<uint32_t>(out, 0);
-    }
-    ref.directory_crc32c = Crc32c(out.data() + ref.directory_at, out.size() - ref.directory_at);
+    for (const IndexChunk& c : tensor.chunks) PutRecord(c, records);
+    out += EncodeDirectory(tensor.chunks, ndim, std::string_view(records).substr(first_record));
+    const ByteSpan top = EntryBytes(ref, ndim, LevelSizes(ref.count).size() - 1, 0,
+                                    LevelSizes(ref.count).back());
+    ref.directory_crc32c = Crc32c(out.data() + top.at, top.bytes);
     table.refs.push_back(ref);
   }
   out += records;
   table.file = IndexChunkTable{std::move(name), out.size()};
   return table;
-}
-
-ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim) {
-  return {ref.directory_at, BlockCount(ref.count) * BlockEntryBytes(ndim)};
 }
 
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block) {
@@ -194,17 +260,16 @@ ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block) {
   return {ref.records_at + first * ChunkRecordBytes(ndim), n * ChunkRecordBytes(ndim)};
 }
 
-Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const IndexTableRef& ref,
-                                                size_t ndim, std::string_view key,
-                                                std::string_view source) {
+Result<std::vector<BlockEntry>> DecodeEntries(std::string_view bytes, size_t ndim, uint32_t crc32c,
+                                              std::string_view key, std::string_view source) {
   const Where where("tensor", key);
-  if (bytes.size() != DirectoryBytes(ref, ndim).bytes) {
+  if (bytes.size() % BlockEntryBytes(ndim) != 0) {
     return WithSource(Loss(where, "block directory cut short"), source);
   }
-  if (Crc32c(bytes.data(), bytes.size()) != ref.directory_crc32c) {
+  if (Crc32c(bytes.data(), bytes.size()) != crc32c) {
     return WithSource(Loss(where, "block directory checksum mismatch"), source);
   }
-  std::vector<BlockEntry> entries(BlockCount(ref.count));
+  std::vector<BlockEntry> entries(bytes.size() / BlockEntryBytes(ndim));
   const char* p = bytes.data();
   for (size_t b = 0; b < entries.size(); ++b) {
     Bounds& bounds = entries[b].bounds;
@@ -217,9 +282,7 @@ Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const In
     bounds.empty = false;
     for (size_t d = 0; d < ndim; ++d) bounds.empty |= bounds.hi[d] <= bounds.lo[d];
     if (bounds.empty) bounds = Bounds();  // as BoundsOf gives it: written as zeros
-    if (zero != 0) {
-      return WithSource(Loss(Where(where, "block", b), "bad block directory entry"), source);
-    }
+    if (zero != 0) return WithSource(Loss(where, "bad block directory entry"), source);
   }
   return entries;
 }
@@ -264,18 +327,38 @@ Status FillChunksFromTable(std::string_view table, std::string_view source,
   if (!table.starts_with(kChunkTableMagic)) return loss("does not start with SSCHUNKS");
   for (auto& [key, tensor] : index->tensors) {
     const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
-    const ByteSpan dir = DirectoryBytes(ref, tensor.shape.size());
-    SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> entries,
-                        DecodeDirectory(table.substr(dir.at, dir.bytes), ref,
-                                        tensor.shape.size(), key, source));
+    const size_t ndim = tensor.shape.size();
+    const std::vector<uint64_t> sizes = LevelSizes(ref.count);
+    ByteSpan span = EntryBytes(ref, ndim, sizes.size() - 1, 0, sizes.back());
+    SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> level,
+                        DecodeEntries(table.substr(span.at, span.bytes), ndim,
+                                      ref.directory_crc32c, key, source));
+    // Each level's entries, each checked to bound exactly its children.
+    for (size_t l = sizes.size() - 1; l > 0; --l) {
+      std::vector<BlockEntry> below;
+      for (uint64_t j = 0; j < level.size(); ++j) {
+        span = ChildBytes(ref, ndim, l, j);
+        SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
+                            DecodeEntries(table.substr(span.at, span.bytes), ndim,
+                                          level[j].crc32c, key, source));
+        Bounds hull;
+        for (const BlockEntry& c : children) hull.Add(c.bounds);
+        if (hull != level[j].bounds) {
+          return loss("tensor \"" + key + "\": a block directory entry's bounds are not those "
+                      "of the entries under it");
+        }
+        below.insert(below.end(), children.begin(), children.end());
+      }
+      level = std::move(below);
+    }
     tensor.chunks.clear();
     tensor.chunks.reserve(ref.count);
-    for (uint64_t b = 0; b < entries.size(); ++b) {
+    for (uint64_t b = 0; b < level.size(); ++b) {
       const size_t before = tensor.chunks.size();
-      const ByteSpan span = BlockBytes(ref, tensor.shape.size(), b);
-      SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, entries[b], tensor,
+      span = BlockBytes(ref, ndim, b);
+      SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, level[b], tensor,
                                      key, index->files, source, &tensor.chunks));
-      if (Hull(std::span(tensor.chunks).subspan(before)) != entries[b].bounds) {
+      if (Hull(std::span(tensor.chunks).subspan(before)) != level[b].bounds) {
         return loss("tensor \"" + key + "\": block " + std::to_string(b) +
                     ": its directory bounds are not the bounds of its records");
       }

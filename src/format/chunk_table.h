@@ -5,7 +5,8 @@
 //
 // Layout of one tensor's part (little-endian), at offsets the index gives
 // (the writer puts every directory first, then every tensor's records):
-//   directory: ceil(count / 16) x {u64 lo[ndim], u64 hi[ndim], u32 crc32c, u32 0}
+//   directory: its levels (LevelSizes), top first, each entry
+//              {u64 lo[ndim], u64 hi[ndim], u32 crc32c, u32 0}
 //   records:   count x {u64 at, u64 bytes, u64 flat_begin, u64 flat_end,
 //                       u32 file, u32 crc32c, u32 flags, u32 0,
 //                       u64 offset[ndim], u64 size[ndim]}
@@ -84,12 +85,19 @@ struct BlockEntry {
   uint32_t crc32c = 0;
 };
 
-// Decodes tensor `key`'s directory from its bytes (ref.directory_at, all
-// of it), checking their CRC-32C against the index's. `source` names the
-// table file in errors.
-Result<std::vector<BlockEntry>> DecodeDirectory(std::string_view bytes, const IndexTableRef& ref,
-                                                size_t ndim, std::string_view key,
-                                                std::string_view source);
+// A tensor's directory has levels: level 0 one entry per block of 16
+// records, level L+1 one entry per 16 entries of level L (their bounds'
+// hull and the CRC-32C of their bytes), up to a top level of at most 16
+// entries, whose CRC-32C the index holds. Stored top level first. Entries
+// per level, level 0 first (one level of no entry for no chunk).
+std::vector<uint64_t> LevelSizes(uint64_t count);
+
+// Decodes directory entries from their bytes (whole entries), checking
+// their CRC-32C against `crc32c` (the index's for the top level, the
+// parent entry's below). `source` names the table file in errors.
+Result<std::vector<BlockEntry>> DecodeEntries(std::string_view bytes, size_t ndim,
+                                              uint32_t crc32c, std::string_view key,
+                                              std::string_view source);
 
 // Decodes block `block` of tensor `key` (its record bytes) and appends its
 // chunks to *out, checking the block's CRC-32C, each record against the
@@ -105,7 +113,13 @@ struct ByteSpan {
   uint64_t bytes = 0;
 };
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block);
+// The whole directory; entries [first, first + n) of level `level`; what
+// entry `entry` of level `level` covers: 16 entries of the level below, or
+// for level 0 its block's records.
 ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim);
+ByteSpan EntryBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t first,
+                    uint64_t n);
+ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t entry);
 
 // The whole table read: fills every tensor's chunks from `table` (the
 // file's bytes), checking everything the JSON reader checks but tiling

@@ -172,9 +172,10 @@ TEST(ChunkTableTest, BlocksHoldTheRangesOfTheirChunks) {
   auto parsed = ParseIndex(written.text, "i");
   ASSERT_TRUE(parsed.ok());
   const IndexTableRef& ref = *parsed->tensors.at("w").table;
+  ASSERT_EQ(LevelSizes(ref.count), std::vector<uint64_t>{2});  // one level
   const ByteSpan dir = DirectoryBytes(ref, 2);
-  auto entries = DecodeDirectory(std::string_view(written.table).substr(dir.at, dir.bytes), ref,
-                                 2, "w", "t");
+  auto entries = DecodeEntries(std::string_view(written.table).substr(dir.at, dir.bytes), 2,
+                               ref.directory_crc32c, "w", "t");
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();
   ASSERT_EQ(entries->size(), 2u);
   // Block 0: box 0 (rows 0-3) and box 1's first 4 pieces of 2 (row 4,
@@ -191,6 +192,43 @@ TEST(ChunkTableTest, BlocksHoldTheRangesOfTheirChunks) {
                   .ok());
   ASSERT_EQ(chunks.size(), 8u);
   EXPECT_EQ(chunks[0].slice, index.tensors.at("w").chunks[16].slice);
+}
+
+TEST(ChunkTableTest, ADirectoryOfManyBlocksHasLevelsThatBoundTheirChildren) {
+  EXPECT_EQ(LevelSizes(0), std::vector<uint64_t>{0});
+  EXPECT_EQ(LevelSizes(256), std::vector<uint64_t>{16});
+  EXPECT_EQ(LevelSizes(257), (std::vector<uint64_t>{17, 2}));
+  EXPECT_EQ(LevelSizes(16 * 16 * 16 + 1), (std::vector<uint64_t>{257, 17, 2}));
+  // "m" [4133, 3] in 4133 row chunks: three levels.
+  CheckpointIndex index;
+  index.files = {{"data-00000-000.safetensors", 1 << 20, 0}};
+  IndexTensor& m = index.tensors["m"];
+  m.dtype = DType::kU8;
+  m.shape = {4133, 3};
+  for (uint64_t r = 0; r < 4133; ++r) {
+    m.chunks.push_back({Slice{Box{{r, 0}, {1, 3}}, std::nullopt}, 0, 3 * r, 3,
+                        static_cast<uint32_t>(r)});
+  }
+  const Written written = WriteWithTable(index);
+  auto parsed = ParseIndex(written.text, "i");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_TRUE(FillChunksFromTable(written.table, "t", &*parsed).ok());
+  ExpectSameChunks(parsed->tensors.at("m"), m);
+  // The top level's two entries: blocks 0-255 (rows 0-4095) and the rest.
+  const IndexTableRef& ref = *parsed->tensors.at("m").table;
+  const ByteSpan top = EntryBytes(ref, 2, 2, 0, 2);
+  auto entries = DecodeEntries(std::string_view(written.table).substr(top.at, top.bytes), 2,
+                               ref.directory_crc32c, "m", "t");
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  EXPECT_EQ((*entries)[0].bounds.hi, (Shape{4096, 3}));
+  EXPECT_EQ((*entries)[1].bounds.lo, (Shape{4096, 0}));
+  // A changed entry of the middle level fails its parent's checksum.
+  std::string table = written.table;
+  table[EntryBytes(ref, 2, 1, 5, 1).at] ^= 1;
+  auto again = ParseIndex(written.text, "i");
+  const Status s = FillChunksFromTable(table, "t", &*again);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("tensor \"m\": block directory checksum mismatch"));
 }
 
 // The table of SampleIndex with one change, and its index text.

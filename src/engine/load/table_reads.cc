@@ -18,11 +18,11 @@ struct ReadShape {
   size_t parallel = 1;
 };
 
-// Disks: a request costs little, so only near spans join and one thread
-// reads. Object stores: a request costs a round trip, so spans join across
-// larger gaps and many are in flight.
+// Disks: a request costs little, so only near spans join, and a few are
+// in flight (a cold table is random reads). Object stores: a request costs
+// a round trip, so spans join across larger gaps and many are in flight.
 ReadShape ShapeFor(const FileSystem& fs) {
-  return fs.IsObjectStore() ? ReadShape{kTableJoinGapObjectStore, 16} : ReadShape{kTableJoinGap, 1};
+  return fs.IsObjectStore() ? ReadShape{kTableJoinGapObjectStore, 16} : ReadShape{kTableJoinGap, 4};
 }
 
 // Reads byte spans of one file; `views[i]` are span i's bytes (into
@@ -78,13 +78,19 @@ Result<SpanReads> ReadSpans(const RandomAccessFile& file, const std::vector<Byte
   return out;
 }
 
-// A tensor a load wants, and the bounds of its targets.
+// A tensor a load wants, the bounds of its targets, and the directory
+// entries (of `level`) that meet them: the next round reads what they
+// cover.
 struct Wanted {
   const std::string* key = nullptr;
   const IndexTensor* tensor = nullptr;
   std::vector<Bounds> wants;  // of its targets' slices
-  std::vector<BlockEntry> directory;
+  size_t level = 0;
+  std::vector<std::pair<uint64_t, BlockEntry>> meeting;  // (index in its level, entry)
   std::vector<IndexChunk> chunks;
+
+  size_t ndim() const { return tensor->shape.size(); }
+  const IndexTableRef& ref() const { return *tensor->table; }
 };
 
 std::vector<Wanted> WantedTensors(const CheckpointIndex& index, const LoadRequest& request) {
@@ -105,8 +111,46 @@ std::vector<Wanted> WantedTensors(const CheckpointIndex& index, const LoadReques
   return wanted;
 }
 
-bool MeetsAny(const Bounds& block, const std::vector<Bounds>& wants) {
-  return std::any_of(wants.begin(), wants.end(), [&](const Bounds& w) { return block.Meets(w); });
+// Keeps, of `entries` (entry i is number first + i of its level), those
+// that meet a want of `w`.
+void KeepMeeting(Wanted& w, const std::vector<BlockEntry>& entries, uint64_t first,
+                 std::vector<std::pair<uint64_t, BlockEntry>>* out) {
+  for (uint64_t i = 0; i < entries.size(); ++i) {
+    const bool meets = std::any_of(w.wants.begin(), w.wants.end(),
+                                   [&](const Bounds& b) { return entries[i].bounds.Meets(b); });
+    if (meets) out->emplace_back(first + i, entries[i]);
+  }
+}
+
+// One round: for each tensor still above level 0, the entries of the
+// level below that its meeting entries cover, read and decoded.
+Status DescendOneLevel(const RandomAccessFile& file, const std::string& path, ReadShape shape,
+                       std::vector<Wanted>& wanted, TableReadStats* stats) {
+  std::vector<ByteSpan> spans;
+  std::vector<std::pair<size_t, size_t>> parents;  // (wanted, its meeting entry)
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const Wanted& w = wanted[i];
+    if (w.level == 0) continue;
+    for (size_t m = 0; m < w.meeting.size(); ++m) {
+      spans.push_back(ChildBytes(w.ref(), w.ndim(), w.level, w.meeting[m].first));
+      parents.emplace_back(i, m);
+    }
+  }
+  SS_ASSIGN_OR_RETURN(SpanReads read, ReadSpans(file, spans, path, shape, stats));
+  std::vector<std::vector<std::pair<uint64_t, BlockEntry>>> below(wanted.size());
+  for (size_t k = 0; k < parents.size(); ++k) {
+    Wanted& w = wanted[parents[k].first];
+    const auto& [index, entry] = w.meeting[parents[k].second];
+    SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
+                        DecodeEntries(read.views[k], w.ndim(), entry.crc32c, *w.key, path));
+    KeepMeeting(w, children, index * kChunksPerBlock, &below[parents[k].first]);
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (wanted[i].level == 0) continue;
+    --wanted[i].level;
+    wanted[i].meeting = std::move(below[i]);
+  }
+  return Status();
 }
 
 }  // namespace
@@ -117,38 +161,49 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   if (stats == nullptr) stats = &ignored;
   const CheckpointIndex& index = src.index;
   const std::string path = JoinPath(src.data_dir, index.chunk_table->name);
+  const ReadShape shape = ShapeFor(fs);
   std::vector<Wanted> wanted = WantedTensors(index, request);
   SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, SourceReadOptions(src)));
   if (file->size() != index.chunk_table->bytes) {
     return DataLossError(path + ": chunk table is " + std::to_string(file->size()) +
                          " bytes, the index records " + std::to_string(index.chunk_table->bytes));
   }
-  // Round 1: the directories.
+  // Round 1: the top level of every directory.
   std::vector<ByteSpan> spans;
-  for (const Wanted& w : wanted) {
-    spans.push_back(DirectoryBytes(*w.tensor->table, w.tensor->shape.size()));
+  for (Wanted& w : wanted) {
+    const std::vector<uint64_t> sizes = LevelSizes(w.ref().count);
+    w.level = sizes.size() - 1;
+    spans.push_back(EntryBytes(w.ref(), w.ndim(), w.level, 0, sizes.back()));
   }
-  SS_ASSIGN_OR_RETURN(SpanReads dirs, ReadSpans(*file, spans, path, ShapeFor(fs), stats));
-  // Round 2: the blocks that can hold a wanted element.
-  spans.clear();
-  std::vector<std::pair<size_t, uint64_t>> blocks;  // (wanted, block)
+  SS_ASSIGN_OR_RETURN(SpanReads tops, ReadSpans(*file, spans, path, shape, stats));
+  size_t depth = 0;
   for (size_t i = 0; i < wanted.size(); ++i) {
     Wanted& w = wanted[i];
-    SS_ASSIGN_OR_RETURN(w.directory,
-                        DecodeDirectory(dirs.views[i], *w.tensor->table, w.tensor->shape.size(),
-                                        *w.key, path));
-    for (uint64_t b = 0; b < w.directory.size(); ++b) {
-      if (!MeetsAny(w.directory[b].bounds, w.wants)) continue;
-      blocks.emplace_back(i, b);
-      spans.push_back(BlockBytes(*w.tensor->table, w.tensor->shape.size(), b));
+    SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> entries,
+                        DecodeEntries(tops.views[i], w.ndim(), w.ref().directory_crc32c, *w.key,
+                                      path));
+    KeepMeeting(w, entries, 0, &w.meeting);
+    depth = std::max(depth, w.level);
+  }
+  // A round per level below the top, then the blocks the meeting level-0
+  // entries cover.
+  for (; depth > 0; --depth) {
+    SS_RETURN_IF_ERROR(DescendOneLevel(*file, path, shape, wanted, stats));
+  }
+  spans.clear();
+  std::vector<std::pair<size_t, size_t>> blocks;  // (wanted, its meeting entry)
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    for (size_t m = 0; m < wanted[i].meeting.size(); ++m) {
+      spans.push_back(BlockBytes(wanted[i].ref(), wanted[i].ndim(), wanted[i].meeting[m].first));
+      blocks.emplace_back(i, m);
     }
   }
-  SS_ASSIGN_OR_RETURN(SpanReads records, ReadSpans(*file, spans, path, ShapeFor(fs), stats));
+  SS_ASSIGN_OR_RETURN(SpanReads records, ReadSpans(*file, spans, path, shape, stats));
   for (size_t k = 0; k < blocks.size(); ++k) {
     Wanted& w = wanted[blocks[k].first];
-    SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], blocks[k].second,
-                                   w.directory[blocks[k].second], *w.tensor, *w.key, index.files,
-                                   path, &w.chunks));
+    const auto& [block, entry] = w.meeting[blocks[k].second];
+    SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], block, entry, *w.tensor, *w.key,
+                                   index.files, path, &w.chunks));
   }
   CheckpointSource out = src;
   out.chunks_pending = false;

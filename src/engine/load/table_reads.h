@@ -1,12 +1,14 @@
 // A load's part of a chunk table (docs/format.md §3a): the chunks of the
 // tensors a rank loads that can hold the slices it loads, and no others.
 //
-// Two rounds of ranged reads of the table file: the block directories of
-// the wanted tensors, then the blocks whose bounds meet a wanted
-// slice's (format/chunk_table.h). Ranges of one round are sorted and read
-// together where at most kTableJoinGap bytes lie between them (on a disk;
-// kTableJoinGapObjectStore and 16 requests in flight on an object store,
-// where a request costs a round trip). Every directory and block is
+// Rounds of ranged reads of the table file: the top level of the wanted
+// tensors' block directories, then a round per level below it of the
+// entries under those whose bounds meet a wanted slice's, then the blocks
+// of records under the meeting level-0 entries (format/chunk_table.h).
+// Ranges of one round are sorted and read together where at most
+// kTableJoinGap bytes lie between them, 4 requests in flight (on a disk;
+// kTableJoinGapObjectStore and 16 in flight on an object store, where a
+// request costs a round trip). Every directory and block is
 // checked against its CRC-32C and every record as the JSON index's chunks
 // are; the chunks read for a tensor must not overlap (with the planner's
 // count of the elements a request gets, that proves exact cover).
@@ -20,7 +22,7 @@
 
 namespace shardsafe {
 
-inline constexpr uint64_t kTableJoinGap = 16 << 10;
+inline constexpr uint64_t kTableJoinGap = 4 << 10;
 inline constexpr uint64_t kTableJoinGapObjectStore = 256 << 10;
 
 // What a load read of the table.
