@@ -115,16 +115,16 @@ struct SaveOptions {
   // 65,536.
   uint64_t chunk_table_min_chunks = 0;
   FileSystem* fs = nullptr;  // default: DefaultFileSystem()
-  ProgressFn progress;       // called on the calling thread, this rank only
+  ProgressFn progress = nullptr;  // called on the calling thread, this rank only
   // A failure this rank met before the call, preparing its part (the Python
   // package's walk of its state): the call fails on every rank, with this
   // status named by rank, through its first collective, so that no rank
   // waits for this one. OK: none.
-  Status local_failure;
+  Status local_failure = Status();
   // Copies the shards marked on_device to host memory; required when there
   // are any (InvalidArgument otherwise). An AsyncSaver keeps the one it
   // registered its staging memory with until it unregisters it.
-  std::shared_ptr<DeviceMemory> device;
+  std::shared_ptr<DeviceMemory> device = nullptr;
 };
 
 struct SaveStats {

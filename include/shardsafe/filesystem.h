@@ -107,7 +107,7 @@ struct ReadOptions {
   // would learn it (a HEAD); a read past the object's real end still fails
   // (DataLoss), and the checksums catch other bytes. A local file system
   // ignores it (its size costs no request).
-  std::optional<uint64_t> size;
+  std::optional<uint64_t> size = std::nullopt;
 };
 
 // A file read at arbitrary offsets. ReadAt may be called concurrently from

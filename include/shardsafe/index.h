@@ -54,7 +54,7 @@ struct IndexTensor {
   // (shardsafe/source.h: a collective open reads none, a load those it
   // needs).
   std::vector<IndexChunk> chunks;
-  std::optional<IndexTableRef> table;  // with a chunk table only
+  std::optional<IndexTableRef> table = std::nullopt;  // with a chunk table only
 };
 
 // A blob's bytes in one data file (one per rank for a per-rank blob).

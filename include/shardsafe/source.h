@@ -40,7 +40,7 @@ struct CheckpointSource {
   // A native checkpoint's index, locked shared while the source lives
   // (where the file system has locks; on the rank that opened it): retention
   // and prune leave a checkpoint alone while a load holds it.
-  std::shared_ptr<FileLock> pin;
+  std::shared_ptr<FileLock> pin = nullptr;
 };
 
 // How every file of `src` is opened for reading: confined

@@ -241,14 +241,13 @@ Status NameTouchedTargets(const Status& s, const std::vector<std::string>& writt
 
 }  // namespace
 
-Status LoadFromSource(const LoadRequest& request, const CheckpointSource& opened,
+Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
                       std::optional<int> blobs_of_rank, FileSystem& fs,
                       const LoadOptions& options, LoadResult* result) {
-  if (opened.chunks_pending) {
-    SS_ASSIGN_OR_RETURN(CheckpointSource filled, ReadChunksFor(fs, opened, request));
+  if (src.chunks_pending) {
+    SS_ASSIGN_OR_RETURN(CheckpointSource filled, ReadChunksFor(fs, src, request));
     return LoadFromSource(request, filled, blobs_of_rank, fs, options, result);
   }
-  const CheckpointSource& src = opened;
   SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
   return Execute(p, src, blobs_of_rank, fs, options, result);
 }
