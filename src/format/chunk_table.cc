@@ -244,8 +244,8 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
     const size_t first_record = records.size();
     for (const IndexChunk& c : tensor.chunks) PutRecord(c, records);
     out += EncodeDirectory(tensor.chunks, ndim, std::string_view(records).substr(first_record));
-    const ByteSpan top = EntryBytes(ref, ndim, LevelSizes(ref.count).size() - 1, 0,
-                                    LevelSizes(ref.count).back());
+    const std::vector<uint64_t> levels = LevelSizes(ref.count);
+    const ByteSpan top = EntryBytes(ref, ndim, levels.size() - 1, 0, levels.back());
     ref.directory_crc32c = Crc32c(out.data() + top.at, top.bytes);
     table.refs.push_back(ref);
   }

@@ -53,11 +53,6 @@ std::string DirPrefix(const S3Location& dir) { return dir.key.empty() ? "" : dir
 
 }  // namespace
 
-namespace {
-
-// The decimal integer in variable `name`, or `fallback` when unset.
-}  // namespace
-
 Result<S3FileOptions> S3FileOptions::FromEnvironment() {
   S3FileOptions o;
   SS_ASSIGN_OR_RETURN(int64_t part, EnvInteger("SHARDSAFE_S3_PART_BYTES", o.part_bytes,
