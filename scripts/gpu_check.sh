@@ -4,12 +4,9 @@
 #
 #   scripts/gpu_check.sh [DEPS]     DEPS default: .gpu-carry
 #
-# DEPS holds what the build needs, copied from a Debian 12 machine:
-#   DEPS/prefix/include/{isa-l/,isa-l.h,nlohmann/,CLI/,re2/,simdjson.h}
-#   DEPS/prefix/lib/libisal.so, libisal.so.2, libre2.so, libre2.so.9, libsimdjson.so, libsimdjson.so.14
-#   DEPS/prefix/share/cmake/{nlohmann_json,CLI11}/
-#   DEPS/wheels/*.whl   (optional: scikit-build-core / nanobind as pinned in pyproject.toml)
-# See tests/gpu/README.md for how to make it. The package is installed into
+# DEPS holds what the build needs, copied from a Debian 12 machine by
+# scripts/gpu_carry.sh (the headers, the shared libraries and the libraries
+# they load, CMake package files, and the build backend's wheels). The package is installed into
 # a private folder ($GPU_SITE, default /tmp/shardsafe-gpu-site), never into
 # the environment. PYTHON (default python3), BENCH=0 skips the benchmark,
 # PYTEST_ARGS adds pytest arguments.
@@ -33,11 +30,14 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.
       f"scikit-build-core {scikit_build_core.__version__}")
 PY
 
-export LD_LIBRARY_PATH=$P/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$P/lib:$P/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CMAKE_ARGS="-DISAL_INCLUDE_DIR=$P/include -DISAL_LIBRARY=$P/lib/libisal.so \
 -Dnlohmann_json_DIR=$P/share/cmake/nlohmann_json -DCLI11_DIR=$P/share/cmake/CLI11 \
 -DRE2_INCLUDE_DIR=$P/include -DRE2_LIBRARY=$P/lib/libre2.so \
--DSIMDJSON_INCLUDE_DIR=$P/include -DSIMDJSON_LIBRARY=$P/lib/libsimdjson.so"
+-DSIMDJSON_INCLUDE_DIR=$P/include -DSIMDJSON_LIBRARY=$P/lib/libsimdjson.so \
+-DCURL_NO_CURL_CMAKE=ON -DCURL_INCLUDE_DIR=$P/include -DCURL_LIBRARY=$P/lib/libcurl.so \
+-DOPENSSL_INCLUDE_DIR=$P/include -DOPENSSL_CRYPTO_LIBRARY=$P/lib/libcrypto.so \
+-DOPENSSL_SSL_LIBRARY=$P/lib/libssl.so -Dpugixml_DIR=$P/lib/x86_64-linux-gnu/cmake/pugixml"
 echo "=== build: pip install (no build isolation) into $SITE"
 "$PY" -m pip install -q --no-build-isolation --no-deps --no-compile --target "$SITE" \
   -C build-dir="$BUILD" .

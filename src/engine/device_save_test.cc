@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "engine/test_util.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/device_memory.h"
+#include "shardsafe/source.h"
 
 namespace shardsafe {
 namespace {
@@ -435,6 +437,64 @@ TEST_F(DeviceSaveTest, LoadIntoDeviceTargetsGoesThroughBoundedRegisteredStaging)
   auto plain = Load(d.request, root_ + "/ckpt", *comm, unverified);
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
   EXPECT_EQ(res->bytes_read, plain->bytes_read) << "a chunk was read again to verify it";
+}
+
+// Records the length of every read of the files it opens.
+class ReadLengths final : public testing::ForwardingFileSystem {
+ public:
+  using ForwardingFileSystem::ForwardingFileSystem;
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
+                                                                const ReadOptions& o) override {
+    SS_ASSIGN_OR_RETURN(auto file, base_->NewRandomAccessFile(p, o));
+    return std::unique_ptr<RandomAccessFile>(new File(this, std::move(file)));
+  }
+  std::vector<uint64_t> lengths() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lengths_;
+  }
+
+ private:
+  class File final : public RandomAccessFile {
+   public:
+    File(ReadLengths* fs, std::unique_ptr<RandomAccessFile> base)
+        : fs_(fs), base_(std::move(base)) {}
+    Status ReadAt(uint64_t offset, void* dst, size_t n) const override {
+      fs_->Add(n);
+      return base_->ReadAt(offset, dst, n);
+    }
+    uint64_t size() const override { return base_->size(); }
+
+   private:
+    ReadLengths* const fs_;
+    std::unique_ptr<RandomAccessFile> base_;
+  };
+  void Add(uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lengths_.push_back(n);
+  }
+  mutable std::mutex mu_;
+  std::vector<uint64_t> lengths_;
+};
+
+// A chunk that goes whole into one contiguous run (what a device load's
+// batch of one large tensor is) is still read in reads of at most
+// max_read_bytes, so the reader's threads share it, and is verified once.
+TEST_F(DeviceSaveTest, SourceReaderCutsAReadStraightIntoItsTargetIntoWindows) {
+  SaveFromHost(root_ + "/ckpt");
+  auto src = OpenSource(*DefaultFileSystem(), root_ + "/ckpt");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ReadLengths fs(DefaultFileSystem());
+  SourceReader reader(*src, fs, /*verify_checksums=*/true, {4, 1 << 20, false});
+  OwnedTarget target = MakeTarget("big", DType::kF32, kBig, {Box::Whole(kBig), {}});
+  const std::string key = "big";
+  const SourcePiece piece{&key, target.target.slice, target.target.data, DType::kF32};
+  ASSERT_TRUE(reader.Read({&piece, 1}, 1 << 20).ok());
+  EXPECT_TRUE(MatchesOracle(target));
+  const std::vector<uint64_t> lengths = fs.lengths();
+  EXPECT_GE(lengths.size(), 32u) << "32 MiB in reads of at most 1 MiB";
+  EXPECT_LE(*std::max_element(lengths.begin(), lengths.end()), uint64_t{1} << 20);
+  EXPECT_EQ(reader.bytes_read(), uint64_t{4100} * 2048 * 4) << "a byte read twice";
+  EXPECT_EQ(reader.chunks_verified(), 2u) << "both saved halves of big, from the stream";
 }
 
 TEST_F(DeviceSaveTest, LoadIntoDeviceFailuresAreClearAndNeverHang) {

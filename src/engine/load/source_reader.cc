@@ -16,6 +16,33 @@ namespace shardsafe {
 namespace {
 
 constexpr uint64_t kVerifyPieceBytes = uint64_t{8} << 20;
+constexpr uint64_t kWindowAlign = 4096;  // a multiple of every whole-byte element size
+
+// Appends `read` to `plan` as groups of one read each (the stream checks
+// checksums in any order, so each may run on a thread of its own). A read
+// that goes whole into one destination run, which the planner leaves uncut
+// (it needs no scratch), is cut into windows of at most `window` bytes
+// (whole elements, a multiple of 4 KiB): otherwise one thread would read a
+// batch that is one large chunk alone.
+void AppendInWindows(ReadOp read, uint64_t window, std::span<const SavedTensor> tensors,
+                     std::span<const Want> wants, LoadPlan* plan) {
+  const Segment seg = read.segments.size() == 1 ? read.segments[0] : Segment{};
+  const DType dtype = tensors[wants[seg.want].tensor].dtype;
+  const uint64_t esize = DTypeBits(dtype) / 8;
+  window = std::max(window / kWindowAlign * kWindowAlign, kWindowAlign);
+  if (read.segments.size() != 1 || read.length <= window || IsSubByte(dtype) || seg.rows != 1 ||
+      seg.src_byte != 0 || seg.count * esize != read.length) {
+    plan->groups.push_back({{std::move(read)}, {}});
+    return;
+  }
+  for (uint64_t done = 0; done < read.length; done += window) {
+    const uint64_t n = std::min(window, read.length - done);
+    Segment part = seg;
+    part.dst_elem = seg.dst_elem + done / esize;
+    part.count = n / esize;
+    plan->groups.push_back({{ReadOp{read.file, read.offset + done, n, {part}}}, {}});
+  }
+}
 
 }  // namespace
 
@@ -83,14 +110,14 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   LoadPlanOptions popts;
   popts.max_read_bytes = std::max<uint64_t>(max_read_bytes, 1 << 20);
   SS_ASSIGN_OR_RETURN(LoadPlan planned, PlanLoad(tensors, wants, popts));
-  // The stream checks checksums whatever order bytes arrive in, so every
-  // read may run on a thread of its own (a group's reads run in order on
-  // one): a batch of one large chunk is read by all the threads.
+  // A group's reads run in order on one thread; these run on any.
   LoadPlan plan;
   plan.bytes_needed = planned.bytes_needed;
   plan.bytes_read = planned.bytes_read;
   for (ReadGroup& group : planned.groups) {
-    for (ReadOp& read : group.reads) plan.groups.push_back({{std::move(read)}, {}});
+    for (ReadOp& read : group.reads) {
+      AppendInWindows(std::move(read), popts.max_read_bytes, tensors, wants, &plan);
+    }
   }
   LoadOptions options;
   options.verify_checksums = verify_;
