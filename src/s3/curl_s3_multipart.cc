@@ -42,8 +42,18 @@ Result<std::string> CurlS3Client::CompleteMultipartUpload(const S3Location& at,
   req.error_in_200 = true;
   if (if_none_match) req.headers.push_back("If-None-Match: *");
   S3Target target{at, upload_id};
-  SS_ASSIGN_OR_RETURN(HttpResponse r, Send(target, req));
-  if (!ParseErrorBody(r.body).code.empty()) return ResponseError(target, r);
+  SS_ASSIGN_OR_RETURN(HttpResponse r, SendRaw(target, req));
+  if (r.status == 404 && ParseErrorBody(r.body).code == "NoSuchUpload") {
+    // A completion whose answer was lost (the connection dropped after
+    // the server completed) is retried, and the retry finds the upload
+    // gone. The object at the key is ours if its ETag is the one these
+    // parts make.
+    const std::string ours = MultipartETag(parts);
+    Result<ObjectInfo> now = Head(at);
+    if (!ours.empty() && now.ok() && now->etag == ours) return ours;
+    return ResponseError(target, r);
+  }
+  if (!r.ok() || !ParseErrorBody(r.body).code.empty()) return ResponseError(target, r);
   Result<std::string> etag = ParseCompletedETag(r.body);
   if (!etag.ok()) return etag.status().WithContext(target.Describe());
   return etag;

@@ -185,7 +185,10 @@ class S3Client {
                                          int part_number, std::span<const char> data,
                                          std::optional<uint32_t> crc32c) = 0;
   // Returns the object's ETag. `if_none_match`: If-None-Match: * (412 when
-  // the key exists: FailedPrecondition).
+  // the key exists: FailedPrecondition). When the upload is gone
+  // (NoSuchUpload: a retry after the server completed it and its answer was
+  // lost), succeeds if the object at the key has the ETag `parts` make
+  // (MultipartETag), else NotFound.
   virtual Result<std::string> CompleteMultipartUpload(const S3Location& at,
                                                       const std::string& upload_id,
                                                       std::span<const CompletedPart> parts,
@@ -209,5 +212,11 @@ class S3Client {
 
 // Base64 of the big-endian CRC-32C, as x-amz-checksum-crc32c carries it.
 std::string Crc32cHeaderValue(uint32_t crc);
+
+// The ETag S3 gives the object a multipart upload of `parts` completes:
+// the hex MD5 of the parts' binary MD5s (their ETags), "-" and the number
+// of parts, quoted. Empty when a part's ETag is not a 32-digit hex MD5
+// (quoted or not), as under SSE-KMS and on some S3-compatible stores.
+std::string MultipartETag(std::span<const CompletedPart> parts);
 
 }  // namespace shardsafe

@@ -1,5 +1,5 @@
 // The encodings S3 uses, by libcurl (escaping, HTTP dates), OpenSSL
-// (base64) and libc (ISO 8601 dates).
+// (base64, MD5) and libc (ISO 8601 dates).
 #include "s3/s3_encoding.h"
 
 #include <curl/curl.h>
@@ -67,6 +67,36 @@ std::string Crc32cHeaderValue(uint32_t crc) {
   unsigned char out[9];  // 4 bytes -> 8 characters and a NUL
   int n = EVP_EncodeBlock(out, be, sizeof(be));
   return std::string(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+}
+
+std::string MultipartETag(std::span<const CompletedPart> parts) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string md5s;
+  for (const CompletedPart& p : parts) {
+    std::string_view e = p.etag;
+    if (e.size() == 34 && e.front() == '"' && e.back() == '"') e = e.substr(1, 32);
+    if (e.size() != 32) return "";
+    for (size_t i = 0; i < 32; i += 2) {
+      const int hi = hex(e[i]), lo = hex(e[i + 1]);
+      if (hi < 0 || lo < 0) return "";
+      md5s.push_back(static_cast<char>(hi * 16 + lo));
+    }
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(md5s.data(), md5s.size(), digest, &n, EVP_md5(), nullptr) != 1) return "";
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (unsigned int i = 0; i < n; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out + "-" + std::to_string(parts.size()) + "\"";
 }
 
 }  // namespace shardsafe

@@ -18,15 +18,17 @@ characters such as '+', '=', '!', '/' in a query value or non-ASCII.)
 Commands on stdin, one a line, each answered by "ok" (or "error: WHY") on
 stdout:
 
-  fail STATUS CODE COUNT [METHOD]  answer the next COUNT requests (with METHOD,
-                                   or any) with STATUS and an S3 <Error> of
-                                   CODE, without forwarding them
-  drop COUNT [METHOD]              break the next COUNT requests: a GET is
+  fail STATUS CODE COUNT [METHOD [PART]]
+                                   answer the next COUNT requests (with METHOD,
+                                   or any; whose target, path and query,
+                                   contains PART, or any) with STATUS and an
+                                   S3 <Error> of CODE, without forwarding them
+  drop COUNT [METHOD [PART]]       break the next COUNT requests: a GET is
                                    forwarded and its answer cut off after half
                                    the body; any other request is read whole
                                    and its connection closed unanswered (not
                                    forwarded)
-  lose COUNT [METHOD]              forward the next COUNT requests, then close
+  lose COUNT [METHOD [PART]]       forward the next COUNT requests, then close
                                    their connections unanswered: the server
                                    did the work, the client never hears of it
   log                              print one line per request received so
@@ -58,19 +60,19 @@ class Faults:
 
     def __init__(self, body_dir):
         self.lock = threading.Lock()
-        self.rules = []  # [kind, remaining, method, status, code]
+        self.rules = []  # [kind, remaining, method, status, code, part]
         self.lines = []
         self.body_dir = Path(body_dir)
 
-    def add(self, kind, count, method, status=0, code=""):
+    def add(self, kind, count, method, status=0, code="", part=None):
         with self.lock:
-            self.rules.append([kind, count, method, status, code])
+            self.rules.append([kind, count, method, status, code, part])
 
-    def take(self, method):
-        """The fault for a request with `method`: (kind, status, code)."""
+    def take(self, method, target):
+        """The fault for a request with `method` and `target`: (kind, status, code)."""
         with self.lock:
             for rule in self.rules:
-                if rule[1] > 0 and rule[2] in (None, method):
+                if rule[1] > 0 and rule[2] in (None, method) and (rule[5] or "") in target:
                     rule[1] -= 1
                     return rule[0], rule[3], rule[4]
         return "forward", 0, ""
@@ -105,7 +107,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.secret is not None and not signature_matches(self, self.secret):
             kind, status, code = "badsig", 403, "SignatureDoesNotMatch"
         else:
-            kind, status, code = self.faults.take(self.command)
+            kind, status, code = self.faults.take(self.command, self.path)
         self.faults.log(self, kind, body)
         if kind in ("fail", "badsig"):
             self.reply_error(status, code)
@@ -182,11 +184,13 @@ def signature_matches(handler, secret):
 
 def run_command(faults, words):
     """Applies one stdin command; returns the lines to answer."""
-    if words[0] == "fail" and len(words) in (4, 5):
-        faults.add("fail", int(words[3]), words[4] if len(words) == 5 else None,
-                   int(words[1]), words[2])
-    elif words[0] in ("drop", "lose") and len(words) in (2, 3):
-        faults.add(words[0], int(words[1]), words[2] if len(words) == 3 else None)
+    def optional(i):
+        return words[i] if len(words) > i else None
+
+    if words[0] == "fail" and len(words) in (4, 5, 6):
+        faults.add("fail", int(words[3]), optional(4), int(words[1]), words[2], optional(5))
+    elif words[0] in ("drop", "lose") and len(words) in (2, 3, 4):
+        faults.add(words[0], int(words[1]), optional(2), part=optional(3))
     elif words == ["log"]:
         with faults.lock:
             return list(faults.lines) + ["ok"]
