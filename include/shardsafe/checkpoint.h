@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -201,6 +202,11 @@ struct LoadOptions {
   // freed after it), each copied to the device while the other fills.
   std::shared_ptr<DeviceMemory> device;
   uint64_t device_staging_bytes = uint64_t{256} << 20;
+  // Host memory the caller keeps registered with `device` and lends to
+  // this load alone, 4 KiB aligned: when it holds both staging buffers,
+  // they are carved from it, and nothing is allocated or registered (a
+  // caller that loads again and again pays for page-locking once).
+  std::span<char> device_staging_memory;
 };
 
 struct LoadResult {

@@ -10,7 +10,7 @@ rank's part of a global tensor say so with Sharded, values that differ by
 rank with PerRank; see README.md, "Python".
 """
 
-from ._load import LoadResult, load
+from ._load import LoadResult, load, release_load_staging
 from ._manager import CheckpointManager
 from ._options import LoadOptions, SaveOptions
 from ._save import async_save, release_async_save, reserve_async_save, save
@@ -21,7 +21,8 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
                      ShardsafeError, StorageError)
 
 __all__ = [
-    "save", "async_save", "reserve_async_save", "release_async_save", "load", "CheckpointManager",
+    "save", "async_save", "reserve_async_save", "release_async_save", "load",
+    "release_load_staging", "CheckpointManager",
     "LoadResult", "Sharded", "PerRank", "SaveOptions", "LoadOptions",
     "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",

@@ -273,6 +273,14 @@ def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list
 
 
 @without_gc
+def release_load_staging() -> None:
+    """Frees the page-locked host memory loads into CUDA tensors stage their
+    bytes in (LoadOptions.device_staging_bytes), which the first such load
+    allocates and later ones reuse; the next such load allocates it again.
+    Waits for a load using it."""
+    _device.LOAD_STAGING.release()
+
+
 def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
          rename: _keys.Rename = None, experts: Sequence[_keys.ExpertGroup] = (),
@@ -503,10 +511,12 @@ def _load_specs(reads: list[_Read]) -> list[tuple]:
     return specs
 
 
-def _device_specs(reads: list[_Read]) -> tuple[_device.DeviceCopier, list[tuple]] | None:
-    """The engine's device targets and their copier: each read's
-    destination where the engine can fill it in place, else a contiguous
-    device temporary (`r.buf`, copied in afterwards)."""
+def _device_specs(reads: list[_Read], staging: tuple[int, int] | None
+                  ) -> tuple[_device.DeviceCopier, list[tuple]] | None:
+    """The engine's device targets and their copier (which lends the load
+    `staging`): each read's destination where the engine can fill it in
+    place, else a contiguous device temporary (`r.buf`, copied in
+    afterwards)."""
     if not reads:
         return None
     bufs, specs = [], []
@@ -517,7 +527,7 @@ def _device_specs(reads: list[_Read]) -> tuple[_device.DeviceCopier, list[tuple]
         r.buf = None if fits else buf
         bufs.append(buf)
         specs.append(_spec(r, buf))
-    return _device.DeviceCopier(bufs), specs
+    return _device.DeviceCopier(bufs, staging), specs
 
 
 def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[_Read],
@@ -525,9 +535,12 @@ def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[
                options: LoadOptions) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
-    devices = _device_specs(device)
-    result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(), plan.whole,
-                            devices)
+    staging_bytes = options.device_staging_bytes or _C.DEFAULT_DEVICE_STAGING_BYTES
+    with (_device.LOAD_STAGING.borrow(staging_bytes) if device
+          else contextlib.nullcontext()) as lent:
+        devices = _device_specs(device, lent)
+        result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(),
+                                plan.whole, devices)
     with torch.no_grad():
         for r in staged:
             r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")

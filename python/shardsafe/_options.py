@@ -105,8 +105,8 @@ class LoadOptions(_Options):
       the page cache.
     device_staging_bytes: host memory a load into device (CUDA) tensors
       stages their bytes in: two page-locked buffers of half this each,
-      one copied to the device while the other fills, freed after the load
-      (256 MiB).
+      one copied to the device while the other fills, kept for the next
+      load (shardsafe.release_load_staging() frees them) (256 MiB).
     """
 
     verify_checksums: bool | None = None

@@ -497,6 +497,45 @@ TEST_F(DeviceSaveTest, SourceReaderCutsAReadStraightIntoItsTargetIntoWindows) {
   EXPECT_EQ(reader.chunks_verified(), 2u) << "both saved halves of big, from the stream";
 }
 
+// Memory the caller keeps registered and lends to each load is where the
+// staging buffers go: loads register nothing of their own; memory too
+// small for both buffers is not used.
+TEST_F(DeviceSaveTest, LoadsIntoDeviceTargetsStageInLentMemory) {
+  SaveFromHost(root_ + "/ckpt");
+  auto device = std::make_shared<ShiftedDevice>();
+  constexpr size_t kLent = 4 << 20;
+  void* lent = std::aligned_alloc(4096, kLent);
+  ASSERT_NE(lent, nullptr);
+  device->Register(lent, kLent);
+  auto comm = MakeSingleProcessComm();
+  for (int load = 0; load < 2; ++load) {
+    DeviceTargets d = MakeDeviceTargets();
+    LoadOptions options;
+    options.device = device;
+    options.device_staging_bytes = kLent;
+    options.device_staging_memory = {static_cast<char*>(lent), kLent};
+    auto res = Load(d.request, root_ + "/ckpt", *comm, options);
+    ASSERT_TRUE(res.ok()) << res.status().ToString();
+    for (const OwnedTarget& t : d.owned) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+    EXPECT_EQ(device->bytes_copied(), d.bytes * (load + 1));
+  }
+  EXPECT_EQ(device->registrations(), 1) << "a load registered staging of its own";
+  EXPECT_EQ(device->registered().size(), 1u);
+
+  DeviceTargets d = MakeDeviceTargets();
+  LoadOptions options;
+  options.device = device;
+  options.device_staging_bytes = kLent;
+  options.device_staging_memory = {static_cast<char*>(lent), kLent - 4096};
+  auto res = Load(d.request, root_ + "/ckpt", *comm, options);
+  ASSERT_TRUE(res.ok()) << res.status().ToString();
+  for (const OwnedTarget& t : d.owned) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
+  EXPECT_EQ(device->registrations(), 3) << "too little lent: two buffers of its own";
+  EXPECT_EQ(device->registered().size(), 1u) << "its own unregistered after the load";
+  device->Unregister(lent, kLent);
+  std::free(lent);
+}
+
 TEST_F(DeviceSaveTest, LoadIntoDeviceFailuresAreClearAndNeverHang) {
   SaveFromHost(root_ + "/ckpt");
   auto comm = MakeSingleProcessComm();

@@ -522,6 +522,7 @@ NB_MODULE(_C, m) {
         },
         "targets"_a, "path"_a, "comm"_a.none(), "options"_a);
 
+  m.attr("DEFAULT_DEVICE_STAGING_BYTES") = LoadOptions{}.device_staging_bytes;
   BindOpenedSource(m);
   BindDownload(m);
   BindWhole<TensorTarget>(m, "WholeTargets");
@@ -546,6 +547,11 @@ NB_MODULE(_C, m) {
             for (Spec& spec : device->second) {
               request.tensors.push_back(ItemOf<TensorTarget>(spec));
               request.tensors.back().on_device = true;
+            }
+            // Page-locked memory the copier lends the load: (address, bytes).
+            if (auto lent = nb::cast<std::optional<std::pair<uintptr_t, size_t>>>(
+                    nb::getattr(device->first, "staging", nb::none()))) {
+              o.device_staging_memory = {reinterpret_cast<char*>(lent->first), lent->second};
             }
             call.memory = std::make_shared<PyDeviceMemory>(std::move(device->first));
             o.device = call.memory;

@@ -605,9 +605,11 @@ def test_dcp_writer_saves_cuda_chunks_through_the_copier(tmp_path):
 # ---------------------------------------------- pinned load staging --
 
 def test_loads_into_cuda_stream_through_bounded_pinned_staging(tmp_path, monkeypatch):
-    """Loads into CUDA tensors go through two page-locked buffers of
-    device_staging_bytes / 2, registered for the load and released after it;
-    the state is never staged whole (the Python staging buffer takes nothing)."""
+    """Loads into CUDA tensors go through two buffers of
+    device_staging_bytes / 2 in page-locked memory the package allocates on
+    the first such load and keeps for the next (_device.LOAD_STAGING): no
+    load page-locks memory of its own; the state is never staged whole (the
+    Python staging buffer takes nothing); release_load_staging frees it."""
     pinned: list[int] = []
     pin_host = _device.pin_host
     monkeypatch.setattr(_device, "pin_host", lambda a, n: (pinned.append(n), pin_host(a, n)))
@@ -618,21 +620,29 @@ def test_loads_into_cuda_stream_through_bounded_pinned_staging(tmp_path, monkeyp
     state = {"a": torch.randn(n, device=CUDA), "b": torch.randn(n // 2, device=CUDA),
              "t": torch.randn(64, 48, device=CUDA).t()}  # a strided target too
     shardsafe.save(state, tmp_path / "s1")
-    got = zeros_like(state)
-    got["t"] = torch.zeros(64, 48, device=CUDA).t()
+    shardsafe.release_load_staging()
     before = set(_device.registered())  # an async save's arena stays registered
-    shardsafe.load(got, tmp_path / "s1",
-                   options=shardsafe.LoadOptions(device_staging_bytes=8 << 20))
-    for k in state:
-        assert_same_bytes(got[k], state[k], k)
-    assert pinned and max(pinned) <= 4 << 20 and len(pinned) <= 2, pinned
-    assert set(_device.registered()) == before, "the load left its staging registered"
+    addresses = []
+    for _ in range(2):
+        got = zeros_like(state)
+        got["t"] = torch.zeros(64, 48, device=CUDA).t()
+        shardsafe.load(got, tmp_path / "s1",
+                       options=shardsafe.LoadOptions(device_staging_bytes=8 << 20))
+        for k in state:
+            assert_same_bytes(got[k], state[k], k)
+        assert _device.LOAD_STAGING.nbytes == 8 << 20
+        assert _device.LOAD_STAGING._buf.is_pinned()
+        addresses.append(_device.LOAD_STAGING._buf.data_ptr())
+    assert addresses[0] == addresses[1], "the second load allocated its staging again"
+    assert not pinned, "a load page-locked memory of its own"
+    assert set(_device.registered()) == before, "a load left memory registered"
     assert not staged, "CUDA targets went through the whole-state staging"
-    pinned.clear()
     shardsafe.load(got, tmp_path / "s1")  # the default: 256 MiB, two buffers
-    assert pinned and max(pinned) <= 128 << 20, pinned
+    assert _device.LOAD_STAGING.nbytes == 256 << 20 and not pinned
     for k in state:
         assert_same_bytes(got[k], state[k], k)
+    shardsafe.release_load_staging()
+    assert _device.LOAD_STAGING.nbytes == 0
 
 
 def test_concurrent_saves_from_two_threads(tmp_path):

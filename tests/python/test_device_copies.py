@@ -216,3 +216,27 @@ def test_a_failing_device_copy_fails_the_load_naming_it(tmp_path):
         _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
                        (device, device.specs()))
     assert set(_device.registered()) == device.before
+
+
+def test_a_load_into_device_targets_stages_in_the_memory_its_copier_lends(tmp_path):
+    tensors = state()
+    shardsafe.save(tensors, tmp_path / "ckpt")
+    source = _C.open_source(str(tmp_path / "ckpt"), None)
+    raw = torch.empty((4 << 20) + 4096, dtype=torch.uint8)
+    skip = -raw.data_ptr() % 4096
+    lent = raw[skip:skip + (4 << 20)]  # 4 KiB aligned, as the engine asks
+    start, end = lent.data_ptr(), lent.data_ptr() + lent.numel()
+    for _ in range(2):  # lent again to the next load
+        targets = {k: torch.zeros_like(v) for k, v in tensors.items()}
+        device = FlippedTargets(targets)
+        device.staging = (start, lent.numel())
+        _device.pin_host(start, lent.numel())
+        try:
+            _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+                           (device, device.specs()))
+        finally:
+            _device.unpin_host(start, lent.numel())
+        for k, v in tensors.items():
+            assert torch.equal(targets[k], v), k
+        assert device.peak_registered == lent.numel(), "the load registered staging of its own"
+        assert all(start <= src and src + n <= end for _, src, n in device.copies)

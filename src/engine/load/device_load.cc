@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <set>
 
@@ -69,25 +70,33 @@ std::vector<size_t> PackIntoBatches(std::vector<Piece>& pieces, uint64_t buffer_
   return starts;
 }
 
-// The host buffers, registered with the device while they live.
+// The host buffers: `count` of `bytes` each, carved from the caller's
+// registered memory (LoadOptions::device_staging_memory) when it holds
+// them all, else allocated and registered with the device while they live.
 class Staging {
  public:
   static Result<std::unique_ptr<Staging>> Create(DeviceMemory& device, uint64_t bytes,
-                                                 size_t count) {
-    auto staging = std::unique_ptr<Staging>(new Staging(device, bytes));
+                                                 size_t count, std::span<char> lent) {
+    auto staging = std::unique_ptr<Staging>(new Staging());
+    const bool fits = lent.size() >= bytes * count &&
+                      reinterpret_cast<uintptr_t>(lent.data()) % kBufferAlign == 0;
     for (size_t i = 0; i < count; ++i) {
+      if (fits) {
+        staging->buffers_.emplace_back(lent.data() + i * bytes, [](char*) {});
+        continue;
+      }
       char* buffer = static_cast<char*>(std::aligned_alloc(kBufferAlign, bytes));
       if (buffer == nullptr) {
         return ResourceExhaustedError("no memory for a " + std::to_string(bytes) +
                                       "-byte staging buffer of a device load");
       }
-      staging->buffers_.emplace_back(buffer, &std::free);
+      staging->buffers_.emplace_back(buffer, [&device, bytes](char* b) {
+        device.Unregister(b, bytes);
+        std::free(b);
+      });
       device.Register(buffer, bytes);
     }
     return staging;
-  }
-  ~Staging() {
-    for (auto& b : buffers_) device_.Unregister(b.get(), bytes_);
   }
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -95,11 +104,9 @@ class Staging {
   char* buffer(size_t i) const { return buffers_[i].get(); }
 
  private:
-  Staging(DeviceMemory& device, uint64_t bytes) : device_(device), bytes_(bytes) {}
+  Staging() = default;
 
-  DeviceMemory& device_;
-  const uint64_t bytes_;
-  std::vector<std::unique_ptr<char, decltype(&std::free)>> buffers_;
+  std::vector<std::unique_ptr<char, std::function<void(char*)>>> buffers_;
 };
 
 // Keys of the tensors some target takes whole: their chunks are all read,
@@ -125,7 +132,8 @@ Result<DeviceLoadStats> LoadIntoDevice(const std::vector<DeviceTarget>& targets,
   const std::vector<size_t> starts = PackIntoBatches(pieces, buffer_bytes);
   const size_t batches = starts.size() - 1;
   SS_ASSIGN_OR_RETURN(auto staging,
-                      Staging::Create(device, buffer_bytes, std::min<size_t>(batches, 2)));
+                      Staging::Create(device, buffer_bytes, std::min<size_t>(batches, 2),
+                                      options.device_staging_memory));
   // The load's own threads and scratch: one batch at a time is read, so
   // it may use everything a host load would.
   SourceReader reader(src, fs, options.verify_checksums,

@@ -8,7 +8,9 @@
 // one (planned like any load, straight into the buffer, converting dtypes
 // on the way) while the other's bytes go to the device
 // (DeviceMemory::CopyToDevice, on a thread of its own). Host memory held:
-// device_staging_bytes at most, registered with the device for the load.
+// device_staging_bytes at most, registered with the device for the load,
+// or none where the caller lends registered memory that holds both buffers
+// (LoadOptions::device_staging_memory).
 //
 // Checksums: SourceReader checks every chunk whose bytes stream through in
 // file order, across batches; the chunks of tensors some device target
