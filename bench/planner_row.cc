@@ -108,15 +108,17 @@ std::vector<std::vector<WrittenFile>> WrittenFiles(const SavePlan& plan) {
   return out;
 }
 
-// Every rank's step-3 report of a save of `plan` (EncodeReport): its files
-// and a checksum per replica it holds but does not write (replica_check.h).
+// Every rank's step-3 report of a save of `plan` (EncodeReport, in full or
+// compact): its files and a checksum per replica it holds but does not
+// write (replica_check.h).
 std::vector<std::string> Reports(const SavePlan& plan,
-                                 const std::vector<std::vector<WrittenFile>>& written) {
+                                 const std::vector<std::vector<WrittenFile>>& written,
+                                 bool compact) {
   std::vector<RankReport> reports(written.size());
   for (size_t r = 0; r < written.size(); ++r) reports[r].files = written[r];
   for (const HeldCopy& c : plan.copies) reports[c.rank].copies.push_back({c.chunk, 0});
   std::vector<std::string> out;
-  for (const RankReport& report : reports) out.push_back(EncodeReport(report));
+  for (const RankReport& report : reports) out.push_back(EncodeReport(report, compact));
   return out;
 }
 
@@ -129,14 +131,14 @@ std::vector<std::string> FramedReports(const std::vector<std::string>& reports) 
 
 // Steps 1-3 of a save after planning, as `comm`'s rank runs them (with the
 // collective helpers Save calls): rank 0's broadcast of the save's
-// directories, every rank's report (this rank's: `report`) gathered to rank
-// 0 (which receives `framed_reports`), and rank 0's broadcast of the
-// outcome (no warnings). Returns the bytes they moved through `comm`.
-// Writing and committing are left out.
+// directories, every rank's report (this rank's: `report`; compact in a
+// repeated save) gathered to rank 0 (which receives `framed_reports`), and
+// rank 0's broadcast of the outcome (no warnings). Returns the bytes they
+// moved through `comm`. Writing and committing are left out.
 Result<uint64_t> StepsAfterPlanning(SimulatedRank& comm, const std::string& report,
-                                    std::vector<std::string> framed_reports) {
+                                    std::vector<std::string> framed_reports, bool compact) {
   const bool leader = comm.rank() == 0;
-  const std::string dirs = EncodeSaveDirs(SaveDirs{kTmpDir, kTmpDir, ""});
+  const std::string dirs = EncodeSaveStart({SaveDirs{kTmpDir, kTmpDir, ""}, compact});
   comm.TakeBytes();
   if (!leader) comm.QueueBroadcast(Framed(dirs));
   SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, dirs).status());
@@ -219,13 +221,23 @@ Status MeasureStep0(int iters, const std::function<void(int)>& queue, RankRun& r
   return Status();
 }
 
+// A rank's step-3 report in full (a first save) and compact (a repeated
+// one), and what rank 0 receives of every rank's (empty on another rank).
+struct StepReports {
+  std::string full, compact;
+  std::vector<std::string> framed_full, framed_compact;
+};
+
 // Adds the bytes of steps 1-3 to `cost`'s first and repeated saves.
-Status AddStepsAfterPlanning(SimulatedRank& comm, const std::string& report,
-                             std::vector<std::string> framed_reports, RankCost* cost) {
-  SS_ASSIGN_OR_RETURN(const uint64_t bytes,
-                      StepsAfterPlanning(comm, report, std::move(framed_reports)));
-  *cost->coord_bytes += bytes;
-  *cost->repeat_coord_bytes += bytes;
+Status AddStepsAfterPlanning(SimulatedRank& comm, StepReports reports, RankCost* cost) {
+  SS_ASSIGN_OR_RETURN(const uint64_t first,
+                      StepsAfterPlanning(comm, reports.full, std::move(reports.framed_full),
+                                         /*compact=*/false));
+  SS_ASSIGN_OR_RETURN(const uint64_t repeated,
+                      StepsAfterPlanning(comm, reports.compact,
+                                         std::move(reports.framed_compact), /*compact=*/true));
+  *cost->coord_bytes += first;
+  *cost->repeat_coord_bytes += repeated;
   return Status();
 }
 
@@ -292,10 +304,10 @@ Status TimeLoadMetadata(const SimulatedJob& job, int iters,
 }
 
 // Rank 0's costs, the row's plan-wide values and index; *sent: the largest
-// part rank 0 scattered to another rank, *other_report: that rank's step-3
-// report.
+// part rank 0 scattered to another rank, *other_reports: that rank's step-3
+// reports.
 Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank::SentPart* sent,
-                     std::string* other_report) {
+                     StepReports* other_reports) {
   RankRun run(job, 0);
   const auto queue = [&](int i) {
     uint64_t shards = 0;
@@ -310,35 +322,37 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
   row->writer_balance = WriterBalance(*run.plan);
   const std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
   {
-    const std::vector<std::string> reports = Reports(*run.plan, written);
-    *other_report = reports[sent->rank];
-    SS_RETURN_IF_ERROR(
-        AddStepsAfterPlanning(run.comm, reports[0], FramedReports(reports), &row->leader));
+    const std::vector<std::string> full = Reports(*run.plan, written, /*compact=*/false);
+    const std::vector<std::string> compact = Reports(*run.plan, written, /*compact=*/true);
+    *other_reports = {full[sent->rank], compact[sent->rank], {}, {}};
+    SS_RETURN_IF_ERROR(AddStepsAfterPlanning(
+        run.comm, {full[0], compact[0], FramedReports(full), FramedReports(compact)},
+        &row->leader));
   }
   return TimeLoadMetadata(job, iters, written, run, row);
 }
 
 // The other rank's costs: rank `sent.rank`, its part as rank 0 scattered it.
 Status MeasureOther(const SimulatedJob& job, int iters, const SimulatedRank::SentPart& sent,
-                    const std::string& report, Row* row) {
+                    StepReports reports, Row* row) {
   row->other_rank = sent.rank;
   row->other_part_bytes = sent.part.size();
   RankRun run(job, sent.rank);
   const auto queue = [&](int) { run.comm.QueueScattered(sent.part); };
   SS_RETURN_IF_ERROR(MeasureStep0(iters, queue, run, &row->other));
-  return AddStepsAfterPlanning(run.comm, report, {}, &row->other);
+  return AddStepsAfterPlanning(run.comm, std::move(reports), &row->other);
 }
 
 Status Measure(const SimulatedJob& job, int iters, Row* row) {
   malloc_trim(0);
   const uint64_t rss_before = StatusBytes("VmRSS:");
   SimulatedRank::SentPart sent;
-  std::string other_report;
-  SS_RETURN_IF_ERROR(MeasureLeader(job, iters, row, &sent, &other_report));
+  StepReports other_reports;
+  SS_RETURN_IF_ERROR(MeasureLeader(job, iters, row, &sent, &other_reports));
   // Taken now: measuring the other rank resets the peak.
   row->row_peak = StatusBytes("VmHWM:") - rss_before;
   if (sent.rank == 0) return InternalError("rank 0 scattered no part to another rank");
-  SS_RETURN_IF_ERROR(MeasureOther(job, iters, sent, other_report, row));
+  SS_RETURN_IF_ERROR(MeasureOther(job, iters, sent, std::move(other_reports), row));
   if (!row->leader.peak_rss_bytes) AddNote(row, "peak RSS unknown: /proc/self/clear_refs refused");
   return Status();
 }

@@ -40,7 +40,8 @@
 //                      and replica checksums, from the whole plan, whose
 //                      numbers a part's report uses too), the outcome's
 //                      broadcast.
-//   repeat_coord_bytes the same for a repeated save.
+//   repeat_coord_bytes the same for a repeated save, whose reports are
+//                      compact (checksums alone: rank 0 kept the offsets).
 // And once per row (rank 0's work):
 //   load_meta_bytes    what rank 0 reads to load its own shards again: the
 //                      index as the commit writes it (BuildIndex over the plan

@@ -454,7 +454,9 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
         fc = fmt.open(local, unsafe_pickle=unsafe_pickle)
         try:
             source = os.fspath(fc.path)  # a root's reader names the checkpoint it reads
-            done = _import(fc, source.replace(local, src.rstrip("/")), dst, overwrite, progress)
+            if source.startswith(local) and local != src:  # staged: name it in the bucket
+                source = src.rstrip("/") + source[len(local):]
+            done = _import(fc, source, dst, overwrite, progress)
         finally:
             fc.close()
     done["seconds"] = time.monotonic() - start

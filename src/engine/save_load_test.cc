@@ -311,13 +311,19 @@ TEST_F(SaveLoadTest, RepeatedSavesOfAnUnchangedLayoutReuseThePlan) {
   }
 }
 
-TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {
+// Four ranks, each passing the whole of "same" and "embed": replicas.
+std::vector<std::vector<OwnedShard>> FourReplicas() {
   const Shape s{64, 16};
   std::vector<std::vector<OwnedShard>> save(4);
   for (int r = 0; r < 4; ++r) {
     save[r].push_back(MakeShard("same", DType::kF32, s, Whole(s)));
     save[r].push_back(MakeShard("embed", DType::kF32, s, Whole(s)));
   }
+  return save;
+}
+
+TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {
+  std::vector<std::vector<OwnedShard>> save = FourReplicas();
   save[2][1].bytes[100] ^= std::byte{1};  // rank 2's "replica" holds other data
   for (bool verify : {true, false}) {
     SaveOptions options;
@@ -333,6 +339,21 @@ TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {
     }
   }
   EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("unchecked"));
+}
+
+// The same on a repeated save, whose reports are compact: the checksums
+// of the copies come in the plan's order, without their chunks.
+TEST_F(SaveLoadTest, ReplicasThatDifferFailARepeatedSaveToo) {
+  std::vector<std::vector<OwnedShard>> save = FourReplicas();
+  for (const Status& st : SaveFromRanks(save, Path("first"), {})) {
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  save[2][1].bytes[100] ^= std::byte{1};
+  for (const Status& st : SaveFromRanks(save, Path("second"), {})) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("tensor \"embed\": ranks 0 and 2 hold different bytes"));
+  }
+  EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("first"));
 }
 
 TEST_F(SaveLoadTest, ValuesThatDifferAndDestinationsThatDifferFailTheSave) {

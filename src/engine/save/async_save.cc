@@ -111,6 +111,7 @@ class Handle final : public AsyncSaveHandle {
 struct Job : StagedImages {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;
+  std::shared_ptr<FileLayouts> layouts;  // rank 0 keeps them from the full reports
   std::string root, tag;
   SaveDirs dirs;
   FileSystem* fs = nullptr;            // where root lies (FileSystemFor)
@@ -231,7 +232,7 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
   auto committed = CommitOnLeader(fs, *job.plan, *reports, job.json, job.root, job.tag,
-                                  job.dirs, job.world, job.commit);
+                                  job.dirs, job.world, job.commit, job.layouts.get());
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
@@ -350,6 +351,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   }
   job->plan = std::move(prepared.plan);
   job->plan_reused = prepared.plan_reused;
+  job->layouts = std::move(prepared.layouts);
   job->root = root;
   job->tag = tag;
   job->dirs = std::move(prepared.dirs);

@@ -52,11 +52,16 @@ using Digest = std::array<uint64_t, 2>;
 // A 128-bit digest of `parts`, in order (each part's length counts too).
 Digest DigestOf(const std::vector<std::string_view>& parts);
 
+class FileLayouts;  // save_messages.h
+
 struct CachedPlan {
   std::string layout;       // this rank's, as EncodeLayout gave it
   SavePlanOptions options;  // the planner's
   Digest digest{};          // of every rank's layout, the world size and the options
   std::shared_ptr<const SavePlan> plan;
+  // Rank 0: where the plan's files put their entries, once a save of it
+  // reported them in full (then later ones report compactly).
+  std::shared_ptr<FileLayouts> layouts;
 };
 
 // The plan `comm`'s rank cached at its last save, if any.

@@ -163,7 +163,7 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
   }
   SS_ASSIGN_OR_RETURN(auto checks,
                       ReduceMaxOrFail(comm, local, QuickCheck(cached, DigestOf({agreement}))));
-  if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true};
+  if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true, cached->layouts};
 
   // Rank 0 gathers every rank's layout, plans and sends each rank its part
   // of the plan; a rank's cost is its own part, rank 0's the whole job's.
@@ -185,8 +185,9 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
     plan = std::make_shared<const SavePlan>(std::move(received.plan));
     digest = received.digest;
   }
-  StorePlan(comm, CachedPlan{std::move(layout), plan_options, digest, plan});
-  return AgreedPlan{std::move(plan), false};
+  auto layouts = std::make_shared<FileLayouts>();
+  StorePlan(comm, CachedPlan{std::move(layout), plan_options, digest, plan, layouts});
+  return AgreedPlan{std::move(plan), false, std::move(layouts)};
 }
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
@@ -201,17 +202,21 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
                                                        local, prepared.json));
   prepared.plan = std::move(agreed.plan);
   prepared.plan_reused = agreed.reused;
+  prepared.layouts = std::move(agreed.layouts);
   // Step 1, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
     Result<TmpDir> made = PrepareSave(**fs, root, tag, options.overwrite);
-    dirs = made.ok() ? Result<std::string>(EncodeSaveDirs(made->dirs))
+    dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, prepared.layouts &&
+                                                                         prepared.layouts->ready()}))
                      : Result<std::string>(made.status());
     if (made.ok()) prepared.lock = std::move(made->lock);
   }
   SS_ASSIGN_OR_RETURN(std::string sent, BroadcastOrFail(comm, 0, dirs));
-  SS_ASSIGN_OR_RETURN(prepared.dirs, DecodeSaveDirs(sent));
+  SS_ASSIGN_OR_RETURN(SaveStart start, DecodeSaveStart(sent));
+  prepared.dirs = std::move(start.dirs);
+  prepared.compact_reports = start.compact_reports;
   prepared.fs = *fs;  // found: GatherAndPlan failed every rank otherwise
   return prepared;
 }
@@ -220,18 +225,27 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit) {
+                                   const CommitOptions& commit, FileLayouts* layouts) {
   std::vector<std::vector<WrittenFile>> by_rank(reports.size());
   std::vector<std::vector<CopyChecksum>> copies(reports.size());
   Status s;
+  bool all_full = true;
   for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
-    auto decoded = DecodeReport(reports[r]);
+    bool compact = false;
+    auto decoded = DecodeReport(reports[r], &compact);
     s = decoded.status();
     if (decoded.ok()) {
       by_rank[r] = std::move(decoded->files);
       copies[r] = std::move(decoded->copies);
+      if (compact) {
+        s = layouts ? layouts->Fill(&by_rank[r])
+                    : InternalError("compact save report without layouts");
+        if (s.ok()) s = NumberCopies(plan, static_cast<int>(r), &copies[r]);
+      }
+      all_full = all_full && !compact;
     }
   }
+  if (s.ok() && all_full && layouts) layouts->Keep(plan, by_rank);
   if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
   auto index =
       s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size, dirs.file_suffix)
@@ -305,13 +319,14 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     own = {std::move(*written), std::move(*checksums)};
     NumberAsWhole(plan, &own);
   }
-  auto reports = GatherToRootOrFail(comm, 0, mine, mine.ok() ? EncodeReport(own) : std::string());
+  auto reports = GatherToRootOrFail(
+      comm, 0, mine, mine.ok() ? EncodeReport(own, prepared.compact_reports) : std::string());
   report("commit", RankBytes(plan, comm.rank()), RankBytes(plan, comm.rank()));
   Result<std::string> committed = std::string();
   if (leader) {
     committed = !reports.ok() ? reports.status().WithContext("saving " + path)
                               : CommitOnLeader(fs, plan, *reports, prepared.json, root, tag,
-                                               dirs, comm.size(), commit);
+                                               dirs, comm.size(), commit, prepared.layouts.get());
     if (reports.ok() && !committed.ok()) {
       committed = WithRank(comm, 0, committed.status()).WithContext("committing " + path);
     }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/save/commit.h"
+#include "engine/save/save_messages.h"
 #include "engine/save/user_json.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
@@ -14,6 +15,8 @@ namespace shardsafe {
 struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;  // the cached plan of an unchanged layout
+  std::shared_ptr<FileLayouts> layouts;  // the plan's (CachedPlan::layouts)
+  bool compact_reports = false;          // step 3 (SaveStart)
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
   FileSystem* fs = nullptr;  // where the root lies (FileSystemFor)
   SaveDirs dirs;
@@ -27,6 +30,7 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJ
 struct AgreedPlan {
   std::shared_ptr<const SavePlan> plan;
   bool reused = false;  // the cached plan of an unchanged layout (plan_cache.h)
+  std::shared_ptr<FileLayouts> layouts;
 };
 
 // Protocol steps 0-2 (collective): agree that every rank's layout is
@@ -54,7 +58,7 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit);
+                                   const CommitOptions& commit, FileLayouts* layouts);
 
 std::vector<std::string> SplitLines(const std::string& text);
 SaveStats StatsOf(const SavePlan& plan, int rank);

@@ -1,29 +1,40 @@
 #include "engine/save/save_messages.h"
 
+#include <algorithm>
+
 #include "comm/wire.h"
 #include "layout/plan_part.h"
 
 namespace shardsafe {
 namespace {
 
-void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries) {
+void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries, bool compact) {
   w.U64(entries.size());
   for (const auto& e : entries) {
-    w.U64(e.at);
+    if (!compact) w.U64(e.at);
     w.U32(e.crc32c);
   }
 }
 
-Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r) {
+Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r, bool compact) {
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   std::vector<WrittenEntry> out;
   for (uint64_t i = 0; i < n; ++i) {
     WrittenEntry e;
-    SS_ASSIGN_OR_RETURN(e.at, r.U64());
+    if (!compact) {
+      SS_ASSIGN_OR_RETURN(e.at, r.U64());
+    }
     SS_ASSIGN_OR_RETURN(e.crc32c, r.U32());
     out.push_back(e);
   }
   return out;
+}
+
+// Fills `at` of each entry from `offsets`; false when the counts differ.
+bool FillEntries(const std::vector<uint64_t>& offsets, std::vector<WrittenEntry>* entries) {
+  if (offsets.size() != entries->size()) return false;
+  for (size_t i = 0; i < offsets.size(); ++i) (*entries)[i].at = offsets[i];
+  return true;
 }
 
 }  // namespace
@@ -121,18 +132,19 @@ Result<Announcement> DecodeHoldings(std::string_view msg) {
   return a;
 }
 
-std::string EncodeReport(const RankReport& report) {
+std::string EncodeReport(const RankReport& report, bool compact) {
   wire::Writer w;
+  w.U8(compact ? 1 : 0);
   w.U64(report.files.size());
   for (const WrittenFile& f : report.files) {
     w.U32(f.plan_file);
-    w.U64(f.bytes);
-    PutEntries(w, f.chunks);
-    PutEntries(w, f.blobs);
+    if (!compact) w.U64(f.bytes);
+    PutEntries(w, f.chunks, compact);
+    PutEntries(w, f.blobs, compact);
   }
   w.U64(report.copies.size());
   for (const CopyChecksum& c : report.copies) {
-    w.U32(c.chunk);
+    if (!compact) w.U32(c.chunk);
     w.U32(c.crc32c);
   }
   return w.Take();
@@ -143,43 +155,103 @@ void NumberAsWhole(const SavePlan& plan, RankReport* report) {
   for (CopyChecksum& c : report->copies) c.chunk = WholeChunkNumber(plan, c.chunk);
 }
 
-Result<RankReport> DecodeReport(std::string_view msg) {
+Result<RankReport> DecodeReport(std::string_view msg, bool* compact) {
   wire::Reader r(msg);
   RankReport report;
+  SS_ASSIGN_OR_RETURN(uint8_t mode, r.U8());
+  if (mode > 1) return InternalError("bad save report");
+  *compact = mode == 1;
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   for (uint64_t i = 0; i < n; ++i) {
     WrittenFile f;
     SS_ASSIGN_OR_RETURN(f.plan_file, r.U32());
-    SS_ASSIGN_OR_RETURN(f.bytes, r.U64());
-    SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r));
-    SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r));
+    if (!*compact) {
+      SS_ASSIGN_OR_RETURN(f.bytes, r.U64());
+    }
+    SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r, *compact));
+    SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r, *compact));
     report.files.push_back(std::move(f));
   }
   SS_ASSIGN_OR_RETURN(uint64_t nc, r.U64());
   for (uint64_t i = 0; i < nc; ++i) {
     CopyChecksum c;
-    SS_ASSIGN_OR_RETURN(c.chunk, r.U32());
+    if (!*compact) {
+      SS_ASSIGN_OR_RETURN(c.chunk, r.U32());
+    }
     SS_ASSIGN_OR_RETURN(c.crc32c, r.U32());
     report.copies.push_back(c);
   }
   return report;
 }
 
-std::string EncodeSaveDirs(const SaveDirs& dirs) {
+Status NumberCopies(const SavePlan& plan, int rank, std::vector<CopyChecksum>* copies) {
+  const auto before = [](const HeldCopy& c, int r) { return c.rank < r; };
+  auto held = std::lower_bound(plan.copies.begin(), plan.copies.end(), rank, before);
+  const auto end = std::lower_bound(held, plan.copies.end(), rank + 1, before);
+  if (!copies->empty() && copies->size() != static_cast<size_t>(end - held)) {
+    return InternalError("save report of rank " + std::to_string(rank) +
+                         " does not match the plan's copies");
+  }
+  for (CopyChecksum& c : *copies) c.chunk = (held++)->chunk;
+  return Status();
+}
+
+bool FileLayouts::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !files_.empty();
+}
+
+void FileLayouts::Keep(const SavePlan& plan,
+                       const std::vector<std::vector<WrittenFile>>& written) {
+  if (ready()) return;
+  std::vector<Layout> files(plan.files.size());
+  std::vector<bool> seen(plan.files.size(), false);
+  for (const auto& rank_files : written) {
+    for (const WrittenFile& f : rank_files) {
+      if (f.plan_file >= files.size() || seen[f.plan_file]) return;
+      seen[f.plan_file] = true;
+      Layout& l = files[f.plan_file];
+      l.bytes = f.bytes;
+      for (const WrittenEntry& e : f.chunks) l.chunks.push_back(e.at);
+      for (const WrittenEntry& e : f.blobs) l.blobs.push_back(e.at);
+    }
+  }
+  if (files.empty() || std::find(seen.begin(), seen.end(), false) != seen.end()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (files_.empty()) files_ = std::move(files);
+}
+
+Status FileLayouts::Fill(std::vector<WrittenFile>* files) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (WrittenFile& f : *files) {
+    if (f.plan_file >= files_.size()) return InternalError("compact save report without layouts");
+    const Layout& l = files_[f.plan_file];
+    if (!FillEntries(l.chunks, &f.chunks) || !FillEntries(l.blobs, &f.blobs)) {
+      return InternalError("save report does not match the plan");
+    }
+    f.bytes = l.bytes;
+  }
+  return Status();
+}
+
+std::string EncodeSaveStart(const SaveStart& start) {
   wire::Writer w;
-  w.Str(dirs.tmp);
-  w.Str(dirs.data);
-  w.Str(dirs.file_suffix);
+  w.Str(start.dirs.tmp);
+  w.Str(start.dirs.data);
+  w.Str(start.dirs.file_suffix);
+  w.U8(start.compact_reports ? 1 : 0);
   return w.Take();
 }
 
-Result<SaveDirs> DecodeSaveDirs(std::string_view msg) {
+Result<SaveStart> DecodeSaveStart(std::string_view msg) {
   wire::Reader r(msg);
-  SaveDirs dirs;
-  SS_ASSIGN_OR_RETURN(dirs.tmp, r.Str());
-  SS_ASSIGN_OR_RETURN(dirs.data, r.Str());
-  SS_ASSIGN_OR_RETURN(dirs.file_suffix, r.Str());
-  return dirs;
+  SaveStart start;
+  SS_ASSIGN_OR_RETURN(start.dirs.tmp, r.Str());
+  SS_ASSIGN_OR_RETURN(start.dirs.data, r.Str());
+  SS_ASSIGN_OR_RETURN(start.dirs.file_suffix, r.Str());
+  SS_ASSIGN_OR_RETURN(uint8_t compact, r.U8());
+  start.compact_reports = compact == 1;
+  return start;
 }
 
 }  // namespace shardsafe
