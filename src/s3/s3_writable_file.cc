@@ -106,7 +106,10 @@ Status S3WritableFile::Sync() {
                 [](const CompletedPart& a, const CompletedPart& b) { return a.number < b.number; });
       s = client_.CompleteMultipartUpload(at_, *upload_id_, done_, false).status();
       // A retried completion whose first try completed the upload (its
-      // reply lost) finds the upload gone: the object, whole, is the proof.
+      // reply lost) finds the upload gone. The client accepts the object
+      // whose ETag the parts make; where a store's ETags are not MD5s
+      // (SSE-KMS), the object's size, whole, is the proof (the key holds
+      // this save's nonce, so no other writer's object).
       if (s.code() == StatusCode::kNotFound) {
         Result<ObjectInfo> object = client_.Head(at_);
         if (object.ok() && object->size == size_) s = Status();
