@@ -203,9 +203,10 @@ struct LoadOptions {
   std::shared_ptr<DeviceMemory> device;
   uint64_t device_staging_bytes = uint64_t{256} << 20;
   // Host memory the caller keeps registered with `device` and lends to
-  // this load alone, 4 KiB aligned: when it holds both staging buffers,
-  // they are carved from it, and nothing is allocated or registered (a
-  // caller that loads again and again pays for page-locking once).
+  // this load alone, 4 KiB aligned: when it holds both staging buffers (2
+  // x max(device_staging_bytes / 2 rounded down to 4 KiB, 1 MiB)), they are
+  // carved from it, and nothing is allocated or registered (a caller that
+  // loads again and again pays for page-locking once); else it is unused.
   std::span<char> device_staging_memory;
 };
 

@@ -272,7 +272,6 @@ def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list
     return err
 
 
-@without_gc
 def release_load_staging() -> None:
     """Frees the page-locked host memory loads into CUDA tensors stage their
     bytes in (LoadOptions.device_staging_bytes), which the first such load
@@ -281,6 +280,7 @@ def release_load_staging() -> None:
     _device.LOAD_STAGING.release()
 
 
+@without_gc
 def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
          rename: _keys.Rename = None, experts: Sequence[_keys.ExpertGroup] = (),
@@ -535,7 +535,8 @@ def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[
                options: LoadOptions) -> dict:
     for r, h in zip(staged, hosts):
         r.buf = h
-    staging_bytes = options.device_staging_bytes or _C.DEFAULT_DEVICE_STAGING_BYTES
+    # At least the engine's two buffers of at least 1 MiB each.
+    staging_bytes = max(options.device_staging_bytes or _C.DEFAULT_DEVICE_STAGING_BYTES, 2 << 20)
     with (_device.LOAD_STAGING.borrow(staging_bytes) if device
           else contextlib.nullcontext()) as lent:
         devices = _device_specs(device, lent)

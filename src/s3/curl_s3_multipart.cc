@@ -51,6 +51,9 @@ Result<std::string> CurlS3Client::CompleteMultipartUpload(const S3Location& at,
     const std::string ours = MultipartETag(parts);
     Result<ObjectInfo> now = Head(at);
     if (!ours.empty() && now.ok() && now->etag == ours) return ours;
+    if (!now.ok() && now.status().code() != StatusCode::kNotFound) {
+      return now.status().WithContext("checking the object of a completed upload " + upload_id);
+    }
     return ResponseError(target, r);
   }
   if (!r.ok() || !ParseErrorBody(r.body).code.empty()) return ResponseError(target, r);

@@ -216,7 +216,8 @@ std::string Crc32cHeaderValue(uint32_t crc);
 // The ETag S3 gives the object a multipart upload of `parts` completes:
 // the hex MD5 of the parts' binary MD5s (their ETags), "-" and the number
 // of parts, quoted. Empty when a part's ETag is not a 32-digit hex MD5
-// (quoted or not), as under SSE-KMS and on some S3-compatible stores.
+// (quoted or not). Where a store's ETags are not MD5s of the data (SSE-C,
+// SSE-KMS, some S3-compatible stores), an object's ETag will not match.
 std::string MultipartETag(std::span<const CompletedPart> parts);
 
 }  // namespace shardsafe

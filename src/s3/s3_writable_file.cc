@@ -107,9 +107,9 @@ Status S3WritableFile::Sync() {
       s = client_.CompleteMultipartUpload(at_, *upload_id_, done_, false).status();
       // A retried completion whose first try completed the upload (its
       // reply lost) finds the upload gone. The client accepts the object
-      // whose ETag the parts make; where a store's ETags are not MD5s
-      // (SSE-KMS), the object's size, whole, is the proof (the key holds
-      // this save's nonce, so no other writer's object).
+      // whose ETag the parts make; where a store's ETags are not MD5s of
+      // the data (SSE-C, SSE-KMS), the object's size, whole, is the proof
+      // (the key holds this save's nonce, so no other writer's object).
       if (s.code() == StatusCode::kNotFound) {
         Result<ObjectInfo> object = client_.Head(at_);
         if (object.ok() && object->size == size_) s = Status();

@@ -241,6 +241,7 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
         s = layouts ? layouts->Fill(&by_rank[r])
                     : InternalError("compact save report without layouts");
         if (s.ok()) s = NumberCopies(plan, static_cast<int>(r), &copies[r]);
+        if (!s.ok() && layouts) layouts->Forget();  // the next save reports in full
       }
       all_full = all_full && !compact;
     }

@@ -221,10 +221,18 @@ void FileLayouts::Keep(const SavePlan& plan,
   if (files_.empty()) files_ = std::move(files);
 }
 
+void FileLayouts::Forget() {
+  std::lock_guard<std::mutex> lock(mu_);
+  files_.clear();
+}
+
 Status FileLayouts::Fill(std::vector<WrittenFile>* files) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (WrittenFile& f : *files) {
-    if (f.plan_file >= files_.size()) return InternalError("compact save report without layouts");
+    if (f.plan_file >= files_.size()) {
+      return InternalError(files_.empty() ? "compact save report without layouts"
+                                          : "compact save report names a file the plan lacks");
+    }
     const Layout& l = files_[f.plan_file];
     if (!FillEntries(l.chunks, &f.chunks) || !FillEntries(l.blobs, &f.blobs)) {
       return InternalError("save report does not match the plan");

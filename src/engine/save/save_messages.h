@@ -77,6 +77,9 @@ class FileLayouts {
   // Sets the sizes and offsets of compactly reported files. InternalError
   // when none were kept or a file's entries do not match.
   Status Fill(std::vector<WrittenFile>* files) const;
+  // Drops what was kept: the next save reports in full (after a compact
+  // report that did not match, so that one failure does not repeat).
+  void Forget();
 
  private:
   struct Layout {

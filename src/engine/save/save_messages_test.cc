@@ -1,0 +1,129 @@
+// Step-3 reports, in full and compact: rank 0 fills a compact report from
+// the layouts a full one left (FileLayouts) and numbers its replicas from
+// the plan (NumberCopies); a report that does not match is an error, after
+// which the next save reports in full.
+#include "engine/save/save_messages.h"
+
+#include <gtest/gtest.h>
+
+#include "layout/simulated_layouts.h"
+
+namespace shardsafe {
+namespace {
+
+SavePlan SomePlan() {
+  simulated::TransformerLayout m{.tp = 2, .pp = 1, .dp = 2, .layers = 2, .hidden = 64,
+                                 .ffn = 96, .vocab = 100, .zero = true};
+  auto plan = PlanSave(simulated::MakeHoldings(m),
+                       SavePlanOptions{.max_file_bytes = 1 << 16, .min_split_bytes = 1});
+  EXPECT_TRUE(plan.ok());
+  return plan.ok() ? std::move(*plan) : SavePlan();
+}
+
+// Every rank's report of writing `plan` (offsets, sizes and checksums made
+// up, distinct), with a checksum per replica it holds.
+std::vector<RankReport> Reports(const SavePlan& plan, int world) {
+  std::vector<RankReport> out(world);
+  uint32_t n = 0;
+  for (uint32_t f = 0; f < plan.files.size(); ++f) {
+    const PlannedFile& pf = plan.files[f];
+    WrittenFile w{f, 100000u + f, {}, {}};
+    for (size_t i = 0; i < pf.chunks.size(); ++i) w.chunks.push_back({4096 + 64 * i, ++n});
+    for (size_t i = 0; i < pf.blobs.size(); ++i) w.blobs.push_back({8192 + 64 * i, ++n});
+    out[pf.rank].files.push_back(std::move(w));
+  }
+  for (const HeldCopy& h : plan.copies) out[h.rank].copies.push_back({h.chunk, ++n});
+  return out;
+}
+
+bool Same(const std::vector<WrittenEntry>& a, const std::vector<WrittenEntry>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].at != b[i].at || a[i].crc32c != b[i].crc32c) return false;
+  }
+  return true;
+}
+
+TEST(SaveMessagesTest, ACompactReportIsFilledFromTheLayoutsAFullOneLeft) {
+  const SavePlan plan = SomePlan();
+  const std::vector<RankReport> reports = Reports(plan, 4);
+  ASSERT_FALSE(plan.copies.empty());
+  FileLayouts layouts;
+  std::vector<std::vector<WrittenFile>> written;
+  for (const RankReport& r : reports) {
+    bool compact = true;
+    auto full = DecodeReport(EncodeReport(r, /*compact=*/false), &compact);
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    EXPECT_FALSE(compact);
+    written.push_back(full->files);
+  }
+  EXPECT_FALSE(layouts.ready());
+  layouts.Keep(plan, written);
+  ASSERT_TRUE(layouts.ready());
+  for (int rank = 0; rank < 4; ++rank) {
+    const RankReport& sent = reports[rank];
+    const std::string full = EncodeReport(sent, /*compact=*/false);
+    const std::string small = EncodeReport(sent, /*compact=*/true);
+    EXPECT_LT(small.size(), full.size());
+    bool compact = false;
+    auto got = DecodeReport(small, &compact);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(compact);
+    ASSERT_TRUE(layouts.Fill(&got->files).ok());
+    ASSERT_TRUE(NumberCopies(plan, rank, &got->copies).ok());
+    ASSERT_EQ(got->files.size(), sent.files.size());
+    for (size_t f = 0; f < sent.files.size(); ++f) {
+      EXPECT_EQ(got->files[f].plan_file, sent.files[f].plan_file);
+      EXPECT_EQ(got->files[f].bytes, sent.files[f].bytes);
+      EXPECT_TRUE(Same(got->files[f].chunks, sent.files[f].chunks)) << "rank " << rank;
+      EXPECT_TRUE(Same(got->files[f].blobs, sent.files[f].blobs)) << "rank " << rank;
+    }
+    ASSERT_EQ(got->copies.size(), sent.copies.size());
+    for (size_t c = 0; c < sent.copies.size(); ++c) {
+      EXPECT_EQ(got->copies[c].chunk, sent.copies[c].chunk);
+      EXPECT_EQ(got->copies[c].crc32c, sent.copies[c].crc32c);
+    }
+  }
+}
+
+TEST(SaveMessagesTest, ACompactReportThatDoesNotMatchIsAnErrorAndTheLayoutsAreForgotten) {
+  const SavePlan plan = SomePlan();
+  std::vector<RankReport> reports = Reports(plan, 4);
+  FileLayouts layouts;
+  std::vector<std::vector<WrittenFile>> written;
+  for (const RankReport& r : reports) written.push_back(r.files);
+  layouts.Keep(plan, written);
+  ASSERT_TRUE(layouts.ready());
+
+  RankReport& short_one = reports[1];
+  ASSERT_FALSE(short_one.files.empty());
+  short_one.files[0].chunks.pop_back();
+  bool compact = false;
+  auto got = DecodeReport(EncodeReport(short_one, /*compact=*/true), &compact);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(layouts.Fill(&got->files).code(), StatusCode::kInternal);
+  got->copies.pop_back();
+  EXPECT_EQ(NumberCopies(plan, 1, &got->copies).code(), StatusCode::kInternal);
+  std::vector<CopyChecksum> unchecked;  // verify_replicas off: none reported
+  EXPECT_TRUE(NumberCopies(plan, 1, &unchecked).ok());
+
+  layouts.Forget();
+  EXPECT_FALSE(layouts.ready());
+  got = DecodeReport(EncodeReport(reports[2], /*compact=*/true), &compact);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(layouts.Fill(&got->files).code(), StatusCode::kInternal);
+}
+
+TEST(SaveMessagesTest, TheStartOfASaveRoundTrips) {
+  for (bool compact : {false, true}) {
+    auto start = DecodeSaveStart(EncodeSaveStart({SaveDirs{"t", "d", ".s"}, compact}));
+    ASSERT_TRUE(start.ok());
+    EXPECT_EQ(start->dirs.tmp, "t");
+    EXPECT_EQ(start->dirs.data, "d");
+    EXPECT_EQ(start->dirs.file_suffix, ".s");
+    EXPECT_EQ(start->compact_reports, compact);
+  }
+}
+
+}  // namespace
+}  // namespace shardsafe
