@@ -168,6 +168,10 @@ ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim) {
   return {ref.directory_at, entries * BlockEntryBytes(ndim)};
 }
 
+ByteSpan TopBytes(const IndexTableRef& ref, size_t ndim) {
+  return {ref.directory_at, LevelSizes(ref.count).back() * BlockEntryBytes(ndim)};
+}
+
 ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t entry) {
   if (level == 0) return BlockBytes(ref, ndim, entry);
   const uint64_t below = LevelSizes(ref.count)[level - 1];
@@ -244,8 +248,7 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
     const size_t first_record = records.size();
     for (const IndexChunk& c : tensor.chunks) PutRecord(c, records);
     out += EncodeDirectory(tensor.chunks, ndim, std::string_view(records).substr(first_record));
-    const std::vector<uint64_t> levels = LevelSizes(ref.count);
-    const ByteSpan top = EntryBytes(ref, ndim, levels.size() - 1, 0, levels.back());
+    const ByteSpan top = TopBytes(ref, ndim);
     ref.directory_crc32c = Crc32c(out.data() + top.at, top.bytes);
     table.refs.push_back(ref);
   }
@@ -328,13 +331,12 @@ Status FillChunksFromTable(std::string_view table, std::string_view source,
   for (auto& [key, tensor] : index->tensors) {
     const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
     const size_t ndim = tensor.shape.size();
-    const std::vector<uint64_t> sizes = LevelSizes(ref.count);
-    ByteSpan span = EntryBytes(ref, ndim, sizes.size() - 1, 0, sizes.back());
+    ByteSpan span = TopBytes(ref, ndim);
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> level,
                         DecodeEntries(table.substr(span.at, span.bytes), ndim,
                                       ref.directory_crc32c, key, source));
     // Each level's entries, each checked to bound exactly its children.
-    for (size_t l = sizes.size() - 1; l > 0; --l) {
+    for (size_t l = LevelSizes(ref.count).size() - 1; l > 0; --l) {
       std::vector<BlockEntry> below;
       for (uint64_t j = 0; j < level.size(); ++j) {
         span = ChildBytes(ref, ndim, l, j);

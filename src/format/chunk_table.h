@@ -113,10 +113,12 @@ struct ByteSpan {
   uint64_t bytes = 0;
 };
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block);
-// The whole directory; entries [first, first + n) of level `level`; what
-// entry `entry` of level `level` covers: 16 entries of the level below, or
-// for level 0 its block's records.
+// The whole directory; its top level (stored first; the index holds its
+// CRC-32C); entries [first, first + n) of level `level`; what entry
+// `entry` of level `level` covers: 16 entries of the level below, or for
+// level 0 its block's records.
 ByteSpan DirectoryBytes(const IndexTableRef& ref, size_t ndim);
+ByteSpan TopBytes(const IndexTableRef& ref, size_t ndim);
 ByteSpan EntryBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t first,
                     uint64_t n);
 ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t entry);

@@ -217,6 +217,8 @@ TEST(ChunkTableTest, ADirectoryOfManyBlocksHasLevelsThatBoundTheirChildren) {
   // The top level's two entries: blocks 0-255 (rows 0-4095) and the rest.
   const IndexTableRef& ref = *parsed->tensors.at("m").table;
   const ByteSpan top = EntryBytes(ref, 2, 2, 0, 2);
+  EXPECT_EQ(TopBytes(ref, 2).at, top.at);
+  EXPECT_EQ(TopBytes(ref, 2).bytes, top.bytes);
   auto entries = DecodeEntries(std::string_view(written.table).substr(top.at, top.bytes), 2,
                                ref.directory_crc32c, "m", "t");
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();

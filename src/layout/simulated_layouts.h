@@ -227,4 +227,13 @@ inline uint64_t IdealMaxRankBytes(const SavePlan& plan) {
   return ideal;
 }
 
+// A 4-rank job (TP 2 x DP 2, ZeRO-1, two small layers) planned into files
+// of 64 KiB with every replica split: small enough for unit tests, with
+// every kind of chunk, copy and file a plan has.
+inline Result<SavePlan> SmallPlan() {
+  const TransformerLayout m{.tp = 2, .pp = 1, .dp = 2, .layers = 2, .hidden = 64, .ffn = 96,
+                            .vocab = 100, .zero = true};
+  return PlanSave(MakeHoldings(m), SavePlanOptions{.max_file_bytes = 1 << 16, .min_split_bytes = 1});
+}
+
 }  // namespace shardsafe::simulated

@@ -1,10 +1,13 @@
 // The encodings S3 uses, by libcurl (escaping, HTTP dates), OpenSSL
-// (base64, MD5) and libc (ISO 8601 dates).
+// (base64, MD5, hex) and libc (ISO 8601 dates).
 #include "s3/s3_encoding.h"
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <memory>
 
@@ -70,33 +73,28 @@ std::string Crc32cHeaderValue(uint32_t crc) {
 }
 
 std::string MultipartETag(std::span<const CompletedPart> parts) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string md5s;
-  for (const CompletedPart& p : parts) {
-    std::string_view e = p.etag;
-    if (e.size() == 34 && e.front() == '"' && e.back() == '"') e = e.substr(1, 32);
-    if (e.size() != 32) return "";
-    for (size_t i = 0; i < 32; i += 2) {
-      const int hi = hex(e[i]), lo = hex(e[i + 1]);
-      if (hi < 0 || lo < 0) return "";
-      md5s.push_back(static_cast<char>(hi * 16 + lo));
+  constexpr size_t kMd5 = 16;
+  std::string md5s(parts.size() * kMd5, '\0');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::string hex = parts[i].etag;
+    if (hex.size() == 2 * kMd5 + 2 && hex.front() == '"' && hex.back() == '"') {
+      hex = hex.substr(1, 2 * kMd5);
+    }
+    size_t n = 0;
+    auto* dst = reinterpret_cast<unsigned char*>(md5s.data() + i * kMd5);
+    if (hex.size() != 2 * kMd5 || OPENSSL_hexstr2buf_ex(dst, kMd5, &n, hex.c_str(), '\0') != 1) {
+      return "";
     }
   }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   if (EVP_Digest(md5s.data(), md5s.size(), digest, &n, EVP_md5(), nullptr) != 1) return "";
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "\"";
-  for (unsigned int i = 0; i < n; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 15]);
-  }
-  return out + "-" + std::to_string(parts.size()) + "\"";
+  char hex[2 * EVP_MAX_MD_SIZE + 1];
+  size_t written = 0;
+  if (OPENSSL_buf2hexstr_ex(hex, sizeof hex, &written, digest, n, '\0') != 1) return "";
+  std::string out(hex);  // uppercase; S3 writes ETags in lowercase
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return "\"" + out + "-" + std::to_string(parts.size()) + "\"";
 }
 
 }  // namespace shardsafe

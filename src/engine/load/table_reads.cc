@@ -171,9 +171,8 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   // Round 1: the top level of every directory.
   std::vector<ByteSpan> spans;
   for (Wanted& w : wanted) {
-    const std::vector<uint64_t> sizes = LevelSizes(w.ref().count);
-    w.level = sizes.size() - 1;
-    spans.push_back(EntryBytes(w.ref(), w.ndim(), w.level, 0, sizes.back()));
+    w.level = LevelSizes(w.ref().count).size() - 1;
+    spans.push_back(TopBytes(w.ref(), w.ndim()));
   }
   SS_ASSIGN_OR_RETURN(SpanReads tops, ReadSpans(*file, spans, path, shape, stats));
   size_t depth = 0;

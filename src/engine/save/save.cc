@@ -221,6 +221,27 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   return prepared;
 }
 
+namespace {
+
+// Rank `rank`'s step-3 report; a compact one completed from `layouts` and
+// the plan (a mismatch makes `layouts` forget, so the next save reports
+// in full).
+Result<RankReport> ReadReport(std::string_view msg, const SavePlan& plan, int rank,
+                              FileLayouts* layouts, bool* compact) {
+  SS_ASSIGN_OR_RETURN(RankReport report, DecodeReport(msg, compact));
+  if (!*compact) return report;
+  Status s = layouts ? layouts->Fill(&report.files)
+                     : InternalError("compact save report without layouts");
+  if (s.ok()) s = NumberCopies(plan, rank, &report.copies);
+  if (!s.ok()) {
+    if (layouts) layouts->Forget();
+    return s;
+  }
+  return report;
+}
+
+}  // namespace
+
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    const std::vector<std::string>& reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
@@ -232,19 +253,12 @@ Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
   bool all_full = true;
   for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
     bool compact = false;
-    auto decoded = DecodeReport(reports[r], &compact);
-    s = decoded.status();
-    if (decoded.ok()) {
-      by_rank[r] = std::move(decoded->files);
-      copies[r] = std::move(decoded->copies);
-      if (compact) {
-        s = layouts ? layouts->Fill(&by_rank[r])
-                    : InternalError("compact save report without layouts");
-        if (s.ok()) s = NumberCopies(plan, static_cast<int>(r), &copies[r]);
-        if (!s.ok() && layouts) layouts->Forget();  // the next save reports in full
-      }
-      all_full = all_full && !compact;
-    }
+    auto report = ReadReport(reports[r], plan, static_cast<int>(r), layouts, &compact);
+    s = report.status();
+    if (!report.ok()) break;
+    by_rank[r] = std::move(report->files);
+    copies[r] = std::move(report->copies);
+    all_full = all_full && !compact;
   }
   if (s.ok() && all_full && layouts) layouts->Keep(plan, by_rank);
   if (s.ok()) s = CheckReplicas(plan, by_rank, copies);

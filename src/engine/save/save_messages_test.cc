@@ -12,10 +12,7 @@ namespace shardsafe {
 namespace {
 
 SavePlan SomePlan() {
-  simulated::TransformerLayout m{.tp = 2, .pp = 1, .dp = 2, .layers = 2, .hidden = 64,
-                                 .ffn = 96, .vocab = 100, .zero = true};
-  auto plan = PlanSave(simulated::MakeHoldings(m),
-                       SavePlanOptions{.max_file_bytes = 1 << 16, .min_split_bytes = 1});
+  auto plan = simulated::SmallPlan();
   EXPECT_TRUE(plan.ok());
   return plan.ok() ? std::move(*plan) : SavePlan();
 }
