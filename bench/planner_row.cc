@@ -109,14 +109,15 @@ std::vector<std::vector<WrittenFile>> WrittenFiles(const SavePlan& plan) {
 }
 
 // Every rank's step-3 report of a save of `plan` (EncodeReport, in full or
-// compact): its files and a checksum per replica it holds but does not
-// write (replica_check.h).
-std::vector<std::string> Reports(const SavePlan& plan,
-                                 const std::vector<std::vector<WrittenFile>>& written,
+// compact) when the replicas agree: its files and its replica digest
+// (replica_check.h).
+std::vector<std::string> Reports(const std::vector<std::vector<WrittenFile>>& written,
                                  bool compact) {
   std::vector<RankReport> reports(written.size());
-  for (size_t r = 0; r < written.size(); ++r) reports[r].files = written[r];
-  for (const HeldCopy& c : plan.copies) reports[c.rank].copies.push_back({c.chunk, 0});
+  for (size_t r = 0; r < written.size(); ++r) {
+    reports[r].files = written[r];
+    reports[r].replica_digest = 0x9e3779b97f4a7c15u * (r + 1);
+  }
   std::vector<std::string> out;
   for (const RankReport& report : reports) out.push_back(EncodeReport(report, compact));
   return out;
@@ -322,8 +323,8 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
   row->writer_balance = WriterBalance(*run.plan);
   const std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
   {
-    const std::vector<std::string> full = Reports(*run.plan, written, /*compact=*/false);
-    const std::vector<std::string> compact = Reports(*run.plan, written, /*compact=*/true);
+    const std::vector<std::string> full = Reports(written, /*compact=*/false);
+    const std::vector<std::string> compact = Reports(written, /*compact=*/true);
     *other_reports = {full[sent->rank], compact[sent->rank], {}, {}};
     SS_RETURN_IF_ERROR(AddStepsAfterPlanning(
         run.comm, {full[0], compact[0], FramedReports(full), FramedReports(compact)},

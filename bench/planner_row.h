@@ -37,8 +37,9 @@
 //                      the collective helpers (comm/agree.h): the broadcast
 //                      of the save's directories, the step-3 reports
 //                      gathered to rank 0 (EncodeReport of each rank's files
-//                      and replica checksums, from the whole plan, whose
-//                      numbers a part's report uses too), the outcome's
+//                      and replica digest, from the whole plan, whose
+//                      numbers a part's report uses too; replicas that
+//                      agree, so no copies' checksums), the outcome's
 //                      broadcast.
 //   repeat_coord_bytes the same for a repeated save, whose reports are
 //                      compact (checksums alone: rank 0 kept the offsets).

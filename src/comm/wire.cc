@@ -34,6 +34,25 @@ Result<uint8_t> Reader::U8() {
 }
 
 Result<uint32_t> Reader::U32() {
+  SS_ASSIGN_OR_RETURN(uint64_t v, U64());
+  if (v > UINT32_MAX) return InternalError("bad number in message between ranks");
+  return static_cast<uint32_t>(v);
+}
+
+Result<uint64_t> Reader::U64() {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    SS_RETURN_IF_ERROR(Need(1));
+    const uint8_t byte = static_cast<uint8_t>(in_[pos_++]);
+    // The tenth byte holds bit 63 alone.
+    if (shift == 63 && byte > 1) break;
+    v |= uint64_t{byte & 0x7fu} << shift;
+    if ((byte & 0x80) == 0) return v;
+  }
+  return InternalError("bad number in message between ranks");
+}
+
+Result<uint32_t> Reader::Fixed32() {
   SS_RETURN_IF_ERROR(Need(4));
   uint32_t v;
   std::memcpy(&v, in_.data() + pos_, 4);
@@ -41,7 +60,7 @@ Result<uint32_t> Reader::U32() {
   return v;
 }
 
-Result<uint64_t> Reader::U64() {
+Result<uint64_t> Reader::Fixed64() {
   SS_RETURN_IF_ERROR(Need(8));
   uint64_t v;
   std::memcpy(&v, in_.data() + pos_, 8);
@@ -64,7 +83,7 @@ Result<std::string_view> Reader::View() {
 
 Result<shardsafe::Shape> Reader::Shape() {
   SS_ASSIGN_OR_RETURN(uint32_t n, U32());
-  SS_RETURN_IF_ERROR(Need(uint64_t{n} * 8));
+  SS_RETURN_IF_ERROR(Need(n));  // at least a byte a dimension
   shardsafe::Shape s(n);
   for (auto& d : s) {
     SS_ASSIGN_OR_RETURN(d, U64());

@@ -1,6 +1,9 @@
 // A small binary encoding for the messages ranks exchange during a save or
-// load (holdings, per-rank outcomes). Little-endian fixed-width integers and
-// length-prefixed strings. Decoding is bounds-checked: a malformed message
+// load (holdings, per-rank outcomes). Integers as LEB128 varints (7 bits a
+// byte, low first: counts, sizes, offsets and indices take 1-4 bytes
+// rather than 4 or 8), checksums and digests little-endian fixed-width
+// (Fixed32, Fixed64: random bits gain nothing from a varint), strings
+// length-prefixed. Decoding is bounds-checked: a malformed message
 // is an Internal error (it can only come from a peer rank of the same
 // build), never a crash.
 #pragma once
@@ -18,8 +21,13 @@ namespace shardsafe::wire {
 class Writer {
  public:
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v) { Raw(&v, sizeof v); }
-  void U64(uint64_t v) { Raw(&v, sizeof v); }
+  void U32(uint32_t v) { U64(v); }
+  void U64(uint64_t v) {
+    for (; v >= 0x80; v >>= 7) out_.push_back(static_cast<char>(v | 0x80));
+    out_.push_back(static_cast<char>(v));
+  }
+  void Fixed32(uint32_t v) { Raw(&v, sizeof v); }
+  void Fixed64(uint64_t v) { Raw(&v, sizeof v); }
   void Str(std::string_view s) {
     U64(s.size());
     out_.append(s);
@@ -40,6 +48,8 @@ class Reader {
   Result<uint8_t> U8();
   Result<uint32_t> U32();
   Result<uint64_t> U64();
+  Result<uint32_t> Fixed32();
+  Result<uint64_t> Fixed64();
   Result<std::string> Str();
   // A string written by Writer::Str, as a view into the message.
   Result<std::string_view> View();

@@ -190,7 +190,7 @@ TEST_F(CollectivesTest, ARepeatedSaveCostsARankOtherThanZeroUnderOneKilobyte) {
 
 // Rank 0 keeps where a plan's files put their entries from the first
 // save's reports, so a repeated save's report carries checksums alone (4
-// bytes an entry, not 12, and no file size); the index records the same
+// bytes an entry, not 4 and a varint offset, and no file size); the index records the same
 // offsets and sizes, and the checkpoint loads.
 TEST_F(CollectivesTest, ARepeatedSaveReportsChecksumsWithoutOffsets) {
   constexpr int kTensors = 16;
@@ -212,7 +212,8 @@ TEST_F(CollectivesTest, ARepeatedSaveReportsChecksumsWithoutOffsets) {
     });
   }
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_LE(report_bytes[1][r] + 8 * kTensors + 8, report_bytes[0][r]) << "rank " << r;
+    // The offsets left out: 2 bytes each here, as varints.
+    EXPECT_LE(report_bytes[1][r] + 2 * kTensors, report_bytes[0][r]) << "rank " << r;
   }
   auto first = OpenSource(*DefaultFileSystem(), root_ + "/c0");
   auto second = OpenSource(*DefaultFileSystem(), root_ + "/c1");
@@ -236,6 +237,57 @@ TEST_F(CollectivesTest, ARepeatedSaveReportsChecksumsWithoutOffsets) {
     ASSERT_TRUE(Load(LoadRequest{{target.target}}, root_ + "/c1", *comm, {}).ok());
     EXPECT_TRUE(MatchesOracle(target)) << t;
   }
+}
+
+// Replicas are compared through one 8-byte digest per rank: when every
+// copy equals what was written (small replicas, and one large enough to be
+// cut into pieces written by different ranks) the reports carry no copies:
+// a first save gathers the layouts and the reports, a repeated one the
+// reports only. A copy that differs brings one more gather, of the copies'
+// checksums, and the save fails naming it.
+TEST_F(CollectivesTest, ReplicasThatAgreeAreComparedWithoutSendingTheirChecksums) {
+  constexpr int kMany = 4;
+  const Shape small{16, 16}, large{1024, 2048};  // F32: 1 KiB, 8 MiB (cut in 2)
+  std::vector<std::vector<OwnedShard>> held(kMany);
+  for (int r = 0; r < kMany; ++r) {
+    for (int t = 0; t < 8; ++t) {
+      held[r].push_back(MakeShard("rep" + std::to_string(t), DType::kF32, small,
+                                  {Box::Whole(small), std::nullopt}));
+    }
+    held[r].push_back(MakeShard("large", DType::kF32, large, {Box::Whole(large), std::nullopt}));
+  }
+  // Each rank's outcome, and what it sent in each gather.
+  std::vector<std::vector<uint64_t>> gathered(kMany);
+  const auto save = [&](const std::string& name) {
+    std::vector<Status> out(kMany);
+    testing::RunRanks(kMany, [&](int r, Comm& comm) {
+      CountingComm counting(comm);
+      SaveState state;
+      for (const OwnedShard& s : held[r]) state.tensors.push_back(s.View());
+      out[r] = Save(state, root_ + "/" + name, counting, {}).status();
+      gathered[r] = counting.gathered;
+    });
+    return out;
+  };
+  for (const std::string name : {"first", "repeated"}) {
+    for (const Status& st : save(name)) EXPECT_TRUE(st.ok()) << st.ToString();
+    for (int r = 0; r < kMany; ++r) {
+      ASSERT_EQ(gathered[r].size(), name == "first" ? 2u : 1u)
+          << name << ", rank " << r << ": the digests did not add up";
+      EXPECT_LT(gathered[r].back(), 200u) << name << ", rank " << r << " sent its copies";
+    }
+  }
+  auto src = OpenSource(*DefaultFileSystem(), root_ + "/repeated");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  ASSERT_EQ(src->index.tensors.at("large").chunks.size(), 2u);
+
+  held[3][5].bytes[7] ^= std::byte{1};  // rank 3's "replica" of rep5 holds other data
+  for (const Status& st : save("differ")) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("tensor \"rep5\""));
+    EXPECT_THAT(st.message(), HasSubstr("and 3 hold different bytes"));
+  }
+  for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
 }
 
 // A first save: a rank other than 0 sends its own layout and receives its

@@ -341,8 +341,7 @@ TEST_F(SaveLoadTest, ReplicasThatDifferFailTheSaveNamingTheKeyAndRanks) {
   EXPECT_THAT(ListNames(root_), ::testing::ElementsAre("unchecked"));
 }
 
-// The same on a repeated save, whose reports are compact: the checksums
-// of the copies come in the plan's order, without their chunks.
+// The same on a repeated save, whose reports are compact.
 TEST_F(SaveLoadTest, ReplicasThatDifferFailARepeatedSaveToo) {
   std::vector<std::vector<OwnedShard>> save = FourReplicas();
   for (const Status& st : SaveFromRanks(save, Path("first"), {})) {

@@ -231,8 +231,10 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
-  auto committed = CommitOnLeader(fs, *job.plan, *reports, job.json, job.root, job.tag,
-                                  job.dirs, job.world, job.commit, job.layouts.get());
+  auto read = ReadReports(*reports, *job.plan, job.layouts.get());
+  auto committed = read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root,
+                                              job.tag, job.dirs, job.world, job.commit)
+                             : Result<std::string>(read.status());
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
@@ -390,7 +392,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     // replicas it does not write are checksummed now.
     if (copied.ok() && options.verify_replicas) {
       auto copies = ChecksumCopies(*job->plan, job->rank, state, options.device.get());
-      if (copies.ok()) job->copies = std::move(*copies);
+      if (copies.ok()) job->copies = std::move(copies->copies);
       else copied = copies.status();
     }
     job->progress->Finish(std::move(copied));

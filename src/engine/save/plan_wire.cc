@@ -155,8 +155,8 @@ Status GetBlobsFilesCopies(wire::Reader& r, SavePlan& p) {
 
 std::string EncodePlanMessage(const SavePlan& part, const Digest& digest) {
   wire::Writer w;
-  w.U64(digest[0]);
-  w.U64(digest[1]);
+  w.Fixed64(digest[0]);
+  w.Fixed64(digest[1]);
   PutTensors(w, part.tensors);
   PutChunks(w, part.chunks);
   PutBlobsFilesCopies(w, part);
@@ -174,8 +174,8 @@ Result<PlanMessage> DecodePlanMessage(std::string_view msg) {
   wire::Reader r(msg);
   PlanMessage m;
   SavePlan& p = m.plan;
-  SS_ASSIGN_OR_RETURN(m.digest[0], r.U64());
-  SS_ASSIGN_OR_RETURN(m.digest[1], r.U64());
+  SS_ASSIGN_OR_RETURN(m.digest[0], r.Fixed64());
+  SS_ASSIGN_OR_RETURN(m.digest[1], r.Fixed64());
   SS_RETURN_IF_ERROR(GetTensors(r, p));
   SS_RETURN_IF_ERROR(GetChunks(r, p));
   SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p));

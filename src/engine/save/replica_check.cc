@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <span>
 
 #include "base/crc32c.h"
+#include "layout/plan_part.h"
 
 namespace shardsafe {
 namespace {
@@ -12,17 +14,48 @@ namespace {
 // Device copies are checksummed through a host buffer of this size.
 constexpr uint64_t kDeviceStep = uint64_t{8} << 20;
 
-Result<uint32_t> DeviceCrc(const TensorShard& shard, uint64_t bytes, DeviceMemory& device) {
+// The CRC-32C of bytes [at, at + bytes) of a device shard.
+Result<uint32_t> DeviceCrc(const TensorShard& shard, uint64_t at, uint64_t bytes,
+                           DeviceMemory& device) {
   auto buffer = std::make_unique<char[]>(std::min(bytes, kDeviceStep));
   uint32_t crc = 0;
-  for (uint64_t at = 0; at < bytes; at += kDeviceStep) {
-    const uint64_t n = std::min(kDeviceStep, bytes - at);
-    const DeviceMemory::Copy copy{buffer.get(), static_cast<const char*>(shard.data) + at, n};
+  for (uint64_t done = 0; done < bytes; done += kDeviceStep) {
+    const uint64_t n = std::min(kDeviceStep, bytes - done);
+    const DeviceMemory::Copy copy{buffer.get(), static_cast<const char*>(shard.data) + at + done,
+                                  n};
     SS_RETURN_IF_ERROR(device.CopyToHost({&copy, 1}).WithContext(
         "copying tensor \"" + shard.key + "\" from the device to check its replicas"));
     crc = Crc32cExtend(crc, buffer.get(), n);
   }
   return crc;
+}
+
+// The CRC-32C of bytes [at, at + bytes) of a shard, wherever it lies.
+Result<uint32_t> ShardCrc(const TensorShard& shard, uint64_t at, uint64_t bytes,
+                          DeviceMemory* device) {
+  if (!shard.on_device) return Crc32c(static_cast<const char*>(shard.data) + at, bytes);
+  if (device == nullptr) {
+    return InvalidArgumentError("tensor \"" + shard.key +
+                                "\" is on a device, but no SaveOptions::device copies it");
+  }
+  return DeviceCrc(shard, at, bytes, *device);
+}
+
+// Hash(chunk, checksum) of the digest (replica_check.h): the finalizer of
+// SplitMix64, which maps distinct inputs to distinct, well-mixed outputs.
+uint64_t ReplicaHash(uint32_t whole_chunk, uint32_t crc) {
+  uint64_t x = (uint64_t{whole_chunk} << 32 | crc) + 0x9e3779b97f4a7c15u;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9u;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebu;
+  return x ^ (x >> 31);
+}
+
+// `rank`'s held copies in `plan` (sorted by rank).
+std::span<const HeldCopy> CopiesOf(const SavePlan& plan, int rank) {
+  const auto before = [](const HeldCopy& c, int r) { return c.rank < r; };
+  auto first = std::lower_bound(plan.copies.begin(), plan.copies.end(), rank, before);
+  auto end = std::lower_bound(first, plan.copies.end(), rank + 1, before);
+  return {first, end};
 }
 
 // The copy of `rank` differs from what was written for chunks [first,
@@ -49,28 +82,47 @@ Status ReplicaMismatch(const SavePlan& plan, uint32_t first, uint32_t count, int
 
 }  // namespace
 
-Result<std::vector<CopyChecksum>> ChecksumCopies(const SavePlan& plan, int rank,
-                                                 const SaveState& state, DeviceMemory* device) {
-  auto first = std::lower_bound(plan.copies.begin(), plan.copies.end(), rank,
-                                [](const HeldCopy& c, int r) { return c.rank < r; });
-  std::vector<CopyChecksum> out;
-  for (auto it = first; it != plan.copies.end() && it->rank == rank; ++it) {
-    const TensorShard& shard = state.tensors[it->shard];
-    uint64_t bytes = 0;
-    for (uint32_t c = it->chunk; c < it->chunk + it->chunks; ++c) bytes += plan.chunks[c].bytes;
-    uint32_t crc;
-    if (shard.on_device) {
-      if (device == nullptr) {
-        return InvalidArgumentError("tensor \"" + shard.key +
-                                    "\" is on a device, but no SaveOptions::device copies it");
-      }
-      SS_ASSIGN_OR_RETURN(crc, DeviceCrc(shard, bytes, *device));
-    } else {
-      crc = Crc32c(shard.data, bytes);
+Result<HeldChecksums> ChecksumCopies(const SavePlan& plan, int rank, const SaveState& state,
+                                     DeviceMemory* device) {
+  HeldChecksums out;
+  for (const HeldCopy& h : CopiesOf(plan, rank)) {
+    const TensorShard& shard = state.tensors[h.shard];
+    uint64_t at = 0;
+    uint32_t crc = 0;
+    for (uint32_t c = h.chunk; c < h.chunk + h.chunks; ++c) {  // the pieces, in order
+      const uint64_t bytes = plan.chunks[c].bytes;
+      SS_ASSIGN_OR_RETURN(uint32_t piece, ShardCrc(shard, at, bytes, device));
+      out.digest += ReplicaHash(WholeChunkNumber(plan, c), piece);
+      crc = c == h.chunk ? piece : Crc32cCombine(crc, piece, bytes);
+      at += bytes;
     }
-    out.push_back({it->chunk, crc});
+    out.copies.push_back({h.chunk, crc});
   }
   return out;
+}
+
+uint64_t ReplicaDigest(const SavePlan& plan, int rank, const HeldChecksums& held,
+                       const std::vector<WrittenFile>& written) {
+  // The copies held of a chunk: every holder but its writer, or, for the
+  // pieces of a cut chunk, every holder (the writer too: it holds the whole
+  // copy, listed with the others).
+  std::set<uint32_t> own_copies;  // whole numbers of the pieces this rank holds a copy of
+  for (const HeldCopy& h : CopiesOf(plan, rank)) {
+    for (uint32_t c = h.chunk; c < h.chunk + h.chunks; ++c) {
+      own_copies.insert(WholeChunkNumber(plan, c));
+    }
+  }
+  uint64_t digest = held.digest;
+  for (const WrittenFile& f : written) {
+    const PlannedFile& pf = plan.files[f.plan_file];
+    for (size_t i = 0; i < pf.chunks.size() && i < f.chunks.size(); ++i) {
+      const PlannedChunk& chunk = plan.chunks[pf.chunks[i]];
+      const uint32_t whole = WholeChunkNumber(plan, pf.chunks[i]);
+      const uint64_t copies = chunk.holders - 1 + own_copies.count(whole);
+      digest -= copies * ReplicaHash(whole, f.chunks[i].crc32c);
+    }
+  }
+  return digest;
 }
 
 Status CheckReplicas(const SavePlan& plan, const std::vector<std::vector<WrittenFile>>& written,

@@ -221,53 +221,52 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   return prepared;
 }
 
-namespace {
-
-// Rank `rank`'s step-3 report; a compact one completed from `layouts` and
-// the plan (a mismatch makes `layouts` forget, so the next save reports
-// in full).
-Result<RankReport> ReadReport(std::string_view msg, const SavePlan& plan, int rank,
-                              FileLayouts* layouts, bool* compact) {
-  SS_ASSIGN_OR_RETURN(RankReport report, DecodeReport(msg, compact));
-  if (!*compact) return report;
-  Status s = layouts ? layouts->Fill(&report.files)
-                     : InternalError("compact save report without layouts");
-  if (s.ok()) s = NumberCopies(plan, rank, &report.copies);
-  if (!s.ok()) {
-    if (layouts) layouts->Forget();
-    return s;
+Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
+                                            const SavePlan& plan, FileLayouts* layouts) {
+  std::vector<RankReport> reports(msgs.size());
+  bool all_full = true;
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    bool compact = false;
+    SS_ASSIGN_OR_RETURN(reports[r], DecodeReport(msgs[r], &compact));
+    all_full = all_full && !compact;
+    if (!compact) continue;
+    Status s = layouts ? layouts->Fill(&reports[r].files)
+                       : InternalError("compact save report without layouts");
+    if (!s.ok()) {
+      if (layouts) layouts->Forget();  // the next save reports in full
+      return s;
+    }
   }
-  return report;
+  if (all_full && layouts) {
+    std::vector<std::vector<WrittenFile>> by_rank;
+    for (const RankReport& report : reports) by_rank.push_back(report.files);
+    layouts->Keep(plan, by_rank);
+  }
+  return reports;
 }
 
-}  // namespace
+bool DigestsAddUp(const std::vector<RankReport>& reports) {
+  uint64_t sum = 0;
+  for (const RankReport& report : reports) sum += report.replica_digest;
+  return sum == 0;
+}
 
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   const std::vector<std::string>& reports, const UserJson& json,
+                                   std::vector<RankReport> reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit, FileLayouts* layouts) {
+                                   const CommitOptions& commit) {
   std::vector<std::vector<WrittenFile>> by_rank(reports.size());
   std::vector<std::vector<CopyChecksum>> copies(reports.size());
-  Status s;
-  bool all_full = true;
-  for (size_t r = 0; r < reports.size() && s.ok(); ++r) {
-    bool compact = false;
-    auto report = ReadReport(reports[r], plan, static_cast<int>(r), layouts, &compact);
-    s = report.status();
-    if (!report.ok()) break;
-    by_rank[r] = std::move(report->files);
-    copies[r] = std::move(report->copies);
-    all_full = all_full && !compact;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    by_rank[r] = std::move(reports[r].files);
+    copies[r] = std::move(reports[r].copies);
   }
-  if (s.ok() && all_full && layouts) layouts->Keep(plan, by_rank);
-  if (s.ok()) s = CheckReplicas(plan, by_rank, copies);
-  auto index =
-      s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size, dirs.file_suffix)
-             : Result<CheckpointIndex>(s);
+  Status s = CheckReplicas(plan, by_rank, copies);
+  auto index = s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size, dirs.file_suffix)
+                      : Result<CheckpointIndex>(s);
   std::vector<std::string> warnings;
-  s = index.ok() ? CommitSave(fs, dirs, root, *index, commit, &warnings)
-                 : index.status();
+  s = index.ok() ? CommitSave(fs, dirs, root, *index, commit, &warnings) : index.status();
   if (!s.ok()) return s;
   std::string joined;
   for (const auto& w : warnings) joined += w + "\n";
@@ -298,6 +297,74 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
   return s;
 }
 
+namespace {
+
+// Rank 0's answer to the step-3 reports, which it broadcasts: committed
+// (then the warnings), or "send the copies' checksums" when the replica
+// digests do not add up (replica_check.h).
+constexpr char kCommitted = 'C';
+constexpr char kSendCopies = 'R';
+
+// Rank 0, steps 4-6 of a synchronous save: commits `reports`, or removes
+// what the save wrote; the answer to broadcast.
+Result<std::string> CommitAnswer(FileSystem& fs, const SavePlan& plan,
+                                 std::vector<RankReport> reports, const PreparedSave& prepared,
+                                 const std::string& root, const std::string& tag, Comm& comm,
+                                 const CommitOptions& commit) {
+  auto committed = CommitOnLeader(fs, plan, std::move(reports), prepared.json, root, tag,
+                                  prepared.dirs, comm.size(), commit);
+  if (committed.ok()) return kCommitted + *committed;
+  AbandonSave(fs, prepared.dirs);
+  return WithRank(comm, 0, committed.status()).WithContext("committing " + JoinPath(root, tag));
+}
+
+// Rank 0, step 3: the answer to every rank's report (`msgs`, or a rank's
+// failure). *reports keeps the decoded reports when the answer asks for
+// the copies.
+Result<std::string> AnswerReports(FileSystem& fs, const SavePlan& plan,
+                                  const Result<std::vector<std::string>>& msgs,
+                                  const PreparedSave& prepared, const std::string& root,
+                                  const std::string& tag, Comm& comm, const CommitOptions& commit,
+                                  std::vector<RankReport>* reports) {
+  if (!msgs.ok()) {
+    AbandonSave(fs, prepared.dirs);
+    return msgs.status().WithContext("saving " + JoinPath(root, tag));
+  }
+  auto read = ReadReports(*msgs, plan, prepared.layouts.get());
+  if (!read.ok()) {
+    AbandonSave(fs, prepared.dirs);
+    return WithRank(comm, 0, read.status()).WithContext("committing " + JoinPath(root, tag));
+  }
+  if (!DigestsAddUp(*read)) {
+    *reports = std::move(*read);
+    return std::string(1, kSendCopies);
+  }
+  return CommitAnswer(fs, plan, std::move(*read), prepared, root, tag, comm, commit);
+}
+
+// Rank 0, the second round of step 3: each rank's copies (`msgs`) added to
+// its report, then steps 4-6.
+Result<std::string> AnswerCopies(FileSystem& fs, const SavePlan& plan,
+                                 const Result<std::vector<std::string>>& msgs,
+                                 std::vector<RankReport> reports, const PreparedSave& prepared,
+                                 const std::string& root, const std::string& tag, Comm& comm,
+                                 const CommitOptions& commit) {
+  Status s = msgs.status();
+  for (size_t r = 0; s.ok() && r < msgs->size() && r < reports.size(); ++r) {
+    bool compact = false;
+    auto copies = DecodeReport((*msgs)[r], &compact);
+    s = copies.status();
+    if (s.ok()) reports[r].copies = std::move(copies->copies);
+  }
+  if (!s.ok()) {
+    AbandonSave(fs, prepared.dirs);
+    return WithRank(comm, 0, s).WithContext("committing " + JoinPath(root, tag));
+  }
+  return CommitAnswer(fs, plan, std::move(reports), prepared, root, tag, comm, commit);
+}
+
+}  // namespace
+
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
                              CommitOptions commit) {
@@ -311,7 +378,6 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
   FileSystem& fs = *prepared.fs;
   const SavePlan& plan = *prepared.plan;
-  const SaveDirs& dirs = prepared.dirs;
 
   // Step 2: every rank writes its files, and checksums the replicas it
   // holds but does not write meanwhile.
@@ -319,42 +385,49 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto copies = std::async(std::launch::async, [&] {
     return options.verify_replicas
                ? ChecksumCopies(plan, comm.rank(), state, options.device.get())
-               : Result<std::vector<CopyChecksum>>(std::vector<CopyChecksum>());
+               : Result<HeldChecksums>(HeldChecksums());
   });
-  auto written = WriteRankFiles(plan, comm.rank(), state, dirs, fs, options, &progress);
+  auto written = WriteRankFiles(plan, comm.rank(), state, prepared.dirs, fs, options, &progress);
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
-  // Step 3: rank 0 learns what every rank wrote, or a failure; then steps
-  // 4-6 on rank 0, and everyone learns the outcome and warnings. On
-  // failure nothing is committed.
-  const std::string path = JoinPath(root, tag);
-  RankReport own;
+  // Step 3: rank 0 learns what every rank wrote and its replica digest, or
+  // a failure; when the digests do not add up, a second round brings it
+  // the copies' checksums. Then steps 4-6 on rank 0, and everyone learns
+  // the outcome and warnings. On failure nothing is committed.
+  RankReport own, own_copies;
   if (mine.ok()) {
-    own = {std::move(*written), std::move(*checksums)};
+    own.files = std::move(*written);
+    if (options.verify_replicas) {
+      own.replica_digest = ReplicaDigest(plan, comm.rank(), *checksums, own.files);
+    }
+    own_copies.copies = std::move(checksums->copies);
     NumberAsWhole(plan, &own);
+    NumberAsWhole(plan, &own_copies);
   }
-  auto reports = GatherToRootOrFail(
+  auto msgs = GatherToRootOrFail(
       comm, 0, mine, mine.ok() ? EncodeReport(own, prepared.compact_reports) : std::string());
   report("commit", RankBytes(plan, comm.rank()), RankBytes(plan, comm.rank()));
-  Result<std::string> committed = std::string();
-  if (leader) {
-    committed = !reports.ok() ? reports.status().WithContext("saving " + path)
-                              : CommitOnLeader(fs, plan, *reports, prepared.json, root, tag,
-                                               dirs, comm.size(), commit, prepared.layouts.get());
-    if (reports.ok() && !committed.ok()) {
-      committed = WithRank(comm, 0, committed.status()).WithContext("committing " + path);
+  std::vector<RankReport> reports;  // rank 0's, kept for the second round
+  Result<std::string> answer = std::string();
+  if (leader) answer = AnswerReports(fs, plan, msgs, prepared, root, tag, comm, commit, &reports);
+  auto outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
+  if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
+    auto more = GatherToRootOrFail(comm, 0, Status(), EncodeReport(own_copies));
+    if (leader) {
+      answer = AnswerCopies(fs, plan, more, std::move(reports), prepared, root, tag, comm, commit);
     }
-    if (!committed.ok()) AbandonSave(fs, dirs);
+    outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }
-  auto outcome = BroadcastOrFail(comm, 0, committed, /*name_root=*/false);
   SaveStats stats = StatsOf(plan, comm.rank());
   stats.plan_reused = prepared.plan_reused;
-  if (outcome.ok()) {
-    stats.warnings = SplitLines(*outcome);
-  } else if (leader && committed.ok()) {
+  if (outcome.ok() && !outcome->empty() && (*outcome)[0] == kCommitted) {
+    stats.warnings = SplitLines(outcome->substr(1));
+  } else if (outcome.ok()) {
+    return InternalError("unexpected answer from rank 0 to the save's reports");
+  } else if (leader && answer.ok() && (*answer)[0] == kCommitted) {
     // Committed: the save succeeded, whatever happens after the commit.
-    stats.warnings = SplitLines(*committed);
+    stats.warnings = SplitLines(answer->substr(1));
     stats.warnings.push_back("committed, but telling the other ranks failed: " +
                              outcome.status().message());
   } else {

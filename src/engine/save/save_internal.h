@@ -50,15 +50,26 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options);
 
-// Steps 4-6 on rank 0: checks the replicas and builds the index from every
-// rank's encoded report (save_messages.h), and commits. Returns the
-// post-commit warnings, one per line; on failure what the save wrote is
-// left for the caller to remove (AbandonSave).
+// Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
+// in whole-plan numbers; compact ones completed from `layouts`, which keeps
+// the layouts when all are full and forgets them when a compact one does
+// not match (so that the next save reports in full).
+Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
+                                            const SavePlan& plan, FileLayouts* layouts);
+
+// Whether the reports' replica digests add up to 0: no copy differs from
+// what was written, but with probability 2^-64 (replica_check.h).
+bool DigestsAddUp(const std::vector<RankReport>& reports);
+
+// Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
+// builds the index and commits. Returns the post-commit warnings, one per
+// line; on failure what the save wrote is left for the caller to remove
+// (AbandonSave).
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   const std::vector<std::string>& reports, const UserJson& json,
+                                   std::vector<RankReport> reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit, FileLayouts* layouts);
+                                   const CommitOptions& commit);
 
 std::vector<std::string> SplitLines(const std::string& text);
 SaveStats StatsOf(const SavePlan& plan, int rank);

@@ -12,7 +12,7 @@ void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries, bool 
   w.U64(entries.size());
   for (const auto& e : entries) {
     if (!compact) w.U64(e.at);
-    w.U32(e.crc32c);
+    w.Fixed32(e.crc32c);
   }
 }
 
@@ -24,7 +24,7 @@ Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r, bool compact) {
     if (!compact) {
       SS_ASSIGN_OR_RETURN(e.at, r.U64());
     }
-    SS_ASSIGN_OR_RETURN(e.crc32c, r.U32());
+    SS_ASSIGN_OR_RETURN(e.crc32c, r.Fixed32());
     out.push_back(e);
   }
   return out;
@@ -64,7 +64,7 @@ std::string EncodeAgreement(const std::string& destination,
   w.U64(values.size());
   for (const auto& [key, fingerprint] : values) {
     w.Str(key);
-    w.U64(fingerprint);
+    w.Fixed64(fingerprint);
   }
   return w.Take();
 }
@@ -114,7 +114,7 @@ Status DecodeAgreement(std::string_view msg, Announcement* a) {
   SS_ASSIGN_OR_RETURN(uint64_t nv, r.U64());
   for (uint64_t i = 0; i < nv; ++i) {
     SS_ASSIGN_OR_RETURN(std::string key, r.Str());
-    SS_ASSIGN_OR_RETURN(uint64_t fingerprint, r.U64());
+    SS_ASSIGN_OR_RETURN(uint64_t fingerprint, r.Fixed64());
     a->values.emplace_back(std::move(key), fingerprint);
   }
   return Status();
@@ -144,9 +144,10 @@ std::string EncodeReport(const RankReport& report, bool compact) {
   }
   w.U64(report.copies.size());
   for (const CopyChecksum& c : report.copies) {
-    if (!compact) w.U32(c.chunk);
-    w.U32(c.crc32c);
+    w.U32(c.chunk);
+    w.Fixed32(c.crc32c);
   }
+  w.Fixed64(report.replica_digest);
   return w.Take();
 }
 
@@ -175,25 +176,13 @@ Result<RankReport> DecodeReport(std::string_view msg, bool* compact) {
   SS_ASSIGN_OR_RETURN(uint64_t nc, r.U64());
   for (uint64_t i = 0; i < nc; ++i) {
     CopyChecksum c;
-    if (!*compact) {
-      SS_ASSIGN_OR_RETURN(c.chunk, r.U32());
-    }
-    SS_ASSIGN_OR_RETURN(c.crc32c, r.U32());
+    SS_ASSIGN_OR_RETURN(c.chunk, r.U32());
+    SS_ASSIGN_OR_RETURN(c.crc32c, r.Fixed32());
     report.copies.push_back(c);
   }
+  SS_ASSIGN_OR_RETURN(report.replica_digest, r.Fixed64());
+  if (!r.done()) return InternalError("bad save report: trailing bytes");
   return report;
-}
-
-Status NumberCopies(const SavePlan& plan, int rank, std::vector<CopyChecksum>* copies) {
-  const auto before = [](const HeldCopy& c, int r) { return c.rank < r; };
-  auto held = std::lower_bound(plan.copies.begin(), plan.copies.end(), rank, before);
-  const auto end = std::lower_bound(held, plan.copies.end(), rank + 1, before);
-  if (!copies->empty() && copies->size() != static_cast<size_t>(end - held)) {
-    return InternalError("save report of rank " + std::to_string(rank) +
-                         " does not match the plan's copies");
-  }
-  for (CopyChecksum& c : *copies) c.chunk = (held++)->chunk;
-  return Status();
 }
 
 bool FileLayouts::ready() const {

@@ -36,34 +36,30 @@ Result<Announcement> DecodeHoldings(std::string_view msg);
 // The layout part of an encoded announcement.
 Result<std::string_view> LayoutOf(std::string_view msg);
 
-// What a rank reports in step 3: the files it wrote, and the checksums of
-// the replicated chunks it holds but did not write (replica_check.h).
+// What a rank reports in step 3: the files it wrote and its replica digest
+// (replica_check.h); the checksums of the replicated chunks it holds but
+// did not write only when asked for them (an async save's report always
+// has them).
 struct RankReport {
   std::vector<WrittenFile> files;
   std::vector<CopyChecksum> copies;
+  uint64_t replica_digest = 0;
 };
 
 // A report in full carries each file's size and the offsets of its
-// entries, and the chunk of each copy; a compact one only the checksums.
-// Rank 0 takes the rest from what it knows: the offsets from the layouts
-// it kept from an earlier save of the same plan (FileLayouts::Fill), the
-// copies' chunks from the plan, which lists each rank's copies in the
-// order the rank checksums them (NumberCopies). So a repeated save sends 4
-// bytes per entry and per copy instead of 12 and 8.
+// entries; a compact one only the entries' checksums. Rank 0 takes the
+// rest from the layouts it kept from an earlier save of the same plan
+// (FileLayouts::Fill). So a repeated save sends 4 bytes per entry instead
+// of 4 and the offset's varint (up to 5 bytes in a 2 GiB file). Copies,
+// when sent, take a chunk number (a varint) and a checksum each.
 std::string EncodeReport(const RankReport& report, bool compact = false);
 
 // Renumbers a report made with a rank's part of a plan (layout/plan_part.h)
 // into the whole plan's numbers, which rank 0 reads it with; a no-op for a
 // whole plan.
 void NumberAsWhole(const SavePlan& plan, RankReport* report);
-// A compact report's files have their sizes and offsets 0 and its copies
-// no chunk (*compact set).
+// A compact report's files have their sizes and offsets 0 (*compact set).
 Result<RankReport> DecodeReport(std::string_view msg, bool* compact);
-
-// Sets the chunks of `rank`'s compactly reported copies from `plan` (the
-// whole plan). InternalError when the rank reported some, but not as many
-// as the plan lists (none: it did not check its replicas).
-Status NumberCopies(const SavePlan& plan, int rank, std::vector<CopyChecksum>* copies);
 
 // Rank 0's record of each file's size and entry offsets under one plan
 // (by whole plan file), kept from the full reports of a save so that the

@@ -78,7 +78,7 @@ std::string EncodeOffer(const Offer& o) {
   wire::Writer w;
   w.U8(o.enabled);
   w.Str(o.machine);
-  w.U64(o.nonce);
+  w.Fixed64(o.nonce);
   w.U64(o.extents.size());
   for (const Extent& e : o.extents) {
     w.U32(e.file);
@@ -96,7 +96,7 @@ Result<Offer> DecodeOffer(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(uint8_t enabled, r.U8());
   o.enabled = enabled != 0;
   SS_ASSIGN_OR_RETURN(o.machine, r.Str());
-  SS_ASSIGN_OR_RETURN(o.nonce, r.U64());
+  SS_ASSIGN_OR_RETURN(o.nonce, r.Fixed64());
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   if (n > msg.size()) return InternalError("shared reads: malformed offer");
   o.extents.resize(n);
