@@ -81,21 +81,22 @@ std::string Cell(const std::optional<T>& v, double scale, int decimals) {
 void PrintHeader() {
   std::printf("| layout | ranks | plan s | repeat ms | peak RSS GB | coord MB | repeat coord MB "
               "| other: plan ms | other: peak RSS MB | other: coord KB | other: repeat coord KB "
-              "| load meta MB | load meta s | writer / ideal | note |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "| load meta MB | load meta s | load meta peak MB | writer / ideal | note |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 void PrintRow(const Row& r) {
   const RankCost& l = r.leader;
   const RankCost& o = r.other;
-  std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+  std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
               r.layout.c_str(), r.world, Cell(l.plan_s, 1, 2).c_str(),
               Cell(l.repeat_plan_s, 1e3, 2).c_str(), Cell(l.peak_rss_bytes, 1e-9, 2).c_str(),
               Cell(l.coord_bytes, 1e-6, 1).c_str(), Cell(l.repeat_coord_bytes, 1e-6, 2).c_str(),
               Cell(o.plan_s, 1e3, 2).c_str(), Cell(o.peak_rss_bytes, 1e-6, 1).c_str(),
               Cell(o.coord_bytes, 1e-3, 1).c_str(), Cell(o.repeat_coord_bytes, 1e-3, 1).c_str(),
               Cell(r.load_meta_bytes, 1e-6, 1).c_str(), Cell(r.load_meta_s, 1, 2).c_str(),
-              Cell(r.writer_balance, 1, 3).c_str(), r.note.c_str());
+              Cell(r.load_meta_peak_bytes, 1e-6, 1).c_str(), Cell(r.writer_balance, 1, 3).c_str(),
+              r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -123,7 +124,9 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
       "  load meta MB    what rank 0 reads to load its own shards again: the committed index\n"
       "                  (BuildIndex, IndexToCommit: a chunk table from 65,536 chunks on, in\n"
       "                  files under /tmp) and the parts of the chunk table ReadChunksFor reads\n"
-      "                  for its slices; load meta s: ParseIndex and ReadChunksFor\n"
+      "                  for its slices; load meta s: reading and parsing the index (ParseIndex)\n"
+      "                  and ReadChunksFor; load meta peak MB: VmHWM during those, less VmRSS\n"
+      "                  before\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
       "Simulated: every rank but the measured one (its holdings computed, encoded as Save\n"
       "encodes them and handed to rank 0 by a Comm double; the other rank's part is the one\n"
@@ -174,6 +177,7 @@ void PrintJson(const std::vector<Row>& rows) {
                                   {"repeat_coord_bytes", OrNull(l.repeat_coord_bytes)},
                                   {"load_meta_bytes", OrNull(r.load_meta_bytes)},
                                   {"load_meta_s", OrNull(r.load_meta_s)},
+                                  {"load_meta_peak_bytes", OrNull(r.load_meta_peak_bytes)},
                                   {"writer_balance", OrNull(r.writer_balance)},
                                   {"other_rank", o.plan_s ? nlohmann::ordered_json(r.other_rank)
                                                           : nlohmann::ordered_json(nullptr)},

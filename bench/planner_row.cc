@@ -283,12 +283,16 @@ Status TimeLoadMetadata(const SimulatedJob& job, int iters,
   if (s.ok() && !committed.table_name.empty()) {
     s = WriteFileAtomically(fs, JoinPath(dir, committed.table_name), committed.table);
   }
-  const std::string text = std::move(committed.text);
   committed = CommitIndex();
   const LoadRequest request = OwnShards(job, 0);
+  row->peak_before_load = StatusBytes("VmHWM:");
+  const bool peak_known = ResetPeakRss();
+  const uint64_t rss_before = StatusBytes("VmRSS:");
   for (int i = 0; s.ok() && i < iters; ++i) {
     const auto start = Clock::now();
-    Result<CheckpointIndex> parsed = ParseIndex(text, "simulated index");
+    Result<std::string> text = ReadFileToString(fs, JoinPath(dir, kIndexFileName), kMaxIndexBytes);
+    Result<CheckpointIndex> parsed =
+        text.ok() ? ParseIndex(*text, "simulated index") : Result<CheckpointIndex>(text.status());
     if (!parsed.ok()) {
       s = parsed.status();
       break;
@@ -298,8 +302,9 @@ Status TimeLoadMetadata(const SimulatedJob& job, int iters,
     TableReadStats table;
     if (src.chunks_pending) s = ReadChunksFor(fs, src, request, &table).status();
     KeepBest(row->load_meta_s, Since(start));
-    row->load_meta_bytes = text.size() + table.bytes;
+    row->load_meta_bytes = text->size() + table.bytes;
   }
+  if (peak_known && s.ok()) row->load_meta_peak_bytes = StatusBytes("VmHWM:") - rss_before;
   fs.RemoveAll(dir).IgnoreError();
   return s;
 }
@@ -350,8 +355,9 @@ Status Measure(const SimulatedJob& job, int iters, Row* row) {
   SimulatedRank::SentPart sent;
   StepReports other_reports;
   SS_RETURN_IF_ERROR(MeasureLeader(job, iters, row, &sent, &other_reports));
-  // Taken now: measuring the other rank resets the peak.
-  row->row_peak = StatusBytes("VmHWM:") - rss_before;
+  // Taken now: measuring the other rank resets the peak (as measuring the
+  // load metadata did).
+  row->row_peak = std::max(row->peak_before_load, StatusBytes("VmHWM:")) - rss_before;
   if (sent.rank == 0) return InternalError("rank 0 scattered no part to another rank");
   SS_RETURN_IF_ERROR(MeasureOther(job, iters, sent, std::move(other_reports), row));
   if (!row->leader.peak_rss_bytes) AddNote(row, "peak RSS unknown: /proc/self/clear_refs refused");

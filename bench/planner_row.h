@@ -49,8 +49,11 @@
 //                      and the reports, IndexToCommit: a chunk table from its
 //                      default threshold on, written to files under /tmp), and
 //                      the bytes of the chunk table ReadChunksFor reads.
-//   load_meta_s        ParseIndex of the index and ReadChunksFor (from the
-//                      page cache: the files were just written).
+//   load_meta_s        ReadFileToString and ParseIndex of the index and
+//                      ReadChunksFor (from the page cache: the files were
+//                      just written).
+//   load_meta_peak_bytes VmHWM during those, less VmRSS before: the index
+//                      read and parsed, the table's parts read.
 //   writer_balance     the busiest writer's bytes / IdealMaxRankBytes.
 //
 // Timings are the best of `iters` runs. Synthesized, since no byte is
@@ -81,10 +84,11 @@ struct Row {
   int other_rank = 0;
   uint64_t other_part_bytes = 0;  // its part of the plan, as scattered
   std::optional<double> load_meta_s, writer_balance;
-  std::optional<uint64_t> load_meta_bytes;
+  std::optional<uint64_t> load_meta_bytes, load_meta_peak_bytes;
   uint64_t shards = 0;   // held by all ranks
   uint64_t chunks = 0;   // in the plan
   uint64_t row_peak = 0; // VmHWM of the whole row less VmRSS before it
+  uint64_t peak_before_load = 0;  // VmHWM before load_meta_peak_bytes reset it
   std::string note;      // why values are missing, or a caveat
   bool failed = false;   // the engine returned an error (in the note)
 };
