@@ -27,6 +27,7 @@
 //   repeat_plan_s      GatherAndPlan of the next save, layout unchanged:
 //                      EncodeLayout, LookUpPlan, the comparison with the
 //                      cached layout, the quick check; the plan is reused.
+//                      After malloc_trim; best of max(iters, 5).
 //   peak_rss_bytes     VmHWM during the first saves, less VmRSS before: on
 //                      rank 0 the received layouts, their decoded form, the
 //                      plan and every part (encoded, and framed); on
@@ -44,6 +45,9 @@
 //   repeat_coord_bytes the same for a repeated save, whose reports are
 //                      compact (checksums alone: rank 0 kept the offsets).
 // And once per row (rank 0's work):
+//   repeat_commit_s    rank 0's commit work in a repeated save before it
+//                      writes: ReadReports of the compact reports,
+//                      DigestsAddUp, BuildIndex and IndexToCommit.
 //   load_meta_bytes    what rank 0 reads to load its own shards again: the
 //                      index as the commit writes it (BuildIndex over the plan
 //                      and the reports, IndexToCommit: a chunk table from its
@@ -83,7 +87,7 @@ struct Row {
   RankCost other;   // rank other_rank
   int other_rank = 0;
   uint64_t other_part_bytes = 0;  // its part of the plan, as scattered
-  std::optional<double> load_meta_s, writer_balance;
+  std::optional<double> repeat_commit_s, load_meta_s, writer_balance;
   std::optional<uint64_t> load_meta_bytes, load_meta_peak_bytes;
   uint64_t shards = 0;   // held by all ranks
   uint64_t chunks = 0;   // in the plan

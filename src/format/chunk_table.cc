@@ -29,16 +29,6 @@ T Get(const char*& p) {
   return v;
 }
 
-// The coordinates, within `box`, of its row-major element `i`.
-std::vector<uint64_t> Unravel(const Box& box, uint64_t i) {
-  std::vector<uint64_t> c(box.rank());
-  for (size_t d = box.rank(); d-- > 0;) {
-    c[d] = i % box.size[d];
-    i /= box.size[d];
-  }
-  return c;
-}
-
 void PutRecord(const IndexChunk& c, std::string& out) {
   Put<uint64_t>(out, c.at);
   Put<uint64_t>(out, c.bytes);
@@ -53,8 +43,11 @@ void PutRecord(const IndexChunk& c, std::string& out) {
 }
 
 Bounds Hull(std::span<const IndexChunk> chunks) {
-  Bounds hull;
-  for (const IndexChunk& c : chunks) hull.Add(BoundsOf(c.slice));
+  Bounds hull, one;
+  for (const IndexChunk& c : chunks) {
+    BoundsInto(c.slice, &one);
+    hull.Add(one);
+  }
   return hull;
 }
 
@@ -128,21 +121,45 @@ bool Bounds::Holds(const Bounds& o) const {
   return true;
 }
 
-Bounds BoundsOf(const Slice& slice) {
+void BoundsInto(const Slice& slice, Bounds* b) {
   const Box& box = slice.box;
+  const size_t rank = box.rank();
   uint64_t volume = 1;  // fits: the slice is valid for its tensor
   for (uint64_t n : box.size) volume *= n;
   const FlatRange flat = slice.flat ? *slice.flat : FlatRange{0, volume};
-  if (flat.end <= flat.begin || volume == 0) return {};
-  Bounds b{box.offset, box.offset, false};
-  for (size_t d = 0; d < box.rank(); ++d) b.hi[d] += box.size[d];
-  if (!slice.flat) return b;
-  const std::vector<uint64_t> first = Unravel(box, flat.begin), last = Unravel(box, flat.end - 1);
-  for (size_t d = 0; d < box.rank(); ++d) {
-    b.lo[d] = box.offset[d] + first[d];
-    b.hi[d] = box.offset[d] + last[d] + 1;
-    if (first[d] != last[d]) break;  // later dimensions: the box's whole extent
+  if (flat.end <= flat.begin || volume == 0) {
+    *b = Bounds();
+    return;
   }
+  b->empty = false;
+  b->lo.resize(rank);
+  b->hi.resize(rank);
+  if (slice.flat) {
+    // The coordinates within the box of the first and the last element.
+    uint64_t first = flat.begin, last = flat.end - 1;
+    for (size_t d = rank; d-- > 0;) {
+      b->lo[d] = first % box.size[d];
+      first /= box.size[d];
+      b->hi[d] = last % box.size[d];
+      last /= box.size[d];
+    }
+  }
+  bool whole = !slice.flat;  // from the first dimension where they differ on
+  for (size_t d = 0; d < rank; ++d) {
+    if (whole) {
+      b->lo[d] = box.offset[d];
+      b->hi[d] = box.offset[d] + box.size[d];
+      continue;
+    }
+    whole = b->lo[d] != b->hi[d];
+    b->lo[d] += box.offset[d];
+    b->hi[d] += box.offset[d] + 1;
+  }
+}
+
+Bounds BoundsOf(const Slice& slice) {
+  Bounds b;
+  BoundsInto(slice, &b);
   return b;
 }
 
@@ -234,9 +251,15 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
   for (const auto& [key, tensor] : index.tensors) {
     directories += DirectoryBytes(IndexTableRef{tensor.chunks.size()}, tensor.shape.size()).bytes;
   }
+  uint64_t record_bytes = 0;
+  for (const auto& [key, tensor] : index.tensors) {
+    record_bytes += tensor.chunks.size() * ChunkRecordBytes(tensor.shape.size());
+  }
   std::string& out = table.bytes;
+  out.reserve(kChunkTableMagic.size() + directories + record_bytes);
   out.append(kChunkTableMagic);
   std::string records;
+  records.reserve(record_bytes);
   const uint64_t records_start = out.size() + directories;
   table.refs.reserve(index.tensors.size());
   for (const auto& [key, tensor] : index.tensors) {

@@ -69,6 +69,8 @@ struct Bounds {
 };
 // The bounds of `slice` (valid for its tensor; empty without elements).
 Bounds BoundsOf(const Slice& slice);
+// The same into `*b`, reusing its memory.
+void BoundsInto(const Slice& slice, Bounds* b);
 
 // A chunk table for `index` (whose tensors hold their chunks), named
 // `name`, and where each tensor's part lies (in the index's key order).

@@ -50,6 +50,7 @@ bool Inside(const Bounds& b, const Shape& shape, uint64_t lin) {
 TEST(ChunkTableTest, BoundsHoldEverySliceElementAndAreTheBoxWithoutAFlatRange) {
   std::mt19937_64 rng(7);
   const Shape shape{5, 7, 3};
+  Bounds reused;  // BoundsInto over the last trial's bounds
   for (int trial = 0; trial < 2000; ++trial) {
     Box box{{0, 0, 0}, {0, 0, 0}};
     for (size_t d = 0; d < 3; ++d) {
@@ -64,6 +65,8 @@ TEST(ChunkTableTest, BoundsHoldEverySliceElementAndAreTheBoxWithoutAFlatRange) {
     }
     const std::vector<uint64_t> elements = Elements(slice, shape);
     const Bounds bounds = BoundsOf(slice);
+    BoundsInto(slice, &reused);
+    EXPECT_EQ(reused, bounds) << trial;
     EXPECT_EQ(bounds.empty, elements.empty());
     for (uint64_t e : elements) ASSERT_TRUE(Inside(bounds, shape, e)) << trial;
     if (!slice.flat && volume > 0) {

@@ -101,11 +101,14 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
   if (!json.metadata.empty()) index.metadata = json.metadata;
   index.values = json.values;
   index.files.resize(plan.files.size());
+  // Each chunk goes straight to its place: its tensor's chunks, in plan
+  // order, filled from what the writers reported.
+  std::vector<IndexChunk*> place(plan.chunks.size(), nullptr);
   for (const PlannedTensor& t : plan.tensors) {
-    index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};
+    IndexTensor& tensor = index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};
+    tensor.chunks.resize(t.chunks.size());
+    for (size_t i = 0; i < t.chunks.size(); ++i) place[t.chunks[i]] = &tensor.chunks[i];
   }
-  // Chunks in plan order per tensor; filled from what the writers reported.
-  std::vector<IndexChunk> chunks(plan.chunks.size());
   std::vector<IndexBlobChunk> blobs(plan.blobs.size());
   for (const auto& rank_files : written) {
     for (const WrittenFile& wf : rank_files) {
@@ -118,7 +121,8 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    pf.rank};
       for (size_t i = 0; i < pf.chunks.size(); ++i) {
         const PlannedChunk& c = plan.chunks[pf.chunks[i]];
-        chunks[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
+        if (place[pf.chunks[i]] == nullptr) return InternalError("a planned chunk of no tensor");
+        *place[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
                                 wf.chunks[i].crc32c};
       }
       for (size_t i = 0; i < pf.blobs.size(); ++i) {
@@ -126,10 +130,6 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
         blobs[pf.blobs[i]] = {b.rank, wf.plan_file, wf.blobs[i].at, b.bytes, wf.blobs[i].crc32c};
       }
     }
-  }
-  for (const PlannedTensor& t : plan.tensors) {
-    auto& out = index.tensors[t.key].chunks;
-    for (uint32_t c : t.chunks) out.push_back(chunks[c]);
   }
   for (size_t i = 0; i < plan.blobs.size(); ++i) {
     IndexBlob& blob = index.blobs[plan.blobs[i].name];

@@ -121,19 +121,24 @@ Digest PlanDigest(const std::vector<std::string_view>& layouts, const SavePlanOp
 }
 
 // On rank 0: the whole plan of the gathered announcements, and the digest
-// of their layouts (plan_cache.h).
-Result<SavePlan> PlanOnLeader(const std::vector<std::string>& msgs,
-                              const SavePlanOptions& options, Digest* digest) {
-  std::vector<Announcement> announced(msgs.size());
+// of their layouts (plan_cache.h). Each message is freed once decoded.
+Result<SavePlan> PlanOnLeader(std::vector<std::string> msgs, const SavePlanOptions& options,
+                              Digest* digest) {
   std::vector<std::string_view> layouts(msgs.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
-    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
     SS_ASSIGN_OR_RETURN(layouts[r], LayoutOf(msgs[r]));
+  }
+  *digest = PlanDigest(layouts, options);
+  layouts.clear();
+  std::vector<Announcement> announced(msgs.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    SS_ASSIGN_OR_RETURN(announced[r], DecodeHoldings(msgs[r]));
+    std::string().swap(msgs[r]);
   }
   SS_RETURN_IF_ERROR(CheckAgreement(announced));
   std::vector<RankHoldings> holdings(announced.size());
   for (size_t r = 0; r < announced.size(); ++r) holdings[r] = std::move(announced[r].holdings);
-  *digest = PlanDigest(layouts, options);
+  announced.clear();
   return PlanSave(holdings, options);
 }
 
@@ -174,8 +179,8 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
   Digest digest{};
   Result<std::vector<std::string>> parts = std::vector<std::string>();
   if (comm.rank() == 0) {
-    Result<SavePlan> whole =
-        msgs.ok() ? PlanOnLeader(*msgs, plan_options, &digest) : Result<SavePlan>(msgs.status());
+    Result<SavePlan> whole = msgs.ok() ? PlanOnLeader(std::move(*msgs), plan_options, &digest)
+                                       : Result<SavePlan>(msgs.status());
     if (whole.ok()) plan = std::make_shared<const SavePlan>(std::move(*whole));
     parts = whole.ok() ? PartMessages(*plan, digest) : Result<std::vector<std::string>>(whole.status());
   }
@@ -305,63 +310,66 @@ namespace {
 constexpr char kCommitted = 'C';
 constexpr char kSendCopies = 'R';
 
-// Rank 0, steps 4-6 of a synchronous save: commits `reports`, or removes
-// what the save wrote; the answer to broadcast.
-Result<std::string> CommitAnswer(FileSystem& fs, const SavePlan& plan,
-                                 std::vector<RankReport> reports, const PreparedSave& prepared,
-                                 const std::string& root, const std::string& tag, Comm& comm,
-                                 const CommitOptions& commit) {
-  auto committed = CommitOnLeader(fs, plan, std::move(reports), prepared.json, root, tag,
-                                  prepared.dirs, comm.size(), commit);
-  if (committed.ok()) return kCommitted + *committed;
-  AbandonSave(fs, prepared.dirs);
-  return WithRank(comm, 0, committed.status()).WithContext("committing " + JoinPath(root, tag));
-}
+// Rank 0's side of step 3 and steps 4-6 of a synchronous save: its answer
+// to the reports, which it broadcasts. On failure what the save wrote is
+// removed.
+class LeaderAnswer {
+ public:
+  LeaderAnswer(FileSystem& fs, const SavePlan& plan, const PreparedSave& prepared,
+               const std::string& root, const std::string& tag, Comm& comm,
+               const CommitOptions& commit)
+      : fs_(fs), plan_(plan), prepared_(prepared), root_(root), tag_(tag), comm_(comm),
+        commit_(commit) {}
 
-// Rank 0, step 3: the answer to every rank's report (`msgs`, or a rank's
-// failure). *reports keeps the decoded reports when the answer asks for
-// the copies.
-Result<std::string> AnswerReports(FileSystem& fs, const SavePlan& plan,
-                                  const Result<std::vector<std::string>>& msgs,
-                                  const PreparedSave& prepared, const std::string& root,
-                                  const std::string& tag, Comm& comm, const CommitOptions& commit,
-                                  std::vector<RankReport>* reports) {
-  if (!msgs.ok()) {
-    AbandonSave(fs, prepared.dirs);
-    return msgs.status().WithContext("saving " + JoinPath(root, tag));
+  // To every rank's report (or a rank's failure): the copies' checksums
+  // asked for when the digests do not add up, else the outcome of steps 4-6.
+  Result<std::string> ToReports(const Result<std::vector<std::string>>& msgs) {
+    if (!msgs.ok()) {
+      AbandonSave(fs_, prepared_.dirs);
+      return msgs.status().WithContext("saving " + JoinPath(root_, tag_));
+    }
+    auto read = ReadReports(*msgs, plan_, prepared_.layouts.get());
+    if (!read.ok()) return Fail(read.status());
+    reports_ = std::move(*read);
+    if (!DigestsAddUp(reports_)) return std::string(1, kSendCopies);
+    return Commit();
   }
-  auto read = ReadReports(*msgs, plan, prepared.layouts.get());
-  if (!read.ok()) {
-    AbandonSave(fs, prepared.dirs);
-    return WithRank(comm, 0, read.status()).WithContext("committing " + JoinPath(root, tag));
-  }
-  if (!DigestsAddUp(*read)) {
-    *reports = std::move(*read);
-    return std::string(1, kSendCopies);
-  }
-  return CommitAnswer(fs, plan, std::move(*read), prepared, root, tag, comm, commit);
-}
 
-// Rank 0, the second round of step 3: each rank's copies (`msgs`) added to
-// its report, then steps 4-6.
-Result<std::string> AnswerCopies(FileSystem& fs, const SavePlan& plan,
-                                 const Result<std::vector<std::string>>& msgs,
-                                 std::vector<RankReport> reports, const PreparedSave& prepared,
-                                 const std::string& root, const std::string& tag, Comm& comm,
-                                 const CommitOptions& commit) {
-  Status s = msgs.status();
-  for (size_t r = 0; s.ok() && r < msgs->size() && r < reports.size(); ++r) {
-    bool compact = false;
-    auto copies = DecodeReport((*msgs)[r], &compact);
-    s = copies.status();
-    if (s.ok()) reports[r].copies = std::move(copies->copies);
+  // To the second round: each rank's copies added to its report, then
+  // steps 4-6.
+  Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
+    if (!msgs.ok()) return Fail(msgs.status());
+    for (size_t r = 0; r < msgs->size() && r < reports_.size(); ++r) {
+      bool compact = false;
+      auto copies = DecodeReport((*msgs)[r], &compact);
+      if (!copies.ok()) return Fail(copies.status());
+      reports_[r].copies = std::move(copies->copies);
+    }
+    return Commit();
   }
-  if (!s.ok()) {
-    AbandonSave(fs, prepared.dirs);
-    return WithRank(comm, 0, s).WithContext("committing " + JoinPath(root, tag));
+
+ private:
+  Result<std::string> Commit() {
+    auto committed = CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
+                                    prepared_.dirs, comm_.size(), commit_);
+    if (!committed.ok()) return Fail(committed.status());
+    return kCommitted + *committed;
   }
-  return CommitAnswer(fs, plan, std::move(reports), prepared, root, tag, comm, commit);
-}
+
+  Status Fail(const Status& s) {
+    AbandonSave(fs_, prepared_.dirs);
+    return WithRank(comm_, 0, s).WithContext("committing " + JoinPath(root_, tag_));
+  }
+
+  FileSystem& fs_;
+  const SavePlan& plan_;
+  const PreparedSave& prepared_;
+  const std::string& root_;
+  const std::string& tag_;
+  Comm& comm_;
+  const CommitOptions& commit_;
+  std::vector<RankReport> reports_;  // decoded, kept for the second round
+};
 
 }  // namespace
 
@@ -408,15 +416,13 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto msgs = GatherToRootOrFail(
       comm, 0, mine, mine.ok() ? EncodeReport(own, prepared.compact_reports) : std::string());
   report("commit", RankBytes(plan, comm.rank()), RankBytes(plan, comm.rank()));
-  std::vector<RankReport> reports;  // rank 0's, kept for the second round
+  LeaderAnswer leader_answer(fs, plan, prepared, root, tag, comm, commit);
   Result<std::string> answer = std::string();
-  if (leader) answer = AnswerReports(fs, plan, msgs, prepared, root, tag, comm, commit, &reports);
+  if (leader) answer = leader_answer.ToReports(msgs);
   auto outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
     auto more = GatherToRootOrFail(comm, 0, Status(), EncodeReport(own_copies));
-    if (leader) {
-      answer = AnswerCopies(fs, plan, more, std::move(reports), prepared, root, tag, comm, commit);
-    }
+    if (leader) answer = leader_answer.ToCopies(more);
     outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }
   SaveStats stats = StatsOf(plan, comm.rank());
