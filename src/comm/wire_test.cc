@@ -61,15 +61,19 @@ TEST(WireTest, TruncatedOrMalformedNumbersAreErrors) {
     Reader r(bytes);
     EXPECT_EQ(r.U64().status().code(), StatusCode::kInternal) << bytes.size();
   }
+  // A Reader views its bytes: each message outlives its reader.
   Writer w;
   w.U64(uint64_t{1} << 32);
-  Reader r(w.Take());
+  const std::string wide = w.Take();
+  Reader r(wide);
   EXPECT_EQ(r.U32().status().code(), StatusCode::kInternal) << "a U32 above 32 bits";
-  Reader fixed(std::string(3, '\0'));
+  const std::string three(3, '\0');
+  Reader fixed(three);
   EXPECT_EQ(fixed.Fixed32().status().code(), StatusCode::kInternal);
   Writer shape;
   shape.U32(1000000);  // a shape of a million dimensions, none sent
-  Reader dims(shape.Take());
+  const std::string dims_only = shape.Take();
+  Reader dims(dims_only);
   EXPECT_EQ(dims.Shape().status().code(), StatusCode::kInternal);
 }
 
