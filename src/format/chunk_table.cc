@@ -247,35 +247,34 @@ EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string nam
   // Every directory first, then every record: the directories a load reads
   // first lie together, a few requests for all of them.
   EncodedChunkTable table;
-  uint64_t directories = 0;
+  uint64_t directories = 0, record_bytes = 0;
   for (const auto& [key, tensor] : index.tensors) {
     directories += DirectoryBytes(IndexTableRef{tensor.chunks.size()}, tensor.shape.size()).bytes;
-  }
-  uint64_t record_bytes = 0;
-  for (const auto& [key, tensor] : index.tensors) {
     record_bytes += tensor.chunks.size() * ChunkRecordBytes(tensor.shape.size());
   }
+  // The records go straight after the directories' room; each tensor's
+  // directory, made from its records, then goes into its place.
   std::string& out = table.bytes;
   out.reserve(kChunkTableMagic.size() + directories + record_bytes);
   out.append(kChunkTableMagic);
-  std::string records;
-  records.reserve(record_bytes);
-  const uint64_t records_start = out.size() + directories;
+  uint64_t directory_at = out.size();
+  out.resize(directory_at + directories);
   table.refs.reserve(index.tensors.size());
   for (const auto& [key, tensor] : index.tensors) {
     const size_t ndim = tensor.shape.size();
     IndexTableRef ref;
     ref.count = tensor.chunks.size();
-    ref.directory_at = out.size();
-    ref.records_at = records_start + records.size();
-    const size_t first_record = records.size();
-    for (const IndexChunk& c : tensor.chunks) PutRecord(c, records);
-    out += EncodeDirectory(tensor.chunks, ndim, std::string_view(records).substr(first_record));
+    ref.directory_at = directory_at;
+    ref.records_at = out.size();
+    for (const IndexChunk& c : tensor.chunks) PutRecord(c, out);
+    const std::string directory =
+        EncodeDirectory(tensor.chunks, ndim, std::string_view(out).substr(ref.records_at));
+    out.replace(directory_at, directory.size(), directory);
+    directory_at += directory.size();
     const ByteSpan top = TopBytes(ref, ndim);
     ref.directory_crc32c = Crc32c(out.data() + top.at, top.bytes);
     table.refs.push_back(ref);
   }
-  out += records;
   table.file = IndexChunkTable{std::move(name), out.size()};
   return table;
 }

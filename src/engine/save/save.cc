@@ -242,11 +242,7 @@ Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs
       return s;
     }
   }
-  if (all_full && layouts) {
-    std::vector<std::vector<WrittenFile>> by_rank;
-    for (const RankReport& report : reports) by_rank.push_back(report.files);
-    layouts->Keep(plan, by_rank);
-  }
+  if (all_full && layouts) layouts->Keep(plan, reports);
   return reports;
 }
 

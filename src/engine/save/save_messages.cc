@@ -190,13 +190,12 @@ bool FileLayouts::ready() const {
   return !files_.empty();
 }
 
-void FileLayouts::Keep(const SavePlan& plan,
-                       const std::vector<std::vector<WrittenFile>>& written) {
+void FileLayouts::Keep(const SavePlan& plan, const std::vector<RankReport>& reports) {
   if (ready()) return;
   std::vector<Layout> files(plan.files.size());
   std::vector<bool> seen(plan.files.size(), false);
-  for (const auto& rank_files : written) {
-    for (const WrittenFile& f : rank_files) {
+  for (const RankReport& report : reports) {
+    for (const WrittenFile& f : report.files) {
       if (f.plan_file >= files.size() || seen[f.plan_file]) return;
       seen[f.plan_file] = true;
       Layout& l = files[f.plan_file];

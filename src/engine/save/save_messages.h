@@ -67,9 +67,9 @@ Result<RankReport> DecodeReport(std::string_view msg, bool* compact);
 class FileLayouts {
  public:
   bool ready() const;
-  // Keeps the layouts of `written` (by rank, every file of `plan`) unless
-  // kept already.
-  void Keep(const SavePlan& plan, const std::vector<std::vector<WrittenFile>>& written);
+  // Keeps the layouts of the files `reports` name (every rank's full
+  // report, every file of `plan`) unless kept already.
+  void Keep(const SavePlan& plan, const std::vector<RankReport>& reports);
   // Sets the sizes and offsets of compactly reported files. InternalError
   // when none were kept or a file's entries do not match.
   Status Fill(std::vector<WrittenFile>* files) const;

@@ -47,16 +47,16 @@ TEST(SaveMessagesTest, ACompactReportIsFilledFromTheLayoutsAFullOneLeft) {
   const std::vector<RankReport> reports = Reports(plan, 4);
   ASSERT_FALSE(plan.copies.empty());
   FileLayouts layouts;
-  std::vector<std::vector<WrittenFile>> written;
+  std::vector<RankReport> received;
   for (const RankReport& r : reports) {
     bool compact = true;
     auto full = DecodeReport(EncodeReport(r, /*compact=*/false), &compact);
     ASSERT_TRUE(full.ok()) << full.status().ToString();
     EXPECT_FALSE(compact);
-    written.push_back(full->files);
+    received.push_back(std::move(*full));
   }
   EXPECT_FALSE(layouts.ready());
-  layouts.Keep(plan, written);
+  layouts.Keep(plan, received);
   ASSERT_TRUE(layouts.ready());
   for (int rank = 0; rank < 4; ++rank) {
     const RankReport& sent = reports[rank];
@@ -88,9 +88,7 @@ TEST(SaveMessagesTest, ACompactReportThatDoesNotMatchIsAnErrorAndTheLayoutsAreFo
   const SavePlan plan = SomePlan();
   std::vector<RankReport> reports = Reports(plan, 4);
   FileLayouts layouts;
-  std::vector<std::vector<WrittenFile>> written;
-  for (const RankReport& r : reports) written.push_back(r.files);
-  layouts.Keep(plan, written);
+  layouts.Keep(plan, reports);
   ASSERT_TRUE(layouts.ready());
 
   RankReport& short_one = reports[1];
