@@ -109,10 +109,10 @@ std::vector<std::vector<WrittenFile>> WrittenFiles(const SavePlan& plan) {
 }
 
 // Every rank's step-3 report of a save of `plan` (EncodeReport, in full or
-// compact) when the replicas agree: its files and its replica digest
-// (replica_check.h).
+// compact, with or without chunk checksums) when the replicas agree: its
+// files and its replica digest (replica_check.h).
 std::vector<std::string> Reports(const std::vector<std::vector<WrittenFile>>& written,
-                                 bool compact) {
+                                 ReportForm form) {
   std::vector<RankReport> reports(written.size());
   uint64_t sum = 0;
   for (size_t r = 0; r < written.size(); ++r) {
@@ -122,7 +122,7 @@ std::vector<std::string> Reports(const std::vector<std::vector<WrittenFile>>& wr
   }
   if (!reports.empty()) reports[0].replica_digest -= sum;  // the digests add up to 0
   std::vector<std::string> out;
-  for (const RankReport& report : reports) out.push_back(EncodeReport(report, compact));
+  for (const RankReport& report : reports) out.push_back(EncodeReport(report, form));
   return out;
 }
 
@@ -140,9 +140,11 @@ std::vector<std::string> FramedReports(const std::vector<std::string>& reports) 
 // rank 0's broadcast of the outcome (no warnings). Returns the bytes they
 // moved through `comm`. Writing and committing are left out.
 Result<uint64_t> StepsAfterPlanning(SimulatedRank& comm, const std::string& report,
-                                    std::vector<std::string> framed_reports, bool compact) {
+                                    std::vector<std::string> framed_reports, bool compact,
+                                    bool chunk_table) {
   const bool leader = comm.rank() == 0;
-  const std::string dirs = EncodeSaveStart({SaveDirs{kTmpDir, kTmpDir, ""}, compact});
+  const std::string dirs =
+      EncodeSaveStart({SaveDirs{kTmpDir, kTmpDir, ""}, compact, chunk_table});
   comm.TakeBytes();
   if (!leader) comm.QueueBroadcast(Framed(dirs));
   SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, dirs).status());
@@ -239,16 +241,17 @@ Status MeasureStep0(int iters, const std::function<void(int)>& queue, RankRun& r
 struct StepReports {
   std::string full, compact;
   std::vector<std::string> framed_full, framed_compact;
+  bool chunk_table = false;  // the save writes one (and checksum files)
 };
 
 // Adds the bytes of steps 1-3 to `cost`'s first and repeated saves.
 Status AddStepsAfterPlanning(SimulatedRank& comm, StepReports reports, RankCost* cost) {
   SS_ASSIGN_OR_RETURN(const uint64_t first,
                       StepsAfterPlanning(comm, reports.full, std::move(reports.framed_full),
-                                         /*compact=*/false));
+                                         /*compact=*/false, reports.chunk_table));
   SS_ASSIGN_OR_RETURN(const uint64_t repeated,
-                      StepsAfterPlanning(comm, reports.compact,
-                                         std::move(reports.framed_compact), /*compact=*/true));
+                      StepsAfterPlanning(comm, reports.compact, std::move(reports.framed_compact),
+                                         /*compact=*/true, reports.chunk_table));
   *cost->coord_bytes += first;
   *cost->repeat_coord_bytes += repeated;
   return Status();
@@ -269,37 +272,33 @@ std::string IndexDir() {
   return mkdtemp(dir) != nullptr ? std::string(dir) : std::string();
 }
 
-// load_meta_*: the index of the save, built and committed as the commit
-// does (IndexToCommit: a chunk table from its default threshold on), into
-// files; then what rank 0 reads to load its own shards again, `iters`
-// times: the index parsed as OpenSourceCollective does, and its part of
-// the chunk table (ReadChunksFor: the block directories of its tensors and
-// the blocks that can hold its slices). Drops the plan first.
-Status TimeLoadMetadata(const SimulatedJob& job, int iters,
-                        const std::vector<std::vector<WrittenFile>>& written, RankRun& run,
-                        Row* row) {
-  CommitIndex committed;
-  {
-    const auto start = Clock::now();
-    SS_ASSIGN_OR_RETURN(CheckpointIndex index,
-                        BuildIndex(*run.plan, written, run.json, kTag, job.world, ""));
-    const double built = Since(start);
-    run.Forget();
-    malloc_trim(0);
-    const auto encode = Clock::now();
-    SS_ASSIGN_OR_RETURN(committed,
-                        IndexToCommit(index, 0, std::string(kChunkTableFileName)));
-    *row->repeat_commit_s += built + Since(encode);
-  }
-  malloc_trim(0);  // as in a loader, which has planned no save
-  const std::string dir = IndexDir();
-  if (dir.empty()) return InternalError("no temporary directory for the index");
+// The committed files of the save, as the commit and the writers leave
+// them: the index, its chunk table and (version 3) every rank's checksum
+// file, into `dir`.
+Status WriteCheckpointFiles(const SavePlan& plan, const CommitIndex& committed,
+                            const std::vector<std::vector<WrittenFile>>& written,
+                            const std::string& dir) {
   FileSystem& fs = *DefaultFileSystem();
-  Status s = WriteFileAtomically(fs, JoinPath(dir, kIndexFileName), committed.text);
-  if (s.ok() && !committed.table_name.empty()) {
-    s = WriteFileAtomically(fs, JoinPath(dir, committed.table_name), committed.table);
+  SS_RETURN_IF_ERROR(WriteFileAtomically(fs, JoinPath(dir, kIndexFileName), committed.text));
+  if (!committed.table) return Status();
+  SS_RETURN_IF_ERROR(
+      WriteFileAtomically(fs, JoinPath(dir, committed.table_name), committed.table->bytes));
+  const SaveDirs dirs{dir, dir, ""};
+  for (size_t r = 0; r < written.size(); ++r) {
+    SS_RETURN_IF_ERROR(WriteChecksumFile(plan, static_cast<int>(r), written[r], dirs, fs));
   }
-  committed = CommitIndex();
+  return Status();
+}
+
+// load_meta_*: what rank 0 reads to load its own shards again from the
+// files in `dir`, `iters` times: the index parsed as OpenSourceCollective
+// does, its part of the chunk table (ReadChunksFor: the block directories
+// of its tensors and the blocks that can hold its slices) and the checksum
+// files of the ranks that wrote them. Removes `dir`.
+Status TimeLoadMetadata(const SimulatedJob& job, int iters, const std::string& dir, Row* row) {
+  malloc_trim(0);  // as in a loader, which has planned no save
+  FileSystem& fs = *DefaultFileSystem();
+  Status s;
   const LoadRequest request = OwnShards(job, 0);
   row->peak_before_load = StatusBytes("VmHWM:");
   const bool peak_known = ResetPeakRss();
@@ -318,7 +317,7 @@ Status TimeLoadMetadata(const SimulatedJob& job, int iters,
     TableReadStats table;
     if (src.chunks_pending) s = ReadChunksFor(fs, src, request, &table).status();
     KeepBest(row->load_meta_s, Since(start));
-    row->load_meta_bytes = text->size() + table.bytes;
+    row->load_meta_bytes = text->size() + table.bytes + table.checksum_bytes;
   }
   if (peak_known && s.ok()) row->load_meta_peak_bytes = StatusBytes("VmHWM:") - rss_before;
   fs.RemoveAll(dir).IgnoreError();
@@ -342,27 +341,44 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
 
   row->chunks = run.plan->chunks.size();
   row->writer_balance = WriterBalance(*run.plan);
-  std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
+  SS_ASSIGN_OR_RETURN(const bool table, WritesChunkTable(run.plan->chunks.size(), 0));
+  const std::vector<std::vector<WrittenFile>> written = WrittenFiles(*run.plan);
+  const std::string dir = IndexDir();
+  if (dir.empty()) return InternalError("no temporary directory for the index");
   {
-    const std::vector<std::string> full = Reports(written, /*compact=*/false);
-    const std::vector<std::string> compact = Reports(written, /*compact=*/true);
-    *other_reports = {full[sent->rank], compact[sent->rank], {}, {}};
+    const std::vector<std::string> full = Reports(written, {false, !table});
+    const std::vector<std::string> compact = Reports(written, {true, !table});
+    *other_reports = {full[sent->rank], compact[sent->rank], {}, {}, table};
     SS_RETURN_IF_ERROR(AddStepsAfterPlanning(
-        run.comm, {full[0], compact[0], FramedReports(full), FramedReports(compact)},
+        run.comm, {full[0], compact[0], FramedReports(full), FramedReports(compact), table},
         &row->leader));
-    // A repeated save's commit work on rank 0, before the writes: the
-    // compact reports read (the layouts kept from the full ones) and
-    // their digests added; TimeLoadMetadata adds the index built and encoded.
+    // The first save's index from the full reports (the layouts and the
+    // chunk table kept), then a repeated save's commit work on rank 0
+    // before the writes (repeat_commit_s): the compact reports read, their
+    // digests added, the index made.
     FileLayouts layouts;
-    SS_RETURN_IF_ERROR(ReadReports(full, *run.plan, &layouts).status());
-    const auto start = Clock::now();
+    bool match = false;
     SS_ASSIGN_OR_RETURN(std::vector<RankReport> reports,
-                        ReadReports(compact, *run.plan, &layouts));
-    if (!DigestsAddUp(reports)) return InternalError("the simulated digests do not add up");
-    row->repeat_commit_s = Since(start);
-    for (size_t r = 0; r < reports.size(); ++r) written[r] = std::move(reports[r].files);
+                        ReadReports(full, *run.plan, &layouts, &match));
+    const SaveDirs dirs{kTmpDir, kTmpDir, ""};
+    SS_ASSIGN_OR_RETURN(LeaderCommit first, MakeIndex(*run.plan, std::move(reports), run.json,
+                                                      kTag, dirs, job.world,
+                                                      {table, &layouts, match}));
+    SS_RETURN_IF_ERROR(WriteCheckpointFiles(*run.plan, first.written, written, dir));
+    first = LeaderCommit();
+    malloc_trim(0);
+    for (int i = 0; i < std::max(iters, kRepeats); ++i) {
+      const auto start = Clock::now();
+      SS_ASSIGN_OR_RETURN(reports, ReadReports(compact, *run.plan, &layouts, &match));
+      if (!DigestsAddUp(reports)) return InternalError("the simulated digests do not add up");
+      SS_ASSIGN_OR_RETURN(LeaderCommit again, MakeIndex(*run.plan, std::move(reports), run.json,
+                                                        kTag, dirs, job.world,
+                                                        {table, &layouts, match}));
+      KeepBest(row->repeat_commit_s, Since(start));
+    }
   }
-  return TimeLoadMetadata(job, iters, written, run, row);
+  run.Forget();
+  return TimeLoadMetadata(job, iters, dir, row);
 }
 
 // The other rank's costs: rank `sent.rank`, its part as rank 0 scattered it.

@@ -19,8 +19,9 @@ namespace shardsafe {
 
 inline constexpr std::string_view kIndexFileName = "shardsafe.json";
 // The newest format version this reader reads (docs/format.md §3; 2: the
-// chunks are in a chunk table, §3a).
-inline constexpr int kFormatVersion = 2;
+// chunks are in a chunk table, §3a; 3: their checksums in checksum files
+// beside the data, §3b).
+inline constexpr int kFormatVersion = 3;
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
 
 // A data file: its name in the checkpoint directory, size, and writer.
@@ -81,7 +82,9 @@ struct IndexChunkTable {
 };
 
 struct CheckpointIndex {
-  int version = 1;  // as read; a writer writes 2 exactly when chunk_table is set
+  // As read. A writer writes 3 when checksum_files is not empty, else 2
+  // when chunk_table is set, else 1.
+  int version = 1;
   std::string tag;
   int64_t created_unix = 0;
   int world_size = 1;
@@ -93,6 +96,11 @@ struct CheckpointIndex {
   std::string values = "{}";  // a JSON object
   std::map<std::string, IndexBlob> blobs;
   std::optional<IndexChunkTable> chunk_table;
+  // Version 3: the files (indices into `files`, ascending) that hold the
+  // chunks' checksums, one per rank that wrote chunks (format/checksum_file.h);
+  // the chunks read from the table have no crc32c until it is filled from
+  // them (engine/load/checksum_files.h).
+  std::vector<uint32_t> checksum_files;
 };
 
 // Finds an index's tensors by key. Keys asked in the index's order (sorted,

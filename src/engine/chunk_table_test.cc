@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/load/table_reads.h"
+#include "format/checksum_file.h"
 #include "engine/test_util.h"
 #include "shardsafe/source.h"
 
@@ -106,8 +107,18 @@ TEST_F(ChunkTableTest, ATableCheckpointLoadsReshardedBitExact) {
     for (const OwnedTarget& t : rank) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
   }
   const nlohmann::json index = Index("ck");
-  EXPECT_EQ(index["version"], 2);
+  EXPECT_EQ(index["version"], 3);
   EXPECT_EQ(index["chunk_table"], "shardsafe.chunks");
+  // Each rank's chunks' checksums in its checksum file, listed after the
+  // data files.
+  ASSERT_EQ(index["checksum_files"].size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    const nlohmann::json& f = index["files"][index["checksum_files"][r].get<size_t>()];
+    EXPECT_EQ(f["rank"], r);
+    EXPECT_EQ(f["name"], "checksums-0000" + std::to_string(r) + ".crc32c");
+    EXPECT_EQ(std::filesystem::file_size(root_ + "/ck/" + f["name"].get<std::string>()),
+              f["bytes"].get<uint64_t>());
+  }
   EXPECT_TRUE(std::filesystem::exists(root_ + "/ck/shardsafe.chunks"));
   ASSERT_FALSE(index["tensors"]["w"].contains("chunks"));
   EXPECT_EQ(index["tensors"]["w"]["table"][0], 4);  // two boxes of two pieces
@@ -194,6 +205,85 @@ TEST_F(ChunkTableTest, ADamagedTableFailsTheLoadNamingTableAndTensor) {
   for (const Status& s : Load3("ck", &loaded)) {
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
     EXPECT_THAT(s.message(), HasSubstr("shardsafe.chunks: chunk table is"));
+  }
+}
+
+TEST_F(ChunkTableTest, ADamagedOrMissingChecksumFileFailsTheLoadNamingIt) {
+  Save4("ck", 1);
+  const std::string file = root_ + "/ck/checksums-00001.crc32c";
+  testing::FlipByte(file, 20, 0x01);
+  std::vector<std::vector<OwnedTarget>> loaded;
+  for (const Status& s : Load3("ck", &loaded)) {
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr(file + ": checksum file checksum mismatch"));
+  }
+  EXPECT_EQ(OpenSource(root_ + "/ck").status().code(), StatusCode::kDataLoss);
+
+  std::filesystem::remove(file);
+  for (const Status& s : Load3("ck", &loaded)) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(s.message(), HasSubstr("checksums-00001.crc32c"));
+  }
+}
+
+TEST_F(ChunkTableTest, AChecksumFileThatLacksAChunkIsDataLossNamingTheTensor) {
+  Save4("ck", 1);
+  // Rank 0's file rewritten without its last entry (a valid file of one
+  // entry less): the chunk it held has no checksum.
+  const std::string file = root_ + "/ck/checksums-00000.crc32c";
+  std::ifstream in(file, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  auto entries = DecodeChecksumFile(bytes, file);
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  ASSERT_FALSE(entries->empty());
+  entries->pop_back();
+  const std::string shorter = EncodeChecksumFile(*entries);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << shorter;
+  nlohmann::json index = Index("ck");
+  for (auto& f : index["files"]) {
+    if (f["name"] == "checksums-00000.crc32c") f["bytes"] = shorter.size();
+  }
+  std::ofstream(root_ + "/ck/shardsafe.json", std::ios::trunc) << index.dump();
+  auto src = OpenSource(root_ + "/ck");
+  EXPECT_EQ(src.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(src.status().message(), HasSubstr("checksums-00000.crc32c"));
+  EXPECT_THAT(src.status().message(), HasSubstr("no checksum of its chunk"));
+}
+
+TEST_F(ChunkTableTest, ASaveOfTheSameLayoutWritesTheSameTableAndALayoutChangeANewOne) {
+  Save4("a", 1);
+  Save4("b", 1);  // the same layout: the plan and its chunk table reused
+  const auto read = [&](const std::string& tag, const std::string& name) {
+    std::ifstream in(root_ + "/" + tag + "/" + name, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(read("a", "shardsafe.chunks"), read("b", "shardsafe.chunks"));
+  for (const std::string tag : {"a", "b"}) {
+    std::vector<std::vector<OwnedTarget>> loaded;
+    for (const Status& s : Load3(tag, &loaded)) ASSERT_TRUE(s.ok()) << s.ToString();
+    for (const auto& rank : loaded) {
+      for (const OwnedTarget& t : rank) EXPECT_TRUE(MatchesOracle(t)) << tag << " " << t.target.key;
+    }
+  }
+  // Another layout (w's ZeRO pieces swapped between the DP ranks) between
+  // two saves: planned anew, its own table, loaded bit-exact.
+  RunRanks(4, [&](int r, Comm& comm) {
+    std::vector<OwnedShard> shards = SavedBy(r);
+    shards[0] = SavedBy(r ^ 1)[0];
+    SaveState state;
+    for (const OwnedShard& s : shards) state.tensors.push_back(s.View());
+    SaveOptions options;
+    options.chunk_table_min_chunks = 1;
+    auto saved = Save(state, root_ + "/c", comm, options);
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_FALSE(saved->plan_reused);
+  });
+  EXPECT_NE(read("b", "shardsafe.chunks"), read("c", "shardsafe.chunks"));
+  std::vector<std::vector<OwnedTarget>> loaded;
+  for (const Status& s : Load3("c", &loaded)) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const auto& rank : loaded) {
+    for (const OwnedTarget& t : rank) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
   }
 }
 

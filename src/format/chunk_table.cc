@@ -59,7 +59,7 @@ void PutBounds(const Bounds& b, size_t ndim, std::string& out) {
 // One record at `p` (ChunkRecordBytes(ndim) bytes), as the JSON reader
 // checks a chunk.
 Result<IndexChunk> DecodeRecord(const char* p, size_t index, const IndexTensor& tensor,
-                                const std::vector<IndexFile>& files, const Where& owner) {
+                                const CheckpointIndex& checkpoint, const Where& owner) {
   internal::ChunkRead read;
   read.index = index;
   read.chunk.at = Get<uint64_t>(p);
@@ -73,6 +73,15 @@ Result<IndexChunk> DecodeRecord(const char* p, size_t index, const IndexTensor& 
     return Loss(where, "record has flags " + std::to_string(flags) + " and reserved word " +
                            std::to_string(zero) + " (only flag bit 0 is defined)");
   }
+  if (!checkpoint.checksum_files.empty()) {  // version 3: in the writer's checksum file
+    if (*read.chunk.crc32c != 0) {
+      return Loss(where, "record holds a checksum in a version-3 table");
+    }
+    read.chunk.crc32c.reset();
+    if (internal::IsChecksumFile(checkpoint, read.file)) {
+      return Loss(where, "lies in checksum file " + std::to_string(read.file));
+    }
+  }
   if (flags & kHasFlat) {
     read.chunk.slice.flat = FlatRange{flat_begin, flat_end};
   } else if (flat_begin != 0 || flat_end != 0) {
@@ -83,7 +92,7 @@ Result<IndexChunk> DecodeRecord(const char* p, size_t index, const IndexTensor& 
   read.chunk.slice.box.size.resize(ndim);
   for (uint64_t& v : read.chunk.slice.box.offset) v = Get<uint64_t>(p);
   for (uint64_t& v : read.chunk.slice.box.size) v = Get<uint64_t>(p);
-  return internal::CheckChunk(read, tensor, files, where);
+  return internal::CheckChunk(read, tensor, checkpoint.files, where);
 }
 
 Status WithSource(Status s, std::string_view source) {
@@ -314,7 +323,7 @@ Result<std::vector<BlockEntry>> DecodeEntries(std::string_view bytes, size_t ndi
 
 Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& entry,
                    const IndexTensor& tensor, std::string_view key,
-                   const std::vector<IndexFile>& files, std::string_view source,
+                   const CheckpointIndex& index, std::string_view source,
                    std::vector<IndexChunk>* out) {
   const Where owner("tensor", key);
   const IndexTableRef& ref = *tensor.table;
@@ -328,7 +337,7 @@ Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& ent
   const uint64_t first = block * kChunksPerBlock;
   for (uint64_t i = 0; i * ChunkRecordBytes(ndim) < bytes.size(); ++i) {
     Result<IndexChunk> chunk =
-        DecodeRecord(bytes.data() + i * ChunkRecordBytes(ndim), first + i, tensor, files, owner);
+        DecodeRecord(bytes.data() + i * ChunkRecordBytes(ndim), first + i, tensor, index, owner);
     if (!chunk.ok()) return WithSource(chunk.status(), source);
     if (!entry.bounds.Holds(BoundsOf(chunk->slice))) {
       return WithSource(Loss(Where(owner, "chunk", first + i),
@@ -381,7 +390,7 @@ Status FillChunksFromTable(std::string_view table, std::string_view source,
       const size_t before = tensor.chunks.size();
       span = BlockBytes(ref, ndim, b);
       SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, level[b], tensor,
-                                     key, index->files, source, &tensor.chunks));
+                                     key, *index, source, &tensor.chunks));
       if (Hull(std::span(tensor.chunks).subspan(before)) != level[b].bounds) {
         return loss("tensor \"" + key + "\": block " + std::to_string(b) +
                     ": its directory bounds are not the bounds of its records");

@@ -103,10 +103,12 @@ Result<std::vector<BlockEntry>> DecodeEntries(std::string_view bytes, size_t ndi
 
 // Decodes block `block` of tensor `key` (its record bytes) and appends its
 // chunks to *out, checking the block's CRC-32C, each record against the
-// tensor and the files, and its bounds against the block's.
+// tensor and `index`'s files, and its bounds against the block's. In a
+// version-3 table (index.checksum_files) a record's checksum field must be
+// 0 and its file not a checksum file; its chunk has no crc32c.
 Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& entry,
                    const IndexTensor& tensor, std::string_view key,
-                   const std::vector<IndexFile>& files, std::string_view source,
+                   const CheckpointIndex& index, std::string_view source,
                    std::vector<IndexChunk>* out);
 
 // Where block `block`'s records lie in the table: [at, at + bytes).

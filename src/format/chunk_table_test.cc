@@ -123,7 +123,7 @@ Written WriteWithTable(const CheckpointIndex& index) {
   auto written = SerializeIndexToCommit(index, std::string("shardsafe.chunks"));
   EXPECT_TRUE(written.ok()) << written.status().ToString();
   EXPECT_EQ(written->table_name, "shardsafe.chunks");
-  return {written->text, written->table};
+  return {written->text, written->table->bytes};
 }
 
 void ExpectSameChunks(const IndexTensor& a, const IndexTensor& b) {
@@ -191,7 +191,7 @@ TEST(ChunkTableTest, BlocksHoldTheRangesOfTheirChunks) {
   std::vector<IndexChunk> chunks;
   const ByteSpan block = BlockBytes(ref, 2, 1);
   ASSERT_TRUE(DecodeBlock(std::string_view(written.table).substr(block.at, block.bytes), 1,
-                          (*entries)[1], parsed->tensors.at("w"), "w", parsed->files, "t", &chunks)
+                          (*entries)[1], parsed->tensors.at("w"), "w", *parsed, "t", &chunks)
                   .ok());
   ASSERT_EQ(chunks.size(), 8u);
   EXPECT_EQ(chunks[0].slice, index.tensors.at("w").chunks[16].slice);
@@ -349,9 +349,57 @@ TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {
   d["chunk_table"] = "../x";
   expect_loss(d, "chunk_table");
   d = j;
-  d["version"] = 3;
+  d["version"] = 4;
   auto newer = ParseIndex(d.dump(), "i");
   EXPECT_EQ(newer.status().code(), StatusCode::kFailedPrecondition);
+  // Version 3: the checksum files, listed by file number, one per rank.
+  d = j;
+  d["version"] = 3;
+  expect_loss(d, "missing field \"checksum_files\"");
+  d["checksum_files"] = nlohmann::json::array();
+  expect_loss(d, "a version-3 index lists checksum files");
+  d["checksum_files"] = {7};
+  expect_loss(d, "file 7 is out of range");
+  d["files"].push_back({{"name", "checksums-00000.crc32c"}, {"bytes", 20}, {"rank", 0}});
+  d["files"].push_back({{"name", "checksums-00000b.crc32c"}, {"bytes", 20}, {"rank", 0}});
+  const size_t n = d["files"].size();
+  d["checksum_files"] = {n - 1, n - 2};
+  expect_loss(d, "expected ascending file numbers");
+  d["checksum_files"] = {n - 2, n - 1};
+  expect_loss(d, "two checksum files of rank 0");
+}
+
+TEST(ChunkTableTest, AVersion3TableHoldsNoChecksumAndNoChunkInAChecksumFile) {
+  CheckpointIndex index = SampleIndex();
+  for (auto& [key, t] : index.tensors) {
+    for (IndexChunk& c : t.chunks) c.crc32c.reset();
+  }
+  const uint32_t checksums = static_cast<uint32_t>(index.files.size());
+  index.files.push_back({"checksums-00000.crc32c", 100, 0});
+  index.checksum_files = {checksums};
+  Written written = WriteWithTable(index);
+  auto parsed = ParseIndex(written.text, "i");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->version, 3);
+  EXPECT_EQ(parsed->checksum_files, std::vector<uint32_t>{checksums});
+  ASSERT_TRUE(FillChunksFromTable(written.table, "t", &*parsed).ok());
+  for (const auto& [key, t] : parsed->tensors) {
+    for (const IndexChunk& c : t.chunks) EXPECT_FALSE(c.crc32c.has_value()) << key;
+  }
+  // A record with a checksum, or in the checksum file: DataLoss.
+  const IndexTableRef ref = *parsed->tensors.at("s").table;
+  std::string table = written.table;
+  table[ref.records_at + 36] = 1;
+  auto reparsed = ParseIndex(written.text, "i");
+  Status s = FillChunksFromTable(table, "t", &*reparsed);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  index.tensors.at("s").chunks[0].file = checksums;
+  written = WriteWithTable(index);
+  reparsed = ParseIndex(written.text, "i");
+  ASSERT_TRUE(reparsed.ok());
+  s = FillChunksFromTable(written.table, "t", &*reparsed);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("lies in checksum file"));
 }
 
 }  // namespace

@@ -141,8 +141,11 @@ namespace {
 
 // `table`: the chunk table whose refs (in key order) the tensors name, or
 // null for chunks in the index (version 1).
-void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table, Text& t) {
-  t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(table ? 2 : 1);
+void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table,
+                std::string_view table_name, Text& t) {
+  const bool checksum_files = table != nullptr && !index.checksum_files.empty();
+  const int version = checksum_files ? 3 : table ? 2 : 1;
+  t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(version);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
   t.Field("world_size").Num(index.world_size);
   t.Field("layout").Raw(index.layout);
@@ -156,7 +159,10 @@ void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table, Te
   }
   t.Raw("]");
   if (table != nullptr) {
-    t.Field("chunk_table").Str(table->file.name).Field("chunk_table_bytes").Num(table->file.bytes);
+    t.Field("chunk_table").Str(table_name).Field("chunk_table_bytes").Num(table->file.bytes);
+  }
+  if (checksum_files) {
+    t.Field("checksum_files").Nums({index.checksum_files.begin(), index.checksum_files.end()});
   }
   t.Field("tensors");
   size_t i = 0;
@@ -184,31 +190,39 @@ std::optional<EncodedChunkTable> TableOf(const CheckpointIndex& index) {
 std::string SerializeIndex(const CheckpointIndex& index) {
   const std::optional<EncodedChunkTable> table = TableOf(index);
   Text t;
-  WriteIndex(index, table ? &*table : nullptr, t);
+  WriteIndex(index, table ? &*table : nullptr, table ? table->file.name : "", t);
   return t.Take();
 }
 
 Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
                                            std::optional<std::string> table_name,
                                            uint64_t limit) {
+  std::shared_ptr<const EncodedChunkTable> table;
+  std::string name = table_name.value_or("");
+  if (table_name) table = std::make_shared<const EncodedChunkTable>(EncodeChunkTable(index, name));
+  return SerializeIndexWithTable(index, std::move(table), std::move(name), limit);
+}
+
+Result<CommitIndex> SerializeIndexWithTable(const CheckpointIndex& index,
+                                            std::shared_ptr<const EncodedChunkTable> table,
+                                            std::string table_name, uint64_t limit) {
+  if (table && table->refs.size() != index.tensors.size()) {
+    return InternalError("a chunk table of " + std::to_string(table->refs.size()) +
+                         " tensors for an index of " + std::to_string(index.tensors.size()));
+  }
   CommitIndex out;
   Text t;
-  if (table_name) {
-    EncodedChunkTable table = EncodeChunkTable(index, std::move(*table_name));
-    WriteIndex(index, &table, t);
-    out.table_name = std::move(table.file.name);
-    out.table = std::move(table.bytes);
-  } else {
-    WriteIndex(index, nullptr, t);
-  }
+  WriteIndex(index, table.get(), table_name, t);
   out.text = t.Take();
+  if (table) out.table_name = std::move(table_name);
+  out.table = std::move(table);
   if (out.text.size() <= limit) return out;
   return ResourceExhaustedError(
       "the index of checkpoint " + index.tag + " would be " + std::to_string(out.text.size()) +
       " bytes, over the " + std::to_string(limit) + "-byte limit a load reads (" +
       std::to_string(ChunkCount(index)) + " chunks in " + std::to_string(index.tensors.size()) +
       " tensors); nothing was committed: save fewer, larger shards per tensor" +
-      (table_name ? "" : ", or write a chunk table (SaveOptions::chunk_table_min_chunks)"));
+      (out.table ? "" : ", or write a chunk table (SaveOptions::chunk_table_min_chunks)"));
 }
 
 uint64_t ChunkCount(const CheckpointIndex& index) {
@@ -220,7 +234,7 @@ uint64_t ChunkCount(const CheckpointIndex& index) {
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink) {
   Text t(&sink);
-  WriteIndex(index, nullptr, t);
+  WriteIndex(index, nullptr, "", t);
   t.Flush();
 }
 

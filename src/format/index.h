@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "format/chunk_table.h"
 #include "shardsafe/index.h"
 #include "shardsafe/status.h"
 
@@ -24,22 +26,31 @@ namespace shardsafe {
 // tensor's part of the chunk table, when `index.chunk_table` is set (an
 // index read that way), else version 1 with the chunks.
 std::string SerializeIndex(const CheckpointIndex& index);
-// What a commit writes: the index text, and the chunk table (named
-// table_name) when it has one (docs/format.md §3a).
+// What a commit writes: the index text, and the chunk table when it has
+// one (docs/format.md §3a).
 struct CommitIndex {
   std::string text;
-  std::string table_name;  // empty: no table
-  std::string table;
+  std::string table_name;
+  std::shared_ptr<const EncodedChunkTable> table;  // null: none (its name is table_name)
 };
 // The index of `index` (whose tensors hold their chunks) for a commit: a
-// version-2 index and its chunk table named `table_name` when one is
-// given, else version 1. ResourceExhausted, naming the size, the limit and
-// the chunk count, when the text is larger than `limit` (what a loader
-// reads, kMaxIndexBytes), so that no save commits an index that no load
-// can open.
+// version-2 index (3 with checksum files) and its chunk table named
+// `table_name` when one is given, else version 1. ResourceExhausted,
+// naming the size, the limit and the chunk count, when the text is larger
+// than `limit` (what a loader reads, kMaxIndexBytes), so that no save
+// commits an index that no load can open.
 Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
                                            std::optional<std::string> table_name,
                                            uint64_t limit = kMaxIndexBytes);
+// The same with `table` encoded before (under any name), from an index of
+// the same tensors and chunks whose checksums are not in the table
+// (version 3), now named `table_name`; `index`'s tensors need not hold
+// their chunks. InternalError when the table has another number of
+// tensors.
+Result<CommitIndex> SerializeIndexWithTable(const CheckpointIndex& index,
+                                            std::shared_ptr<const EncodedChunkTable> table,
+                                            std::string table_name,
+                                            uint64_t limit = kMaxIndexBytes);
 // Chunks of all tensors of `index` (as held in memory).
 uint64_t ChunkCount(const CheckpointIndex& index);
 // The index with every chunk inline (the version-1 form, also for an index

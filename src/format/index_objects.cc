@@ -4,7 +4,9 @@
 
 #include "format/chunk_table.h"
 
+#include <algorithm>
 #include <climits>
+#include <set>
 
 namespace shardsafe::internal {
 namespace {
@@ -168,6 +170,45 @@ Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, i
   SS_RETURN_IF_ERROR(CheckFileName(table.name, Where("field \"chunk_table\"")));
   SS_ASSIGN_OR_RETURN(table.bytes, U64(root, kChunkTableBytes));
   return std::optional<IndexChunkTable>(std::move(table));
+}
+
+Result<std::vector<uint32_t>> ReadChecksumFiles(const IndexObject& root, int version) {
+  if (version < 3) return std::vector<uint32_t>();  // an unknown field there: ignored
+  SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(root, kChecksumFiles));
+  if (n.empty()) return Loss(root.At(kChecksumFiles), "a version-3 index lists checksum files");
+  std::vector<uint32_t> files;
+  for (uint64_t i : n) {
+    if (i > UINT32_MAX || (!files.empty() && i <= files.back())) {
+      return Loss(root.At(kChecksumFiles), "expected ascending file numbers");
+    }
+    files.push_back(static_cast<uint32_t>(i));
+  }
+  return files;
+}
+
+Status CheckChecksumFiles(const CheckpointIndex& index) {
+  const Where where("field \"checksum_files\"");
+  std::set<int> ranks;
+  for (uint32_t f : index.checksum_files) {
+    if (f >= index.files.size()) {
+      return Loss(where, "file " + std::to_string(f) + " is out of range");
+    }
+    if (!ranks.insert(index.files[f].rank).second) {
+      return Loss(where, "two checksum files of rank " + std::to_string(index.files[f].rank));
+    }
+  }
+  for (const auto& [name, blob] : index.blobs) {
+    for (const IndexBlobChunk& c : blob.chunks) {
+      if (IsChecksumFile(index, c.file)) {
+        return Loss(Where("blob", name), "lies in a checksum file");
+      }
+    }
+  }
+  return Status();
+}
+
+bool IsChecksumFile(const CheckpointIndex& index, uint32_t file) {
+  return std::binary_search(index.checksum_files.begin(), index.checksum_files.end(), file);
 }
 
 Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t) {

@@ -69,7 +69,7 @@ Status CheckKey(const char* kind, std::string_view name);
 // at the same positions.
 enum ObjectKind { kRoot, kFile, kTensor, kChunk, kBlob, kBlobChunk };
 enum RootField { kFormat, kVersion, kTag, kCreated, kWorldSize, kLayout, kMetadata, kFiles,
-                 kTensors, kValues, kBlobs, kChunkTable, kChunkTableBytes };
+                 kTensors, kValues, kBlobs, kChunkTable, kChunkTableBytes, kChecksumFiles };
 enum FileField { kName, kFileBytes, kFileRank };
 enum TensorField { kDtype, kShape, kChunks, kTable };
 enum ChunkField { kFileIndex, kAt, kBytes, kCrc, kOffset, kSize, kFlat, kRank = kOffset };
@@ -80,7 +80,7 @@ inline constexpr FieldSpec kRootSpec[] = {
     {"layout", FieldKind::kJson}, {"metadata", FieldKind::kJson},
     {"files", FieldKind::kObjects, kFile}, {"tensors", FieldKind::kNamed, kTensor},
     {"values", FieldKind::kJson}, {"blobs", FieldKind::kNamed, kBlob}, {"chunk_table"},
-    {"chunk_table_bytes"}};
+    {"chunk_table_bytes"}, {"checksum_files", FieldKind::kNumbers}};
 inline constexpr FieldSpec kFileSpec[] = {{"name"}, {"bytes"}, {"rank"}};
 inline constexpr FieldSpec kTensorSpec[] = {
     {"dtype"}, {"shape", FieldKind::kNumbers}, {"chunks", FieldKind::kObjects, kChunk},
@@ -127,6 +127,13 @@ Result<std::string> Json(const IndexObject& o, int field, bool object = false);
 Result<int> CheckFormatVersion(const IndexObject& root);
 // The chunk table named by a version-2 index (absent in version 1).
 Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, int version);
+// The checksum files of a version-3 index (none before), as numbers.
+Result<std::vector<uint32_t>> ReadChecksumFiles(const IndexObject& root, int version);
+// The checksum files of a parsed index name files in range, one per rank,
+// and no blob lies in one.
+Status CheckChecksumFiles(const CheckpointIndex& index);
+// Whether file `file` of `index` is one of its checksum files.
+bool IsChecksumFile(const CheckpointIndex& index, uint32_t file);
 // A tensor's chunks: its "chunks" holder, or its "table" (into t->table)
 // for a version-2 index. Exactly one of them must be there.
 Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t);

@@ -226,6 +226,9 @@ void IndexBuilder::EndRoot(std::vector<FieldValue>& fields) {
     Result<std::optional<IndexChunkTable>> table = ReadChunkTable(root, *version);
     if (table.ok()) index_.chunk_table = std::move(*table);
     Fail(kStageVersion, table.status());
+    Result<std::vector<uint32_t>> checksums = ReadChecksumFiles(root, *version);
+    if (checksums.ok()) index_.checksum_files = std::move(*checksums);
+    Fail(kStageVersion, checksums.status());
   }
   Fail(kStageVersion, version.status());
   Result<std::string> tag = String(root, kTag);
@@ -513,6 +516,7 @@ Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view sourc
   if (!index.ok()) return index.status().WithContext(source);
   if (Status s = NoSharedBytes(*index); !s.ok()) return s.WithContext(source);
   if (Status s = CheckTableRefs(*index); !s.ok()) return s.WithContext(source);
+  if (Status s = CheckChecksumFiles(*index); !s.ok()) return s.WithContext(source);
   return index;
 }
 

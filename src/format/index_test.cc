@@ -366,8 +366,8 @@ TEST(IndexTest, RejectsUnknownFormat) {
 }
 
 TEST(IndexTest, RejectsNewerVersionAsFailedPrecondition) {
-  EXPECT_INDEX_ERROR(ParseJson(With("/version", 3)), StatusCode::kFailedPrecondition,
-                     "format version 3 is newer");
+  EXPECT_INDEX_ERROR(ParseJson(With("/version", 4)), StatusCode::kFailedPrecondition,
+                     "format version 4 is newer");
 }
 
 TEST(IndexTest, RejectsVersionZero) {

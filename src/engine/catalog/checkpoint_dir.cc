@@ -209,12 +209,13 @@ bool IsCommitted(FileSystem& fs, const std::string& dir) {
 }
 
 bool IsSavedFile(std::string_view name) {
-  return name.ends_with(".safetensors") || name.ends_with(".chunks");
+  return name.ends_with(".safetensors") || name.ends_with(".chunks") || name.ends_with(".crc32c");
 }
 
 bool WrittenBySave(std::string_view name, std::string_view suffix) {
   const std::string data = std::string(suffix) + ".safetensors";
-  return name.ends_with(data) || name == ChunkTableObjectName(suffix);
+  const std::string checksums = std::string(suffix) + ".crc32c";
+  return name.ends_with(data) || name.ends_with(checksums) || name == ChunkTableObjectName(suffix);
 }
 
 std::string ChunkTableObjectName(std::string_view suffix) {

@@ -56,12 +56,13 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
 // True if `dir` is a committed checkpoint (has an index).
 bool IsCommitted(FileSystem& fs, const std::string& dir);
 
-// A file a save writes beside the index: a data file (*.safetensors) or a
-// chunk table (*.chunks, docs/format.md §3a).
+// A file a save writes beside the index: a data file (*.safetensors), a
+// chunk table (*.chunks, docs/format.md §3a) or a checksum file (*.crc32c,
+// §3b).
 bool IsSavedFile(std::string_view name);
 // In an object store, whether file `name` was written by the save whose
-// files end with `suffix` (".NONCE"): data-R-F.NONCE.safetensors or
-// shardsafe.NONCE.chunks.
+// files end with `suffix` (".NONCE"): data-R-F.NONCE.safetensors,
+// checksums-R.NONCE.crc32c or shardsafe.NONCE.chunks.
 bool WrittenBySave(std::string_view name, std::string_view suffix);
 // The chunk table's name for the object-store save whose files end with
 // `suffix`.

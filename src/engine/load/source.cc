@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog/checkpoint_dir.h"
+#include "engine/load/checksum_files.h"
 #include "format/chunk_table.h"
 #include "format/index.h"
 #include "comm/wire.h"
@@ -94,7 +95,8 @@ Status ReadWholeTable(FileSystem& fs, const std::string& dir, CheckpointIndex* i
   const std::string path = JoinPath(dir, index->chunk_table->name);
   SS_ASSIGN_OR_RETURN(std::string table,
                       ReadFileToString(fs, path, index->chunk_table->bytes, Within(dir)));
-  return FillChunksFromTable(table, path, index);
+  SS_RETURN_IF_ERROR(FillChunksFromTable(table, path, index));
+  return FillChecksums(fs, dir, Within(dir), index);
 }
 
 // `*text` (when set) receives the index bytes read; `whole`: a chunk table

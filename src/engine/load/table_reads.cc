@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "base/thread_pool.h"
+#include "engine/load/checksum_files.h"
 #include "format/chunk_table.h"
 #include "layout/tiling.h"
 
@@ -202,7 +203,7 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
     Wanted& w = wanted[blocks[k].first];
     const auto& [block, entry] = w.meeting[blocks[k].second];
     SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], block, entry, *w.tensor, *w.key,
-                                   index.files, path, &w.chunks));
+                                   index, path, &w.chunks));
   }
   CheckpointSource out = src;
   out.chunks_pending = false;
@@ -215,6 +216,8 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
     stats->chunks += w.chunks.size();
     out.index.tensors.find(*w.key)->second.chunks = std::move(w.chunks);
   }
+  SS_RETURN_IF_ERROR(FillChecksums(fs, src.data_dir, SourceReadOptions(src), &out.index,
+                                   &stats->checksum_bytes));
   return out;
 }
 

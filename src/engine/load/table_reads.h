@@ -11,7 +11,9 @@
 // request costs a round trip). Every directory and block is
 // checked against its CRC-32C and every record as the JSON index's chunks
 // are; the chunks read for a tensor must not overlap (with the planner's
-// count of the elements a request gets, that proves exact cover).
+// count of the elements a request gets, that proves exact cover). In a
+// version-3 checkpoint the chunks' checksums then come from the checksum
+// files of the ranks that wrote them (checksum_files.h).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ struct TableReadStats {
   uint64_t bytes = 0;     // of the table
   uint64_t requests = 0;  // ranged reads
   uint64_t chunks = 0;    // records decoded
+  uint64_t checksum_bytes = 0;  // of the checksum files read (version 3)
 };
 
 // A copy of `src` (chunks_pending) whose tensors that `request` names hold

@@ -112,6 +112,7 @@ struct Job : StagedImages {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;
   std::shared_ptr<FileLayouts> layouts;  // rank 0 keeps them from the full reports
+  bool chunk_table = false;              // version 3: a checksum file (SaveStart)
   std::string root, tag;
   SaveDirs dirs;
   FileSystem* fs = nullptr;            // where root lies (FileSystemFor)
@@ -231,10 +232,13 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
-  auto read = ReadReports(*reports, *job.plan, job.layouts.get());
-  auto committed = read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root,
-                                              job.tag, job.dirs, job.world, job.commit)
-                             : Result<std::string>(read.status());
+  bool layouts_match = false;
+  auto read = ReadReports(*reports, *job.plan, job.layouts.get(), &layouts_match);
+  auto committed =
+      read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root, job.tag,
+                                 job.dirs, job.world, job.commit,
+                                 {job.chunk_table, job.layouts.get(), layouts_match})
+                : Result<std::string>(read.status());
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
@@ -264,9 +268,12 @@ Status AwaitCommit(const Job& job) {
 Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = *job.fs;
   Status written = WriteAllStaged(job);
+  RankReport report{{}, job.copies};
+  for (const StagedFile& f : job.files) report.files.push_back(f.report);
+  if (written.ok() && job.chunk_table) {
+    written = WriteChecksumFile(*job.plan, job.rank, report.files, job.dirs, fs);
+  }
   if (written.ok()) {
-    RankReport report{{}, job.copies};
-    for (const StagedFile& f : job.files) report.files.push_back(f.report);
     NumberAsWhole(*job.plan, &report);
     written = WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("done-", job.rank)),
                                   EncodeReport(report));
@@ -354,6 +361,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->plan = std::move(prepared.plan);
   job->plan_reused = prepared.plan_reused;
   job->layouts = std::move(prepared.layouts);
+  job->chunk_table = prepared.chunk_table;
   job->root = root;
   job->tag = tag;
   job->dirs = std::move(prepared.dirs);
@@ -361,8 +369,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->tmp_lock = std::move(prepared.lock);
   job->options = options;
   job->options.device.reset();  // the background copies nothing from the device
-  job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last,
-                              .chunk_table_min_chunks = options.chunk_table_min_chunks};
+  job->commit = CommitOptions{.update_latest = update_latest, .step = step, .keep_last = keep_last};
   job->start = start;
   auto handle = std::make_shared<Handle>();
   pending_ = handle;

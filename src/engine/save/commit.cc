@@ -1,10 +1,12 @@
 #include "engine/save/commit.h"
 
 #include <chrono>
+#include <map>
 
 #include "base/env.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/object_store_commit.h"
+#include "format/checksum_file.h"
 #include "format/chunk_table.h"
 
 namespace shardsafe {
@@ -87,10 +89,29 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
   return tmp;
 }
 
+namespace {
+
+// Version 3: after the data files, the checksum file of each rank that
+// writes chunks (in rank order), as WriteChecksumFile writes it.
+void AddChecksumFiles(const SavePlan& plan, const std::string& file_suffix,
+                      CheckpointIndex* index) {
+  std::map<int, uint64_t> chunks;  // by rank
+  for (const PlannedFile& f : plan.files) {
+    if (!f.chunks.empty()) chunks[f.rank] += f.chunks.size();
+  }
+  for (const auto& [rank, n] : chunks) {
+    index->checksum_files.push_back(static_cast<uint32_t>(index->files.size()));
+    index->files.push_back({ChecksumFileName(rank, file_suffix), ChecksumFileBytes(n), rank});
+  }
+}
+
+}  // namespace
+
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
                                    const UserJson& json, const std::string& tag,
-                                   int world_size, const std::string& file_suffix) {
+                                   int world_size, const std::string& file_suffix,
+                                   IndexForm form) {
   CheckpointIndex index;
   index.tag = tag;
   index.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
@@ -103,9 +124,10 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
   index.files.resize(plan.files.size());
   // Each chunk goes straight to its place: its tensor's chunks, in plan
   // order, filled from what the writers reported.
-  std::vector<IndexChunk*> place(plan.chunks.size(), nullptr);
+  std::vector<IndexChunk*> place(form.chunks ? plan.chunks.size() : 0, nullptr);
   for (const PlannedTensor& t : plan.tensors) {
     IndexTensor& tensor = index.tensors[t.key] = IndexTensor{t.dtype, t.shape, {}};
+    if (!form.chunks) continue;
     tensor.chunks.resize(t.chunks.size());
     for (size_t i = 0; i < t.chunks.size(); ++i) place[t.chunks[i]] = &tensor.chunks[i];
   }
@@ -119,11 +141,12 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
       }
       index.files[wf.plan_file] = {DataFileName(pf.rank, pf.number, file_suffix), wf.bytes,
                                    pf.rank};
-      for (size_t i = 0; i < pf.chunks.size(); ++i) {
+      for (size_t i = 0; form.chunks && i < pf.chunks.size(); ++i) {
         const PlannedChunk& c = plan.chunks[pf.chunks[i]];
         if (place[pf.chunks[i]] == nullptr) return InternalError("a planned chunk of no tensor");
-        *place[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes,
-                                wf.chunks[i].crc32c};
+        std::optional<uint32_t> crc;
+        if (!form.checksum_files) crc = wf.chunks[i].crc32c;
+        *place[pf.chunks[i]] = {c.slice, wf.plan_file, wf.chunks[i].at, c.bytes, crc};
       }
       for (size_t i = 0; i < pf.blobs.size(); ++i) {
         const PlannedBlob& b = plan.blobs[pf.blobs[i]];
@@ -136,33 +159,38 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
     blob.per_rank = plan.blobs[i].per_rank;
     blob.chunks.push_back(blobs[i]);
   }
+  if (form.checksum_files) AddChecksumFiles(plan, file_suffix, &index);
   return index;
 }
 
-Result<CommitIndex> IndexToCommit(const CheckpointIndex& index, uint64_t min_chunks,
-                                  const std::string& table_name) {
+Result<bool> WritesChunkTable(uint64_t chunks, uint64_t min_chunks) {
   if (min_chunks == 0) {
     SS_ASSIGN_OR_RETURN(const int64_t env,
                         EnvInteger("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS",
                                    kDefaultChunkTableMinChunks, 1, INT64_MAX));
     min_chunks = static_cast<uint64_t>(env);
   }
-  return SerializeIndexToCommit(index, ChunkCount(index) >= min_chunks
-                                           ? std::optional<std::string>(table_name)
-                                           : std::nullopt);
+  return chunks >= min_chunks;
+}
+
+Result<CommitIndex> IndexToCommit(const CheckpointIndex& index,
+                                  std::optional<std::string> table_name,
+                                  std::shared_ptr<const EncodedChunkTable> table) {
+  if (table_name && table) return SerializeIndexWithTable(index, std::move(table), *table_name);
+  return SerializeIndexToCommit(index, std::move(table_name));
 }
 
 Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
-                  const CheckpointIndex& index, const CommitOptions& commit,
-                  std::vector<std::string>* warnings) {
-  if (fs.IsObjectStore()) return CommitToObjectStore(fs, dirs, root, index, commit, warnings);
+                  const CheckpointIndex& index, const CommitIndex& written,
+                  const CommitOptions& commit, std::vector<std::string>* warnings) {
+  if (fs.IsObjectStore()) {
+    return CommitToObjectStore(fs, dirs, root, index, written, commit, warnings);
+  }
   const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
-  SS_ASSIGN_OR_RETURN(const CommitIndex written,
-                      IndexToCommit(index, commit.chunk_table_min_chunks,
-                                    std::string(kChunkTableFileName)));
-  if (!written.table_name.empty()) {
-    SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, written.table_name), written.table));
+  if (written.table) {
+    SS_RETURN_IF_ERROR(
+        WriteSynced(fs, JoinPath(tmp_dir, written.table_name), written.table->bytes));
   }
   SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), written.text));
   std::vector<ClaimedDir> replaced, pruned;

@@ -88,12 +88,23 @@ struct TmpDir {
 Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::string& tag,
                            bool overwrite);
 
+// What an index holds besides the plan's files, tensors and blobs.
+struct IndexForm {
+  // Version 3 (SaveStart::chunk_table): the chunks without checksums (they
+  // are in the writers' checksum files, listed after the data files).
+  bool checksum_files = false;
+  // False: the tensors without their chunks, for a chunk table made before
+  // (FileLayouts::table); `written` is then read only for blobs and files.
+  bool chunks = true;
+};
+
 // The index of a save from its plan and what each rank wrote (by rank),
 // its data files named with `file_suffix` (SaveDirs).
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
                                    const UserJson& json, const std::string& tag,
-                                   int world_size, const std::string& file_suffix);
+                                   int world_size, const std::string& file_suffix,
+                                   IndexForm form = {});
 
 // How a save commits (steps 4-6).
 struct CommitOptions {
@@ -101,16 +112,20 @@ struct CommitOptions {
   bool update_latest = false;  // step 6 runs
   std::optional<int64_t> step; // recorded in the commit record
   int keep_last = 0;           // step 7 runs when > 0
-  // Chunks from which the index gets a chunk table (SaveOptions).
-  uint64_t chunk_table_min_chunks = 0;
 };
 
-// The index of a commit (format/index.h SerializeIndexToCommit), with a
-// chunk table named `table_name` once the index has `min_chunks` chunks
-// (CommitOptions::chunk_table_min_chunks; 0: SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS,
-// else kDefaultChunkTableMinChunks). InvalidArgument for a bad variable.
-Result<CommitIndex> IndexToCommit(const CheckpointIndex& index, uint64_t min_chunks,
-                                  const std::string& table_name);
+// Whether a save of `chunks` chunks writes a chunk table: from
+// `min_chunks` chunks on (SaveOptions::chunk_table_min_chunks; 0:
+// SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS, else kDefaultChunkTableMinChunks).
+// InvalidArgument for a bad variable.
+Result<bool> WritesChunkTable(uint64_t chunks, uint64_t min_chunks);
+
+// What a commit writes for `index` (format/index.h): version 1, or with
+// `table_name` a chunk table (version 3 when the index lists checksum
+// files), `table` when it was made before (FileLayouts::table).
+Result<CommitIndex> IndexToCommit(const CheckpointIndex& index,
+                                  std::optional<std::string> table_name,
+                                  std::shared_ptr<const EncodedChunkTable> table = nullptr);
 
 // Steps 4-7: the commit record (its sequence read from the root's committed
 // checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit
@@ -118,9 +133,10 @@ Result<CommitIndex> IndexToCommit(const CheckpointIndex& index, uint64_t min_chu
 // to `warnings` and the result is OK, because the checkpoint is committed.
 // On an object store the same steps run with conditional writes instead of
 // the lock and the rename (docs/design.md, "Object storage").
+// `written` is what IndexToCommit made of `index`.
 Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
-                  const CheckpointIndex& index, const CommitOptions& commit,
-                  std::vector<std::string>* warnings);
+                  const CheckpointIndex& index, const CommitIndex& written,
+                  const CommitOptions& commit, std::vector<std::string>* warnings);
 
 // Best-effort removal of what a failed save wrote: its temporary
 // directory and, on an object store, its data files (those with its

@@ -150,16 +150,13 @@ Result<TmpDir> PrepareObjectStoreSave(FileSystem& fs, const std::string& root,
 }
 
 Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
-                           const CheckpointIndex& index, const CommitOptions& commit,
-                           std::vector<std::string>* warnings) {
-  SS_ASSIGN_OR_RETURN(const CommitIndex written,
-                      IndexToCommit(index, commit.chunk_table_min_chunks,
-                                    ChunkTableObjectName(dirs.file_suffix)));
+                           const CheckpointIndex& index, const CommitIndex& written,
+                           const CommitOptions& commit, std::vector<std::string>* warnings) {
   const std::string& text = written.text;
   SS_RETURN_IF_ERROR(CheckDataObjects(fs, dirs.data, index));
-  if (!written.table_name.empty()) {  // a private name, as the data objects'
+  if (written.table) {  // a private name, as the data objects'
     SS_RETURN_IF_ERROR(
-        WriteFileAtomically(fs, JoinPath(dirs.data, written.table_name), written.table));
+        WriteFileAtomically(fs, JoinPath(dirs.data, written.table_name), written.table->bytes));
   }
   SS_ASSIGN_OR_RETURN(CommitRecord record,
                       NextCommitRecord(fs, root, commit.step, commit.update_latest));

@@ -21,13 +21,14 @@ namespace shardsafe {
 Result<TmpDir> PrepareObjectStoreSave(FileSystem& fs, const std::string& root,
                                       const std::string& tag, bool overwrite);
 
-// Steps 4-7 on rank 0: checks that every data object is there whole, claims
+// Steps 4-7 on rank 0: checks that every data object (and checksum
+// object) is there whole, claims
 // the tag (commit.json, created only if absent), creates the index (the
 // commit point; AlreadyExists if another save committed the tag first),
 // moves `latest` forward and applies retention. Failures after the commit
 // point are appended to `warnings`.
 Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
-                           const CheckpointIndex& index, const CommitOptions& commit,
-                           std::vector<std::string>* warnings);
+                           const CheckpointIndex& index, const CommitIndex& written,
+                           const CommitOptions& commit, std::vector<std::string>* warnings);
 
 }  // namespace shardsafe

@@ -26,11 +26,12 @@ struct Measured {
   uint64_t largest_report = 0;
   uint64_t largest_compact_report = 0;  // a repeated save's
   uint64_t compact_overhead = 0;        // the most a compact report adds to 4 bytes an entry
+  uint64_t largest_v3_report = 0;       // a repeated save's, its chunks' checksums in files
 };
 
 // A report as the rank would send it when the replicas agree (no copies),
 // its checksums made up, its entries back to back after 4 KiB.
-std::string ReportOf(const SavePlan& part, bool compact) {
+std::string ReportOf(const SavePlan& part, ReportForm form) {
   RankReport report;
   for (uint32_t f = 0; f < part.files.size(); ++f) {
     WrittenFile w{f, 4096 + part.files[f].payload_bytes, {}, {}};
@@ -47,7 +48,7 @@ std::string ReportOf(const SavePlan& part, bool compact) {
   }
   report.replica_digest = 0x0123456789abcdefu;
   NumberAsWhole(part, &report);
-  return EncodeReport(report, compact);
+  return EncodeReport(report, form);
 }
 
 Measured Plan(int dp) {
@@ -63,8 +64,11 @@ Measured Plan(int dp) {
     const SavePlan part = PartOfPlan(*plan, r, totals);
     const uint64_t sent = EncodePlanMessage(part, Digest{}).size();
     out.largest_part = std::max(out.largest_part, sent);
-    out.largest_report = std::max<uint64_t>(out.largest_report, ReportOf(part, false).size());
-    const uint64_t compact = ReportOf(part, true).size();
+    out.largest_report = std::max<uint64_t>(out.largest_report, ReportOf(part, {}).size());
+    const uint64_t compact = ReportOf(part, {.compact = true}).size();
+    out.largest_v3_report =
+        std::max<uint64_t>(out.largest_v3_report,
+                           ReportOf(part, {.compact = true, .chunk_checksums = false}).size());
     out.largest_compact_report = std::max(out.largest_compact_report, compact);
     uint64_t entries = 0;
     for (const PlannedFile& f : part.files) entries += f.chunks.size() + f.blobs.size();
@@ -85,6 +89,8 @@ TEST(PlanScaleTest, At4096RanksWritersBalanceAndARankReceivesItsOwnPartOnly) {
   EXPECT_LE(at4096.largest_compact_report * 3, at4096.largest_report * 2)
       << "a repeated save's report: 4 bytes an entry, not 8-9 with its offset";
   EXPECT_LE(at4096.compact_overhead, 64u) << "a compact report: the checksums, a digest, counts";
+  EXPECT_LE(at4096.largest_v3_report, 64u)
+      << "a repeated version-3 save: counts, the blobs' checksums and a digest";
 }
 
 }  // namespace

@@ -212,9 +212,12 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
-    Result<TmpDir> made = PrepareSave(**fs, root, tag, options.overwrite);
-    dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, prepared.layouts &&
-                                                                         prepared.layouts->ready()}))
+    Result<bool> table = WritesChunkTable(prepared.plan->chunks.size(),
+                                          options.chunk_table_min_chunks);
+    Result<TmpDir> made = table.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
+                                     : Result<TmpDir>(table.status());
+    dirs = made.ok() ? Result<std::string>(EncodeSaveStart(
+                           {made->dirs, prepared.layouts && prepared.layouts->ready(), *table}))
                      : Result<std::string>(made.status());
     if (made.ok()) prepared.lock = std::move(made->lock);
   }
@@ -222,19 +225,22 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   SS_ASSIGN_OR_RETURN(SaveStart start, DecodeSaveStart(sent));
   prepared.dirs = std::move(start.dirs);
   prepared.compact_reports = start.compact_reports;
+  prepared.chunk_table = start.chunk_table;
   prepared.fs = *fs;  // found: GatherAndPlan failed every rank otherwise
   return prepared;
 }
 
 Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
-                                            const SavePlan& plan, FileLayouts* layouts) {
+                                            const SavePlan& plan, FileLayouts* layouts,
+                                            bool* layouts_match) {
   std::vector<RankReport> reports(msgs.size());
-  bool all_full = true;
+  bool all_full = true, all_compact = true;
   for (size_t r = 0; r < msgs.size(); ++r) {
-    bool compact = false;
-    SS_ASSIGN_OR_RETURN(reports[r], DecodeReport(msgs[r], &compact));
-    all_full = all_full && !compact;
-    if (!compact) continue;
+    ReportForm form;
+    SS_ASSIGN_OR_RETURN(reports[r], DecodeReport(msgs[r], &form));
+    all_full = all_full && !form.compact;
+    all_compact = all_compact && form.compact;
+    if (!form.compact) continue;
     Status s = layouts ? layouts->Fill(&reports[r].files)
                        : InternalError("compact save report without layouts");
     if (!s.ok()) {
@@ -242,7 +248,8 @@ Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs
       return s;
     }
   }
-  if (all_full && layouts) layouts->Keep(plan, reports);
+  const bool kept = all_full && layouts && layouts->Keep(plan, reports);
+  if (layouts_match) *layouts_match = layouts && (kept || (all_compact && layouts->ready()));
   return reports;
 }
 
@@ -252,23 +259,44 @@ bool DigestsAddUp(const std::vector<RankReport>& reports) {
   return sum == 0;
 }
 
+Result<LeaderCommit> MakeIndex(const SavePlan& plan, std::vector<RankReport> reports,
+                               const UserJson& json, const std::string& tag,
+                               const SaveDirs& dirs, int world_size, const LeaderIndex& how) {
+  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
+  FileLayouts* layouts = how.layouts_match ? how.layouts : nullptr;
+  std::shared_ptr<const EncodedChunkTable> table =
+      how.chunk_table && layouts ? layouts->table() : nullptr;
+  LeaderCommit out;
+  SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, by_rank, json, tag, world_size,
+                                            dirs.file_suffix, {how.chunk_table, !table}));
+  std::optional<std::string> table_name;
+  if (how.chunk_table) table_name = ChunkTableObjectName(dirs.file_suffix);
+  SS_ASSIGN_OR_RETURN(out.written, IndexToCommit(out.index, std::move(table_name), table));
+  if (how.chunk_table && layouts && !table) layouts->KeepTable(out.written.table);
+  return out;
+}
+
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    std::vector<RankReport> reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit) {
-  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
-  std::vector<std::vector<CopyChecksum>> copies(reports.size());
-  for (size_t r = 0; r < reports.size(); ++r) {
-    by_rank[r] = std::move(reports[r].files);
-    copies[r] = std::move(reports[r].copies);
+                                   const CommitOptions& commit, const LeaderIndex& how) {
+  const bool copies_sent = std::any_of(reports.begin(), reports.end(),
+                                       [](const RankReport& r) { return !r.copies.empty(); });
+  if (copies_sent) {  // the second round, or an async save
+    std::vector<std::vector<WrittenFile>> written(reports.size());
+    std::vector<std::vector<CopyChecksum>> copies(reports.size());
+    for (size_t r = 0; r < reports.size(); ++r) {
+      written[r] = reports[r].files;  // for the chunks' checksums; MakeIndex takes the rest
+      copies[r] = std::move(reports[r].copies);
+    }
+    SS_RETURN_IF_ERROR(CheckReplicas(plan, written, copies));
   }
-  Status s = CheckReplicas(plan, by_rank, copies);
-  auto index = s.ok() ? BuildIndex(plan, by_rank, json, tag, world_size, dirs.file_suffix)
-                      : Result<CheckpointIndex>(s);
+  SS_ASSIGN_OR_RETURN(LeaderCommit made,
+                      MakeIndex(plan, std::move(reports), json, tag, dirs, world_size, how));
   std::vector<std::string> warnings;
-  s = index.ok() ? CommitSave(fs, dirs, root, *index, commit, &warnings) : index.status();
-  if (!s.ok()) return s;
+  SS_RETURN_IF_ERROR(CommitSave(fs, dirs, root, made.index, made.written, commit, &warnings));
   std::string joined;
   for (const auto& w : warnings) joined += w + "\n";
   return joined;
@@ -324,30 +352,34 @@ class LeaderAnswer {
       AbandonSave(fs_, prepared_.dirs);
       return msgs.status().WithContext("saving " + JoinPath(root_, tag_));
     }
-    auto read = ReadReports(*msgs, plan_, prepared_.layouts.get());
+    auto read = ReadReports(*msgs, plan_, prepared_.layouts.get(), &layouts_match_);
     if (!read.ok()) return Fail(read.status());
     reports_ = std::move(*read);
     if (!DigestsAddUp(reports_)) return std::string(1, kSendCopies);
     return Commit();
   }
 
-  // To the second round: each rank's copies added to its report, then
-  // steps 4-6.
+  // To the second round: each rank's copies added to its report (and, in
+  // a version-3 save, its chunks' checksums), then steps 4-6.
   Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) return Fail(msgs.status());
     for (size_t r = 0; r < msgs->size() && r < reports_.size(); ++r) {
-      bool compact = false;
-      auto copies = DecodeReport((*msgs)[r], &compact);
-      if (!copies.ok()) return Fail(copies.status());
-      reports_[r].copies = std::move(copies->copies);
+      ReportForm form;
+      auto more = DecodeReport((*msgs)[r], &form);
+      if (!more.ok()) return Fail(more.status());
+      reports_[r].copies = std::move(more->copies);
+      Status s = AddChunkChecksums(more->files, &reports_[r].files);
+      if (!s.ok()) return Fail(s);
     }
     return Commit();
   }
 
  private:
   Result<std::string> Commit() {
-    auto committed = CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
-                                    prepared_.dirs, comm_.size(), commit_);
+    auto committed =
+        CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
+                       prepared_.dirs, comm_.size(), commit_,
+                       {prepared_.chunk_table, prepared_.layouts.get(), layouts_match_});
     if (!committed.ok()) return Fail(committed.status());
     return kCommitted + *committed;
   }
@@ -365,6 +397,7 @@ class LeaderAnswer {
   Comm& comm_;
   const CommitOptions& commit_;
   std::vector<RankReport> reports_;  // decoded, kept for the second round
+  bool layouts_match_ = false;
 };
 
 }  // namespace
@@ -372,7 +405,6 @@ class LeaderAnswer {
 Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                              const std::string& tag, Comm& comm, const SaveOptions& options,
                              CommitOptions commit) {
-  commit.chunk_table_min_chunks = options.chunk_table_min_chunks;
   const auto start = std::chrono::steady_clock::now();
   const bool leader = comm.rank() == 0;
   auto report = [&](std::string_view phase, uint64_t done, uint64_t total) {
@@ -392,13 +424,18 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
                : Result<HeldChecksums>(HeldChecksums());
   });
   auto written = WriteRankFiles(plan, comm.rank(), state, prepared.dirs, fs, options, &progress);
+  if (written.ok() && prepared.chunk_table) {
+    Status s = WriteChecksumFile(plan, comm.rank(), *written, prepared.dirs, fs);
+    if (!s.ok()) written = s;
+  }
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
   // Step 3: rank 0 learns what every rank wrote and its replica digest, or
   // a failure; when the digests do not add up, a second round brings it
-  // the copies' checksums. Then steps 4-6 on rank 0, and everyone learns
-  // the outcome and warnings. On failure nothing is committed.
+  // the copies' checksums (and in a version-3 save the chunks' checksums,
+  // which the first left out). Then steps 4-6 on rank 0, and everyone
+  // learns the outcome and warnings. On failure nothing is committed.
   RankReport own, own_copies;
   if (mine.ok()) {
     own.files = std::move(*written);
@@ -408,16 +445,18 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     own_copies.copies = std::move(checksums->copies);
     NumberAsWhole(plan, &own);
     NumberAsWhole(plan, &own_copies);
+    if (prepared.chunk_table) own_copies.files = own.files;
   }
-  auto msgs = GatherToRootOrFail(
-      comm, 0, mine, mine.ok() ? EncodeReport(own, prepared.compact_reports) : std::string());
+  const ReportForm form{prepared.compact_reports, !prepared.chunk_table};
+  auto msgs = GatherToRootOrFail(comm, 0, mine, mine.ok() ? EncodeReport(own, form) : std::string());
   report("commit", RankBytes(plan, comm.rank()), RankBytes(plan, comm.rank()));
   LeaderAnswer leader_answer(fs, plan, prepared, root, tag, comm, commit);
   Result<std::string> answer = std::string();
   if (leader) answer = leader_answer.ToReports(msgs);
   auto outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
-    auto more = GatherToRootOrFail(comm, 0, Status(), EncodeReport(own_copies));
+    auto more = GatherToRootOrFail(comm, 0, Status(),
+                                   EncodeReport(own_copies, ReportForm{.compact = true}));
     if (leader) answer = leader_answer.ToCopies(more);
     outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }

@@ -8,24 +8,32 @@
 namespace shardsafe {
 namespace {
 
-void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries, bool compact) {
+// The entries of a file as `form` says: offsets unless compact, checksums
+// when `checksums`.
+void PutEntries(wire::Writer& w, const std::vector<WrittenEntry>& entries, bool compact,
+                bool checksums) {
   w.U64(entries.size());
   for (const auto& e : entries) {
     if (!compact) w.U64(e.at);
-    w.Fixed32(e.crc32c);
+    if (checksums) w.Fixed32(e.crc32c);
   }
 }
 
-Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r, bool compact) {
+// Entries of one file at most (a sanity bound for a report whose entries
+// carry no bytes).
+constexpr uint64_t kMaxReportEntries = uint64_t{1} << 26;
+
+Result<std::vector<WrittenEntry>> GetEntries(wire::Reader& r, bool compact, bool checksums) {
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
-  std::vector<WrittenEntry> out;
-  for (uint64_t i = 0; i < n; ++i) {
-    WrittenEntry e;
+  if (n > kMaxReportEntries) return InternalError("bad save report: too many entries");
+  std::vector<WrittenEntry> out(n);
+  for (WrittenEntry& e : out) {
     if (!compact) {
       SS_ASSIGN_OR_RETURN(e.at, r.U64());
     }
-    SS_ASSIGN_OR_RETURN(e.crc32c, r.Fixed32());
-    out.push_back(e);
+    if (checksums) {
+      SS_ASSIGN_OR_RETURN(e.crc32c, r.Fixed32());
+    }
   }
   return out;
 }
@@ -132,15 +140,21 @@ Result<Announcement> DecodeHoldings(std::string_view msg) {
   return a;
 }
 
-std::string EncodeReport(const RankReport& report, bool compact) {
+namespace {
+
+constexpr uint8_t kCompact = 1, kNoChunkChecksums = 2;
+
+}  // namespace
+
+std::string EncodeReport(const RankReport& report, ReportForm form) {
   wire::Writer w;
-  w.U8(compact ? 1 : 0);
+  w.U8((form.compact ? kCompact : 0) | (form.chunk_checksums ? 0 : kNoChunkChecksums));
   w.U64(report.files.size());
   for (const WrittenFile& f : report.files) {
     w.U32(f.plan_file);
-    if (!compact) w.U64(f.bytes);
-    PutEntries(w, f.chunks, compact);
-    PutEntries(w, f.blobs, compact);
+    if (!form.compact) w.U64(f.bytes);
+    PutEntries(w, f.chunks, form.compact, form.chunk_checksums);
+    PutEntries(w, f.blobs, form.compact, /*checksums=*/true);
   }
   w.U64(report.copies.size());
   for (const CopyChecksum& c : report.copies) {
@@ -151,26 +165,40 @@ std::string EncodeReport(const RankReport& report, bool compact) {
   return w.Take();
 }
 
+Status AddChunkChecksums(const std::vector<WrittenFile>& from, std::vector<WrittenFile>* into) {
+  if (from.empty()) return Status();
+  if (from.size() != into->size()) return InternalError("save report: checksums of other files");
+  for (size_t f = 0; f < from.size(); ++f) {
+    WrittenFile& to = (*into)[f];
+    if (from[f].plan_file != to.plan_file || from[f].chunks.size() != to.chunks.size()) {
+      return InternalError("save report: checksums of other files");
+    }
+    for (size_t i = 0; i < to.chunks.size(); ++i) to.chunks[i].crc32c = from[f].chunks[i].crc32c;
+  }
+  return Status();
+}
+
 void NumberAsWhole(const SavePlan& plan, RankReport* report) {
   for (WrittenFile& f : report->files) f.plan_file = WholeFileNumber(plan, f.plan_file);
   for (CopyChecksum& c : report->copies) c.chunk = WholeChunkNumber(plan, c.chunk);
 }
 
-Result<RankReport> DecodeReport(std::string_view msg, bool* compact) {
+Result<RankReport> DecodeReport(std::string_view msg, ReportForm* form) {
   wire::Reader r(msg);
   RankReport report;
   SS_ASSIGN_OR_RETURN(uint8_t mode, r.U8());
-  if (mode > 1) return InternalError("bad save report");
-  *compact = mode == 1;
+  if ((mode & ~(kCompact | kNoChunkChecksums)) != 0) return InternalError("bad save report");
+  form->compact = (mode & kCompact) != 0;
+  form->chunk_checksums = (mode & kNoChunkChecksums) == 0;
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
   for (uint64_t i = 0; i < n; ++i) {
     WrittenFile f;
     SS_ASSIGN_OR_RETURN(f.plan_file, r.U32());
-    if (!*compact) {
+    if (!form->compact) {
       SS_ASSIGN_OR_RETURN(f.bytes, r.U64());
     }
-    SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r, *compact));
-    SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r, *compact));
+    SS_ASSIGN_OR_RETURN(f.chunks, GetEntries(r, form->compact, form->chunk_checksums));
+    SS_ASSIGN_OR_RETURN(f.blobs, GetEntries(r, form->compact, /*checksums=*/true));
     report.files.push_back(std::move(f));
   }
   SS_ASSIGN_OR_RETURN(uint64_t nc, r.U64());
@@ -190,13 +218,13 @@ bool FileLayouts::ready() const {
   return !files_.empty();
 }
 
-void FileLayouts::Keep(const SavePlan& plan, const std::vector<RankReport>& reports) {
-  if (ready()) return;
+bool FileLayouts::Keep(const SavePlan& plan, const std::vector<RankReport>& reports) {
+  if (ready()) return false;
   std::vector<Layout> files(plan.files.size());
   std::vector<bool> seen(plan.files.size(), false);
   for (const RankReport& report : reports) {
     for (const WrittenFile& f : report.files) {
-      if (f.plan_file >= files.size() || seen[f.plan_file]) return;
+      if (f.plan_file >= files.size() || seen[f.plan_file]) return false;
       seen[f.plan_file] = true;
       Layout& l = files[f.plan_file];
       l.bytes = f.bytes;
@@ -204,14 +232,27 @@ void FileLayouts::Keep(const SavePlan& plan, const std::vector<RankReport>& repo
       for (const WrittenEntry& e : f.blobs) l.blobs.push_back(e.at);
     }
   }
-  if (files.empty() || std::find(seen.begin(), seen.end(), false) != seen.end()) return;
+  if (files.empty() || std::find(seen.begin(), seen.end(), false) != seen.end()) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  if (files_.empty()) files_ = std::move(files);
+  if (!files_.empty()) return false;
+  files_ = std::move(files);
+  return true;
 }
 
 void FileLayouts::Forget() {
   std::lock_guard<std::mutex> lock(mu_);
   files_.clear();
+  table_.reset();
+}
+
+std::shared_ptr<const EncodedChunkTable> FileLayouts::table() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_;
+}
+
+void FileLayouts::KeepTable(std::shared_ptr<const EncodedChunkTable> table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!files_.empty()) table_ = std::move(table);
 }
 
 Status FileLayouts::Fill(std::vector<WrittenFile>* files) const {
@@ -236,6 +277,7 @@ std::string EncodeSaveStart(const SaveStart& start) {
   w.Str(start.dirs.data);
   w.Str(start.dirs.file_suffix);
   w.U8(start.compact_reports ? 1 : 0);
+  w.U8(start.chunk_table ? 1 : 0);
   return w.Take();
 }
 
@@ -247,6 +289,8 @@ Result<SaveStart> DecodeSaveStart(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(start.dirs.file_suffix, r.Str());
   SS_ASSIGN_OR_RETURN(uint8_t compact, r.U8());
   start.compact_reports = compact == 1;
+  SS_ASSIGN_OR_RETURN(uint8_t table, r.U8());
+  start.chunk_table = table == 1;
   return start;
 }
 

@@ -49,10 +49,10 @@ TEST(SaveMessagesTest, ACompactReportIsFilledFromTheLayoutsAFullOneLeft) {
   FileLayouts layouts;
   std::vector<RankReport> received;
   for (const RankReport& r : reports) {
-    bool compact = true;
-    auto full = DecodeReport(EncodeReport(r, /*compact=*/false), &compact);
+    ReportForm form{.compact = true};
+    auto full = DecodeReport(EncodeReport(r), &form);
     ASSERT_TRUE(full.ok()) << full.status().ToString();
-    EXPECT_FALSE(compact);
+    EXPECT_FALSE(form.compact);
     received.push_back(std::move(*full));
   }
   EXPECT_FALSE(layouts.ready());
@@ -60,13 +60,14 @@ TEST(SaveMessagesTest, ACompactReportIsFilledFromTheLayoutsAFullOneLeft) {
   ASSERT_TRUE(layouts.ready());
   for (int rank = 0; rank < 4; ++rank) {
     const RankReport& sent = reports[rank];
-    const std::string full = EncodeReport(sent, /*compact=*/false);
-    const std::string small = EncodeReport(sent, /*compact=*/true);
+    const std::string full = EncodeReport(sent);
+    const std::string small = EncodeReport(sent, {.compact = true});
     EXPECT_LT(small.size(), full.size());
-    bool compact = false;
-    auto got = DecodeReport(small, &compact);
+    ReportForm form;
+    auto got = DecodeReport(small, &form);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_TRUE(compact);
+    EXPECT_TRUE(form.compact);
+    EXPECT_TRUE(form.chunk_checksums);
     ASSERT_TRUE(layouts.Fill(&got->files).ok());
     EXPECT_EQ(got->replica_digest, sent.replica_digest);
     ASSERT_EQ(got->files.size(), sent.files.size());
@@ -94,26 +95,65 @@ TEST(SaveMessagesTest, ACompactReportThatDoesNotMatchIsAnErrorAndTheLayoutsAreFo
   RankReport& short_one = reports[1];
   ASSERT_FALSE(short_one.files.empty());
   short_one.files[0].chunks.pop_back();
-  bool compact = false;
-  auto got = DecodeReport(EncodeReport(short_one, /*compact=*/true), &compact);
+  ReportForm form;
+  auto got = DecodeReport(EncodeReport(short_one, {.compact = true}), &form);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(layouts.Fill(&got->files).code(), StatusCode::kInternal);
 
   layouts.Forget();
   EXPECT_FALSE(layouts.ready());
-  got = DecodeReport(EncodeReport(reports[2], /*compact=*/true), &compact);
+  got = DecodeReport(EncodeReport(reports[2], {.compact = true}), &form);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(layouts.Fill(&got->files).code(), StatusCode::kInternal);
 }
 
+TEST(SaveMessagesTest, AReportWithoutChunkChecksumsGetsThemFromTheSecondRound) {
+  const SavePlan plan = SomePlan();
+  const std::vector<RankReport> reports = Reports(plan, 4);
+  FileLayouts layouts;
+  layouts.Keep(plan, reports);
+  for (const RankReport& sent : reports) {
+    const ReportForm without{.compact = true, .chunk_checksums = false};
+    const std::string small = EncodeReport(sent, without);
+    EXPECT_LT(small.size(), EncodeReport(sent, {.compact = true}).size());
+    ReportForm form;
+    auto got = DecodeReport(small, &form);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE(form.compact);
+    EXPECT_FALSE(form.chunk_checksums);
+    ASSERT_TRUE(layouts.Fill(&got->files).ok());
+    ASSERT_EQ(got->files.size(), sent.files.size());
+    for (size_t f = 0; f < sent.files.size(); ++f) {
+      EXPECT_TRUE(Same(got->files[f].blobs, sent.files[f].blobs));
+      ASSERT_EQ(got->files[f].chunks.size(), sent.files[f].chunks.size());
+      for (const WrittenEntry& e : got->files[f].chunks) EXPECT_EQ(e.crc32c, 0u);
+    }
+    auto second = DecodeReport(EncodeReport(sent, {.compact = true}), &form);
+    ASSERT_TRUE(second.ok());
+    ASSERT_TRUE(AddChunkChecksums(second->files, &got->files).ok());
+    for (size_t f = 0; f < sent.files.size(); ++f) {
+      EXPECT_TRUE(Same(got->files[f].chunks, sent.files[f].chunks));
+    }
+    EXPECT_TRUE(AddChunkChecksums({}, &got->files).ok()) << "no files: nothing to add";
+    std::vector<WrittenFile> other = second->files;
+    if (!other.empty()) {
+      other[0].plan_file += 1;
+      EXPECT_EQ(AddChunkChecksums(other, &got->files).code(), StatusCode::kInternal);
+    }
+  }
+}
+
 TEST(SaveMessagesTest, TheStartOfASaveRoundTrips) {
   for (bool compact : {false, true}) {
-    auto start = DecodeSaveStart(EncodeSaveStart({SaveDirs{"t", "d", ".s"}, compact}));
-    ASSERT_TRUE(start.ok());
-    EXPECT_EQ(start->dirs.tmp, "t");
-    EXPECT_EQ(start->dirs.data, "d");
-    EXPECT_EQ(start->dirs.file_suffix, ".s");
-    EXPECT_EQ(start->compact_reports, compact);
+    for (bool table : {false, true}) {
+      auto start = DecodeSaveStart(EncodeSaveStart({SaveDirs{"t", "d", ".s"}, compact, table}));
+      ASSERT_TRUE(start.ok());
+      EXPECT_EQ(start->dirs.tmp, "t");
+      EXPECT_EQ(start->dirs.data, "d");
+      EXPECT_EQ(start->dirs.file_suffix, ".s");
+      EXPECT_EQ(start->compact_reports, compact);
+      EXPECT_EQ(start->chunk_table, table);
+    }
   }
 }
 

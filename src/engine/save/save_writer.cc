@@ -4,7 +4,9 @@
 
 #include "base/thread_pool.h"
 #include "engine/save/commit.h"
+#include "format/checksum_file.h"
 #include "format/index.h"
+#include "layout/plan_part.h"
 #include "format/safetensors.h"
 
 namespace shardsafe {
@@ -105,6 +107,28 @@ std::string DataFileName(int rank, uint32_t number, std::string_view suffix) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "data-%05d-%03u", rank, number);
   return std::string(buf) + std::string(suffix) + ".safetensors";
+}
+
+std::string ChecksumFileName(int rank, std::string_view suffix) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "checksums-%05d", rank);
+  return std::string(buf) + std::string(suffix) + std::string(kChecksumFileExtension);
+}
+
+Status WriteChecksumFile(const SavePlan& plan, int rank, const std::vector<WrittenFile>& written,
+                         const SaveDirs& dirs, FileSystem& fs) {
+  std::vector<ChunkChecksum> entries;
+  for (const WrittenFile& f : written) {
+    const uint32_t whole = WholeFileNumber(plan, f.plan_file);
+    for (const WrittenEntry& e : f.chunks) entries.push_back({whole, e.at, e.crc32c});
+  }
+  if (entries.empty()) return Status();
+  const std::string path = JoinPath(dirs.data, ChecksumFileName(rank, dirs.file_suffix));
+  const std::string bytes = EncodeChecksumFile(std::move(entries));
+  SS_ASSIGN_OR_RETURN(auto out, fs.NewWritableFile(path, WriteOptions{}));
+  SS_RETURN_IF_ERROR(out->Append(bytes.data(), bytes.size()).WithContext(path));
+  SS_RETURN_IF_ERROR(out->Sync().WithContext(path));
+  return out->Close().WithContext(path);
 }
 
 Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,

@@ -31,6 +31,12 @@ struct WrittenFile {
 // "data-00003-001.1a2b3c4d5e6f7a8b.safetensors".
 std::string DataFileName(int rank, uint32_t number, std::string_view suffix);
 
+// "checksums-00003.crc32c", or with a suffix
+// "checksums-00003.1a2b3c4d5e6f7a8b.crc32c": the rank's checksum file in a
+// version-3 checkpoint (format/checksum_file.h).
+inline constexpr std::string_view kChecksumFileExtension = ".crc32c";
+std::string ChecksumFileName(int rank, std::string_view suffix);
+
 // Where a save writes (defined in commit.h).
 struct SaveDirs;
 
@@ -69,5 +75,12 @@ Result<std::vector<WrittenFile>> WriteRankFiles(const SavePlan& plan, int rank,
                                                 const SaveState& state, const SaveDirs& dirs,
                                                 FileSystem& fs, const SaveOptions& options,
                                                 std::atomic<uint64_t>* progress);
+
+// A version-3 save: writes `rank`'s checksum file into dirs.data, synced,
+// listing every chunk of `written` (numbered as `plan`, a whole plan or
+// the rank's part) by its whole-plan file and offset; nothing when the
+// rank wrote no chunk.
+Status WriteChecksumFile(const SavePlan& plan, int rank, const std::vector<WrittenFile>& written,
+                         const SaveDirs& dirs, FileSystem& fs);
 
 }  // namespace shardsafe
