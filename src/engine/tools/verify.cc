@@ -1,8 +1,7 @@
 #include "shardsafe/tools.h"
 
-#include <mutex>
-
 #include <algorithm>
+#include <mutex>
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
