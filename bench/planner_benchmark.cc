@@ -9,7 +9,7 @@
 // exactly what each measures). Rows that would not fit in this machine's
 // memory are reported with their estimated need instead of run. No I/O.
 //
-//   planner_benchmark [--world N] [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] [--details]
+//   planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] [--details]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -39,11 +39,12 @@ struct Flags {
 };
 
 constexpr char kUsage[] =
-    "usage: planner_benchmark [--world N] [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] "
+    "usage: planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] "
     "[--details]\n";
 
 // False (usage printed) for an unknown flag or a missing value.
 bool ParseFlags(int argc, char** argv, Flags* flags) {
+  bool worlds_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     const bool has_value = i + 1 < argc;
@@ -51,8 +52,10 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->json = true;
     } else if (flag == "--details") {
       flags->details = true;
-    } else if (flag == "--world" && has_value) {
-      flags->worlds = {std::atoi(argv[++i])};
+    } else if (flag == "--world" && has_value) {  // repeated: several rows
+      if (!worlds_given) flags->worlds.clear();
+      worlds_given = true;
+      flags->worlds.push_back(std::atoi(argv[++i]));
     } else if (flag == "--layout" && has_value) {
       flags->layouts = {argv[++i]};
     } else if (flag == "--iters" && has_value) {
@@ -116,8 +119,8 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
       "                  LookUpPlan and comparison, the quick check (a max-reduction of 80 B),\n"
       "                  after malloc_trim (what the first save freed consolidated); best of 5\n"
       "  repeat commit s rank 0's commit work in a repeated save before its writes: the compact\n"
-      "                  reports read (ReadReports), their digests added, BuildIndex and\n"
-      "                  IndexToCommit\n"
+      "                  reports read (ReadReports), their digests added, MakeIndex (the index\n"
+      "                  text; a chunk table is the one the first save made, kept); best of 5\n"
       "  peak RSS        VmHWM during the first save's step 0, less VmRSS before: rank 0's\n"
       "                  received layouts, plan and parts; the other rank's part, decoded\n"
       "  coord MB        bytes the rank sends + receives in a first save: the quick check, the\n"
@@ -125,12 +128,15 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
       "                  directories' broadcast, the step-3 reports' gather to rank 0, the\n"
       "                  outcome's broadcast\n"
       "  repeat coord    the same for a repeated save (no layouts, no parts; compact reports:\n"
-      "                  checksums alone, rank 0 kept the offsets)\n"
+      "                  rank 0 kept the offsets; with a chunk table the chunks' checksums are\n"
+      "                  in each writer's checksum file, so a count per file, the blobs'\n"
+      "                  checksums and the replica digest)\n"
       "  load meta MB    what rank 0 reads to load its own shards again: the committed index\n"
-      "                  (BuildIndex, IndexToCommit: a chunk table from 65,536 chunks on, in\n"
-      "                  files under /tmp) and the parts of the chunk table ReadChunksFor reads\n"
-      "                  for its slices; load meta s: reading and parsing the index (ParseIndex)\n"
-      "                  and ReadChunksFor; load meta peak MB: VmHWM during those, less VmRSS\n"
+      "                  (MakeIndex: a chunk table from 65,536 chunks on, in files under /tmp,\n"
+      "                  with every rank's checksum file), the parts of the chunk table\n"
+      "                  ReadChunksFor reads for its slices and the checksum files of their\n"
+      "                  writers; load meta s: reading and parsing the index (ParseIndex) and\n"
+      "                  ReadChunksFor; load meta peak MB: VmHWM during those, less VmRSS\n"
       "                  before\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
       "Simulated: every rank but the measured one (its holdings computed, encoded as Save\n"

@@ -43,21 +43,28 @@
 //                      agree, so no copies' checksums), the outcome's
 //                      broadcast.
 //   repeat_coord_bytes the same for a repeated save, whose reports are
-//                      compact (checksums alone: rank 0 kept the offsets).
+//                      compact (rank 0 kept the offsets; with a chunk table
+//                      no chunk checksums either: they are in the writers'
+//                      checksum files).
 // And once per row (rank 0's work):
 //   repeat_commit_s    rank 0's commit work in a repeated save before it
 //                      writes: ReadReports of the compact reports,
-//                      DigestsAddUp, BuildIndex and IndexToCommit.
+//                      DigestsAddUp and MakeIndex (reusing the chunk table
+//                      the first save's MakeIndex made). Best of
+//                      max(iters, 5).
 //   load_meta_bytes    what rank 0 reads to load its own shards again: the
-//                      index as the commit writes it (BuildIndex over the plan
-//                      and the reports, IndexToCommit: a chunk table from its
-//                      default threshold on, written to files under /tmp), and
-//                      the bytes of the chunk table ReadChunksFor reads.
+//                      index as the commit writes it (MakeIndex over the
+//                      plan and the full reports: a chunk table from its
+//                      default threshold on, written to files under /tmp
+//                      with every rank's checksum file), and the bytes of
+//                      the chunk table ReadChunksFor reads and of the
+//                      checksum files it reads.
 //   load_meta_s        ReadFileToString and ParseIndex of the index and
 //                      ReadChunksFor (from the page cache: the files were
 //                      just written).
 //   load_meta_peak_bytes VmHWM during those, less VmRSS before: the index
-//                      read and parsed, the table's parts read.
+//                      read and parsed, the table's parts and the checksum
+//                      files read.
 //   writer_balance     the busiest writer's bytes / IdealMaxRankBytes.
 //
 // Timings are the best of `iters` runs. Synthesized, since no byte is

@@ -247,7 +247,7 @@ TEST_F(CollectivesTest, ARepeatedSaveReportsChecksumsWithoutOffsets) {
 // checksums, and the save fails naming it.
 TEST_F(CollectivesTest, ReplicasThatAgreeAreComparedWithoutSendingTheirChecksums) {
   constexpr int kMany = 4;
-  const Shape small{16, 16}, large{1024, 2048};  // F32: 1 KiB, 8 MiB (cut in 2)
+  const Shape small{16, 16}, large{1024, 2048};  // F32: 1 KiB, 8 MiB (cut in 4)
   std::vector<std::vector<OwnedShard>> held(kMany);
   for (int r = 0; r < kMany; ++r) {
     for (int t = 0; t < 8; ++t) {
@@ -279,13 +279,70 @@ TEST_F(CollectivesTest, ReplicasThatAgreeAreComparedWithoutSendingTheirChecksums
   }
   auto src = OpenSource(*DefaultFileSystem(), root_ + "/repeated");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
-  ASSERT_EQ(src->index.tensors.at("large").chunks.size(), 2u);
+  ASSERT_EQ(src->index.tensors.at("large").chunks.size(), 4u);
 
   held[3][5].bytes[7] ^= std::byte{1};  // rank 3's "replica" of rep5 holds other data
   for (const Status& st : save("differ")) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
     EXPECT_THAT(st.message(), HasSubstr("tensor \"rep5\""));
     EXPECT_THAT(st.message(), HasSubstr("and 3 hold different bytes"));
+  }
+  for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
+}
+
+// With a chunk table the reports carry no chunk checksum (they are in the
+// writers' checksum files), so when the digests do not add up the second
+// round brings the writers' checksums with the copies': a rank that skips
+// the check costs a round and commits; a copy that differs is named.
+TEST_F(CollectivesTest, AChunkTableSaveComparesCopiesWithTheWritersChecksumsInASecondRound) {
+  constexpr int kMany = 4;
+  const Shape small{16, 16}, large{1024, 2048};
+  std::vector<std::vector<OwnedShard>> held(kMany);
+  for (int r = 0; r < kMany; ++r) {
+    for (int t = 0; t < 4; ++t) {
+      held[r].push_back(MakeShard("rep" + std::to_string(t), DType::kF32, small,
+                                  {Box::Whole(small), std::nullopt}));
+    }
+    held[r].push_back(MakeShard("large", DType::kF32, large, {Box::Whole(large), std::nullopt}));
+  }
+  std::vector<std::vector<uint64_t>> gathered(kMany);
+  const auto save = [&](const std::string& name, int unchecked) {
+    std::vector<Status> out(kMany);
+    testing::RunRanks(kMany, [&](int r, Comm& comm) {
+      CountingComm counting(comm);
+      SaveState state;
+      for (const OwnedShard& s : held[r]) state.tensors.push_back(s.View());
+      SaveOptions options;
+      options.chunk_table_min_chunks = 1;
+      options.verify_replicas = r != unchecked;
+      out[r] = Save(state, root_ + "/" + name, counting, options).status();
+      gathered[r] = counting.gathered;
+    });
+    return out;
+  };
+  // A first save: the layouts' gather and the reports'.
+  for (const Status& st : save("agree", -1)) EXPECT_TRUE(st.ok()) << st.ToString();
+  for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
+  // Repeated saves: the reports', then the second round's.
+  for (const Status& st : save("unchecked", 2)) EXPECT_TRUE(st.ok()) << st.ToString();
+  for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
+  auto src = OpenSource(*DefaultFileSystem(), root_ + "/unchecked");
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  EXPECT_EQ(src->index.version, 3);
+  EXPECT_EQ(src->index.tensors.at("large").chunks.size(), 4u);
+  for (const std::string key : {"rep1", "large"}) {
+    const Shape& shape = key == "large" ? large : small;
+    OwnedTarget target = MakeTarget(key, DType::kF32, shape, {Box::Whole(shape), std::nullopt});
+    auto comm = MakeSingleProcessComm();
+    ASSERT_TRUE(Load(LoadRequest{{target.target}}, root_ + "/unchecked", *comm, {}).ok());
+    EXPECT_TRUE(MatchesOracle(target)) << key;
+  }
+
+  held[3][4].bytes[12345] ^= std::byte{1};  // rank 3's copy of a piece of "large" differs
+  for (const Status& st : save("differ", -1)) {
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("tensor \"large\""));
+    EXPECT_THAT(st.message(), HasSubstr("hold different bytes"));
   }
   for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
 }

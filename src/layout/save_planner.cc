@@ -186,9 +186,11 @@ class Planner {
 
   const Slice& UniqueSlice(uint32_t u) const { return ShardOf(held_[uniques_[u].begin]).slice; }
 
-  // An eighth of the ideal share of unique tensor bytes per rank, and at
+  // A sixteenth of the ideal share of unique tensor bytes per rank, and at
   // least options_.min_split_bytes: pieces that small let LPT balance
-  // writers within 1.1x of the ideal.
+  // writers within 1.1x of the ideal (an eighth, or a 4 MiB floor, left
+  // 1.11x at 65,536 ranks of TP x PP x DP, where a rank's share of the
+  // replicated weights is 2.4 MB).
   uint64_t SplitBytes() const {
     uint64_t total = 0;
     for (uint32_t u = 0; u < uniques_.size(); ++u) {
@@ -196,7 +198,7 @@ class Planner {
       const Result<uint64_t> bytes = NumBytes(dtype, UniqueSlice(u).NumElements());
       if (bytes.ok()) total += *bytes;  // an overflow fails when the chunk is emitted
     }
-    return std::max<uint64_t>(total / std::max<size_t>(holdings_.size(), 1) / 8,
+    return std::max<uint64_t>(total / std::max<size_t>(holdings_.size(), 1) / 16,
                               std::max<uint64_t>(options_.min_split_bytes, 1));
   }
 

@@ -17,8 +17,8 @@
 // - Each unique chunk is written exactly once, by one of its holders.
 //   Writers are balanced: chunks held by one rank go to that rank; replicated
 //   chunks are then assigned largest first to the least-loaded holder (ties:
-//   lowest rank). A replicated chunk larger than the split size (an
-//   eighth of the ideal share, unique bytes / ranks, and at least
+//   lowest rank). A replicated chunk larger than the split size (a
+//   sixteenth of the ideal share, unique bytes / ranks, and at least
 //   SavePlanOptions::min_split_bytes) is first cut into up to one piece per
 //   holder: flat ranges of its slice, each written by the holder it is
 //   assigned to (PlannedChunk::shard_offset says where the piece starts in
@@ -144,7 +144,7 @@ struct SavePlan {
 struct SavePlanOptions {
   uint64_t max_file_bytes = uint64_t{2} << 30;
   // Replicated chunks are never cut into pieces smaller than this.
-  uint64_t min_split_bytes = uint64_t{4} << 20;
+  uint64_t min_split_bytes = uint64_t{1} << 20;
 };
 
 // Plans a save of `holdings` (index = rank). InvalidArgument on any layout

@@ -26,6 +26,33 @@ Result<std::vector<uint32_t>> GetNumbers(wire::Reader& r, uint64_t limit) {
   return v;
 }
 
+// Numbers as differences from the one before (zigzag varints): a part's
+// whole-plan chunk numbers rise by 1 along a copy's pieces and by little
+// along a file's chunks, so most take one byte.
+void PutRising(wire::Writer& w, const std::vector<uint32_t>& v) {
+  w.U64(v.size());
+  int64_t last = 0;
+  for (uint32_t x : v) {
+    const int64_t d = int64_t{x} - last;
+    w.U64(static_cast<uint64_t>(d) << 1 ^ static_cast<uint64_t>(d >> 63));
+    last = x;
+  }
+}
+
+Result<std::vector<uint32_t>> GetRising(wire::Reader& r) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  std::vector<uint32_t> v;
+  int64_t last = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    SS_ASSIGN_OR_RETURN(uint64_t z, r.U64());
+    const int64_t x = last + static_cast<int64_t>(z >> 1 ^ (~(z & 1) + 1));
+    if (x < 0 || x > int64_t{UINT32_MAX}) return Bad("a number out of range");
+    v.push_back(static_cast<uint32_t>(x));
+    last = x;
+  }
+  return v;
+}
+
 void PutTensors(wire::Writer& w, const std::vector<PlannedTensor>& tensors) {
   w.U64(tensors.size());
   for (const PlannedTensor& t : tensors) {
@@ -36,12 +63,21 @@ void PutTensors(wire::Writer& w, const std::vector<PlannedTensor>& tensors) {
   }
 }
 
-void PutChunks(wire::Writer& w, const std::vector<PlannedChunk>& chunks) {
-  w.U64(chunks.size());
-  for (const PlannedChunk& c : chunks) {
+// The chunks of a part's files (the first ones, PartOfPlan) in full; those
+// of its copies alone by tensor and size, which is all a holder's checksum
+// of its copy needs (replica_check.h): at 65,536 ranks a replicated
+// tensor's copy spans up to one piece per holder.
+void PutChunks(wire::Writer& w, const SavePlan& part) {
+  size_t written = 0;
+  for (const PlannedFile& f : part.files) written += f.chunks.size();
+  w.U64(written);
+  w.U64(part.chunks.size() - written);
+  for (size_t i = 0; i < part.chunks.size(); ++i) {
+    const PlannedChunk& c = part.chunks[i];
     w.U32(c.tensor);
-    w.Slice(c.slice);
     w.U64(c.bytes);
+    if (i >= written) continue;
+    w.Slice(c.slice);
     w.U32(static_cast<uint32_t>(c.writer));
     w.U32(c.writer_shard);
     w.U64(c.shard_offset);
@@ -91,18 +127,21 @@ Status GetTensors(wire::Reader& r, SavePlan& p) {
 }
 
 Status GetChunks(wire::Reader& r, SavePlan& p) {
-  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
-  for (uint64_t i = 0; i < n; ++i) {
+  SS_ASSIGN_OR_RETURN(uint64_t written, r.U64());
+  SS_ASSIGN_OR_RETURN(uint64_t copied, r.U64());
+  for (uint64_t i = 0; i < written + copied; ++i) {
     PlannedChunk c;
     SS_ASSIGN_OR_RETURN(c.tensor, r.U32());
     if (c.tensor >= p.tensors.size()) return Bad("a chunk of no tensor");
-    SS_ASSIGN_OR_RETURN(c.slice, r.Slice());
     SS_ASSIGN_OR_RETURN(c.bytes, r.U64());
-    SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
-    c.writer = static_cast<int>(writer);
-    SS_ASSIGN_OR_RETURN(c.writer_shard, r.U32());
-    SS_ASSIGN_OR_RETURN(c.shard_offset, r.U64());
-    SS_ASSIGN_OR_RETURN(c.holders, r.U32());
+    if (i < written) {
+      SS_ASSIGN_OR_RETURN(c.slice, r.Slice());
+      SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
+      c.writer = static_cast<int>(writer);
+      SS_ASSIGN_OR_RETURN(c.writer_shard, r.U32());
+      SS_ASSIGN_OR_RETURN(c.shard_offset, r.U64());
+      SS_ASSIGN_OR_RETURN(c.holders, r.U32());
+    }
     p.chunks.push_back(std::move(c));
   }
   for (const PlannedTensor& t : p.tensors) {
@@ -158,12 +197,12 @@ std::string EncodePlanMessage(const SavePlan& part, const Digest& digest) {
   w.Fixed64(digest[0]);
   w.Fixed64(digest[1]);
   PutTensors(w, part.tensors);
-  PutChunks(w, part.chunks);
+  PutChunks(w, part);
   PutBlobsFilesCopies(w, part);
   w.U64(part.unique_bytes);
   const PlanPartInfo& info = *part.part;
-  PutNumbers(w, info.files);
-  PutNumbers(w, info.chunks);
+  PutRising(w, info.files);
+  PutRising(w, info.chunks);
   for (uint64_t v : {info.rank_bytes, info.max_rank_bytes, info.whole_files, info.held_bytes}) {
     w.U64(v);
   }
@@ -181,8 +220,8 @@ Result<PlanMessage> DecodePlanMessage(std::string_view msg) {
   SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p));
   SS_ASSIGN_OR_RETURN(p.unique_bytes, r.U64());
   PlanPartInfo& info = p.part.emplace();
-  SS_ASSIGN_OR_RETURN(info.files, GetNumbers(r, UINT32_MAX));
-  SS_ASSIGN_OR_RETURN(info.chunks, GetNumbers(r, UINT32_MAX));
+  SS_ASSIGN_OR_RETURN(info.files, GetRising(r));
+  SS_ASSIGN_OR_RETURN(info.chunks, GetRising(r));
   for (uint64_t* v : {&info.rank_bytes, &info.max_rank_bytes, &info.whole_files,
                       &info.held_bytes}) {
     SS_ASSIGN_OR_RETURN(*v, r.U64());
