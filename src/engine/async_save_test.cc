@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 
 #include "engine/test_util.h"
+#include "shardsafe/tools.h"
 #include "storage/fault_injection.h"
 
 namespace shardsafe {
@@ -117,6 +119,45 @@ TEST_F(AsyncSaveTest, BackToBackSavesRunInOrderWithRetentionAndReuseStaging) {
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(staging[r], staging_after[r]) << "staging reallocated on rank " << r;
   }
+}
+
+// With a chunk table (format version 3) each rank also writes its
+// checksum file; rank 0 compares the copies of a replicated tensor against
+// the writers' checksums from the markers, and the repeated save writes
+// the same table. Both checkpoints verify and load.
+TEST_F(AsyncSaveTest, ChunkTableSavesKeepTheChecksumsBesideTheDataAndLoad) {
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    for (int64_t step : {1, 2}) {
+      auto state = MakeState(r, step);
+      state->shards.push_back(
+          MakeShard("rep", DType::kF32, {8, 8}, {Box::Whole({8, 8}), std::nullopt}));
+      state->state.tensors.clear();
+      for (auto& sh : state->shards) state->state.tensors.push_back(sh.View());
+      SaveOptions options;
+      options.chunk_table_min_chunks = 1;
+      auto h = saver.Save(state->state, root_, *CheckpointManager("", {}).TagOf(step), comm,
+                          options, /*update_latest=*/true, /*keep_last=*/0);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      auto stats = (*h)->Wait();
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    }
+  });
+  std::string tables[2];
+  for (int64_t step : {1, 2}) {
+    const std::string dir = root_ + "/" + *CheckpointManager("", {}).TagOf(step);
+    std::ifstream in(dir + "/shardsafe.json");
+    const Json index = Json::parse(in);
+    EXPECT_EQ(index["version"], 3);
+    EXPECT_EQ(index["checksum_files"].size(), size_t{kRanks});
+    std::ifstream table(dir + "/shardsafe.chunks", std::ios::binary);
+    tables[step - 1].assign(std::istreambuf_iterator<char>(table), {});
+    const VerifyReport report = VerifyCheckpoint(dir);
+    EXPECT_TRUE(report.faults.empty()) << report.faults.front();
+    EXPECT_GT(report.chunks_verified, 0u);
+    ExpectLoads(step, step);
+  }
+  EXPECT_EQ(tables[0], tables[1]);
 }
 
 TEST_F(AsyncSaveTest, StagingHoldsOneCopyOfWhatTheRankWrites) {
