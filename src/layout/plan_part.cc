@@ -27,8 +27,8 @@ class PartBuilder {
   }
 
   // Renumbers the chunks' tensors, taking each tensor in once in key order
-  // (the whole plan's order); a tensor lists the chunks of `file_chunks`.
-  void TakeTensors(size_t file_chunks) {
+  // (the whole plan's order); a tensor lists its chunks.
+  void TakeTensors() {
     std::vector<uint32_t> used = tensors_;
     std::sort(used.begin(), used.end());
     used.erase(std::unique(used.begin(), used.end()), used.end());
@@ -41,7 +41,7 @@ class PartBuilder {
     for (uint32_t c = 0; c < part_.chunks.size(); ++c) {
       PlannedChunk& chunk = part_.chunks[c];
       chunk.tensor = local.at(chunk.tensor);
-      if (c < file_chunks) part_.tensors[chunk.tensor].chunks.push_back(c);
+      part_.tensors[chunk.tensor].chunks.push_back(c);
     }
   }
 
@@ -78,17 +78,34 @@ SavePlan PartOfPlan(const SavePlan& whole, int rank, const PlanPartInfo& totals)
     part.part->files.push_back(static_cast<uint32_t>(file - whole.files.begin()));
     part.files.push_back(std::move(mine));
   }
-  const size_t file_chunks = part.chunks.size();
   auto copy = std::lower_bound(whole.copies.begin(), whole.copies.end(), rank,
                                [](const HeldCopy& h, int r) { return h.rank < r; });
   for (; copy != whole.copies.end() && copy->rank == rank; ++copy) {
-    HeldCopy mine = *copy;
-    mine.chunk = builder.AddChunk(copy->chunk);
-    for (uint32_t c = copy->chunk + 1; c < copy->chunk + copy->chunks; ++c) builder.AddChunk(c);
-    part.copies.push_back(mine);
+    CopyShape shape{0, whole.chunks[copy->chunk].bytes};
+    for (uint32_t c = copy->chunk; c < copy->chunk + copy->chunks; ++c) {
+      shape.bytes += whole.chunks[c].bytes;
+    }
+    part.copies.push_back(*copy);
+    part.part->copy_shapes.push_back(shape);
   }
-  builder.TakeTensors(file_chunks);
+  builder.TakeTensors();
   return part;
+}
+
+std::vector<CopyPiece> PiecesOf(const SavePlan& plan, size_t copy) {
+  const HeldCopy& h = plan.copies[copy];
+  std::vector<CopyPiece> pieces(h.chunks);
+  if (!plan.part) {
+    for (uint32_t k = 0; k < h.chunks; ++k) pieces[k] = {h.chunk + k, plan.chunks[h.chunk + k].bytes};
+    return pieces;
+  }
+  const CopyShape& shape = plan.part->copy_shapes[copy];
+  uint64_t left = shape.bytes;
+  for (uint32_t k = 0; k < h.chunks; ++k) {
+    pieces[k] = {h.chunk + k, k + 1 < h.chunks ? shape.piece_bytes : left};
+    left -= pieces[k].bytes;
+  }
+  return pieces;
 }
 
 uint64_t RankBytes(const SavePlan& plan, int rank) {

@@ -10,7 +10,9 @@
 // the rank's reports name files and chunks as the committing rank knows
 // them. A part is proportional to the rank's own files and copies, whatever
 // the job's size: of the per-rank totals it keeps the rank's own and the
-// largest.
+// largest. A copy takes a few numbers however many pieces its chunk was
+// cut into (the pieces are equal but the last: CopyShape), so that a part
+// does not grow with the holders a replica is spread over.
 #pragma once
 
 #include "layout/save_planner.h"
@@ -24,16 +26,25 @@ PlanPartInfo PlanTotals(const SavePlan& whole);
 // Rank `rank`'s part of `whole` (a whole plan, part unset), with `totals`
 // from PlanTotals(whole):
 // - files: the rank's, in order, their chunk and blob numbers local;
-// - chunks: those of the files, then those of each held copy (consecutive,
-//   as HeldCopy needs; a piece the rank both writes and holds a copy of
-//   appears twice), each with its tensor number local;
-// - tensors: those the chunks belong to, in key order, with the chunks of
-//   the part's files (PlannedTensor::chunks);
-// - blobs: those of the files; copies: the rank's, chunk numbers local;
+// - chunks: those of the files, each with its tensor number local;
+// - tensors: those the chunks belong to, in key order, with their chunks
+//   (PlannedTensor::chunks);
+// - blobs: those of the files; copies: the rank's, with the whole plan's
+//   chunk numbers (the part holds none of their chunks), and their
+//   CopyShapes;
 // - bytes_per_rank empty, unique_bytes as in the whole plan;
 // - part: whole-plan numbers of every file and chunk, the rank's bytes and
 //   the totals.
 SavePlan PartOfPlan(const SavePlan& whole, int rank, const PlanPartInfo& totals);
+
+// One piece of a copy: the whole plan's chunk number and its bytes.
+struct CopyPiece {
+  uint32_t chunk = 0;
+  uint64_t bytes = 0;
+};
+// The pieces of copy `copy` (an index into plan.copies) of a whole plan or
+// a part, in order.
+std::vector<CopyPiece> PiecesOf(const SavePlan& plan, size_t copy);
 
 // What `rank` writes, and the most any rank writes, by a whole plan or by
 // that rank's part.

@@ -1,7 +1,7 @@
 // PartOfPlan: every rank's part of a whole plan holds exactly its files,
-// the chunks of those files and of its held copies (pieces included), their
-// tensors, and the whole plan's numbers of each, on DP x TP x PP with
-// ZeRO-1 and with replicas cut into pieces.
+// the chunks of those files, their tensors and the whole plan's numbers of
+// each, and its held copies with the whole plan's numbers and their pieces'
+// sizes, on DP x TP x PP with ZeRO-1 and with replicas cut into pieces.
 #include "layout/plan_part.h"
 
 #include <gtest/gtest.h>
@@ -70,19 +70,25 @@ void CheckParts(const SavePlan& whole) {
     }
     EXPECT_EQ(written, whole.bytes_per_rank[r]);
     files += part.files.size();
-    // The rank's copies, in order, each over consecutive chunks of the part
-    // that are the whole plan's.
-    std::vector<HeldCopy> expected;
-    for (const HeldCopy& h : whole.copies) {
-      if (h.rank == r) expected.push_back(h);
+    // The rank's copies, in order, their pieces those of the whole plan.
+    std::vector<size_t> expected;
+    for (size_t i = 0; i < whole.copies.size(); ++i) {
+      if (whole.copies[i].rank == r) expected.push_back(i);
     }
     ASSERT_EQ(part.copies.size(), expected.size());
+    ASSERT_EQ(part.part->copy_shapes.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_EQ(part.copies[i].shard, expected[i].shard);
-      ASSERT_EQ(part.copies[i].chunks, expected[i].chunks);
-      for (uint32_t k = 0; k < expected[i].chunks; ++k) {
-        EXPECT_EQ(WholeChunkNumber(part, part.copies[i].chunk + k), expected[i].chunk + k);
-        ExpectSameChunk(whole, expected[i].chunk + k, part, part.copies[i].chunk + k);
+      const HeldCopy& theirs = whole.copies[expected[i]];
+      EXPECT_EQ(part.copies[i].shard, theirs.shard);
+      EXPECT_EQ(part.copies[i].chunk, theirs.chunk);
+      ASSERT_EQ(part.copies[i].chunks, theirs.chunks);
+      const std::vector<CopyPiece> mine = PiecesOf(part, i), all = PiecesOf(whole, expected[i]);
+      ASSERT_EQ(mine.size(), theirs.chunks);
+      for (uint32_t k = 0; k < theirs.chunks; ++k) {
+        EXPECT_EQ(mine[k].chunk, theirs.chunk + k);
+        EXPECT_EQ(all[k].chunk, theirs.chunk + k);
+        EXPECT_EQ(mine[k].bytes, whole.chunks[theirs.chunk + k].bytes);
+        EXPECT_EQ(all[k].bytes, whole.chunks[theirs.chunk + k].bytes);
       }
     }
     copies += expected.size();

@@ -89,8 +89,15 @@ struct PlannedChunk {
 struct HeldCopy {
   int rank = 0;
   uint32_t shard = 0;   // index into holdings[rank].shards
-  uint32_t chunk = 0;   // index into SavePlan::chunks
+  uint32_t chunk = 0;   // index into the whole plan's SavePlan::chunks
   uint32_t chunks = 1;  // how many
+};
+
+// The size of a copy in a part of a plan, which holds none of the copy's
+// chunks: `bytes` in all, in pieces of `piece_bytes` but the last.
+struct CopyShape {
+  uint64_t bytes = 0;
+  uint64_t piece_bytes = 0;
 };
 
 struct PlannedTensor {
@@ -128,6 +135,7 @@ struct PlanPartInfo {
   uint64_t max_rank_bytes = 0;   // the most any rank writes
   uint64_t whole_files = 0;      // files in the whole plan
   uint64_t held_bytes = 0;       // chunk bytes x holders, summed over the whole plan
+  std::vector<CopyShape> copy_shapes;  // of each copy of the part (SavePlan::copies)
 };
 
 struct SavePlan {

@@ -63,21 +63,12 @@ void PutTensors(wire::Writer& w, const std::vector<PlannedTensor>& tensors) {
   }
 }
 
-// The chunks of a part's files (the first ones, PartOfPlan) in full; those
-// of its copies alone by tensor and size, which is all a holder's checksum
-// of its copy needs (replica_check.h): at 65,536 ranks a replicated
-// tensor's copy spans up to one piece per holder.
-void PutChunks(wire::Writer& w, const SavePlan& part) {
-  size_t written = 0;
-  for (const PlannedFile& f : part.files) written += f.chunks.size();
-  w.U64(written);
-  w.U64(part.chunks.size() - written);
-  for (size_t i = 0; i < part.chunks.size(); ++i) {
-    const PlannedChunk& c = part.chunks[i];
+void PutChunks(wire::Writer& w, const std::vector<PlannedChunk>& chunks) {
+  w.U64(chunks.size());
+  for (const PlannedChunk& c : chunks) {
     w.U32(c.tensor);
-    w.U64(c.bytes);
-    if (i >= written) continue;
     w.Slice(c.slice);
+    w.U64(c.bytes);
     w.U32(static_cast<uint32_t>(c.writer));
     w.U32(c.writer_shard);
     w.U64(c.shard_offset);
@@ -102,12 +93,17 @@ void PutBlobsFilesCopies(wire::Writer& w, const SavePlan& p) {
     PutNumbers(w, f.blobs);
     w.U64(f.payload_bytes);
   }
+  // A part's copies name whole-plan chunks it does not hold: their
+  // shapes say how large they and their pieces are.
   w.U64(p.copies.size());
-  for (const HeldCopy& h : p.copies) {
+  for (size_t i = 0; i < p.copies.size(); ++i) {
+    const HeldCopy& h = p.copies[i];
     w.U32(static_cast<uint32_t>(h.rank));
     w.U32(h.shard);
     w.U32(h.chunk);
     w.U32(h.chunks);
+    w.U64(p.part->copy_shapes[i].bytes);
+    w.U64(p.part->copy_shapes[i].piece_bytes);
   }
 }
 
@@ -127,21 +123,18 @@ Status GetTensors(wire::Reader& r, SavePlan& p) {
 }
 
 Status GetChunks(wire::Reader& r, SavePlan& p) {
-  SS_ASSIGN_OR_RETURN(uint64_t written, r.U64());
-  SS_ASSIGN_OR_RETURN(uint64_t copied, r.U64());
-  for (uint64_t i = 0; i < written + copied; ++i) {
+  SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  for (uint64_t i = 0; i < n; ++i) {
     PlannedChunk c;
     SS_ASSIGN_OR_RETURN(c.tensor, r.U32());
     if (c.tensor >= p.tensors.size()) return Bad("a chunk of no tensor");
+    SS_ASSIGN_OR_RETURN(c.slice, r.Slice());
     SS_ASSIGN_OR_RETURN(c.bytes, r.U64());
-    if (i < written) {
-      SS_ASSIGN_OR_RETURN(c.slice, r.Slice());
-      SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
-      c.writer = static_cast<int>(writer);
-      SS_ASSIGN_OR_RETURN(c.writer_shard, r.U32());
-      SS_ASSIGN_OR_RETURN(c.shard_offset, r.U64());
-      SS_ASSIGN_OR_RETURN(c.holders, r.U32());
-    }
+    SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
+    c.writer = static_cast<int>(writer);
+    SS_ASSIGN_OR_RETURN(c.writer_shard, r.U32());
+    SS_ASSIGN_OR_RETURN(c.shard_offset, r.U64());
+    SS_ASSIGN_OR_RETURN(c.holders, r.U32());
     p.chunks.push_back(std::move(c));
   }
   for (const PlannedTensor& t : p.tensors) {
@@ -152,7 +145,7 @@ Status GetChunks(wire::Reader& r, SavePlan& p) {
   return Status();
 }
 
-Status GetBlobsFilesCopies(wire::Reader& r, SavePlan& p) {
+Status GetBlobsFilesCopies(wire::Reader& r, SavePlan& p, std::vector<CopyShape>* shapes) {
   SS_ASSIGN_OR_RETURN(uint64_t nb, r.U64());
   for (uint64_t i = 0; i < nb; ++i) {
     PlannedBlob b;
@@ -184,8 +177,20 @@ Status GetBlobsFilesCopies(wire::Reader& r, SavePlan& p) {
     SS_ASSIGN_OR_RETURN(h.shard, r.U32());
     SS_ASSIGN_OR_RETURN(h.chunk, r.U32());
     SS_ASSIGN_OR_RETURN(h.chunks, r.U32());
-    if (uint64_t{h.chunk} + h.chunks > p.chunks.size()) return Bad("a copy out of range");
+    CopyShape shape;
+    SS_ASSIGN_OR_RETURN(shape.bytes, r.U64());
+    SS_ASSIGN_OR_RETURN(shape.piece_bytes, r.U64());
+    // Pieces of piece_bytes but the last, which holds the rest (1 to
+    // piece_bytes of it; an empty copy is one empty piece).
+    const uint64_t before = (h.chunks - 1) * shape.piece_bytes;
+    const bool fits = h.chunks >= 1 && uint64_t{h.chunk} + h.chunks <= UINT32_MAX &&
+                      (h.chunks == 1 ? shape.bytes == shape.piece_bytes
+                                     : before / (h.chunks - 1) == shape.piece_bytes &&
+                                           shape.bytes > before &&
+                                           shape.bytes - before <= shape.piece_bytes);
+    if (!fits) return Bad("a copy's pieces do not add up");
     p.copies.push_back(h);
+    shapes->push_back(shape);
   }
   return Status();
 }
@@ -197,7 +202,7 @@ std::string EncodePlanMessage(const SavePlan& part, const Digest& digest) {
   w.Fixed64(digest[0]);
   w.Fixed64(digest[1]);
   PutTensors(w, part.tensors);
-  PutChunks(w, part);
+  PutChunks(w, part.chunks);
   PutBlobsFilesCopies(w, part);
   w.U64(part.unique_bytes);
   const PlanPartInfo& info = *part.part;
@@ -217,9 +222,11 @@ Result<PlanMessage> DecodePlanMessage(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(m.digest[1], r.Fixed64());
   SS_RETURN_IF_ERROR(GetTensors(r, p));
   SS_RETURN_IF_ERROR(GetChunks(r, p));
-  SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p));
+  std::vector<CopyShape> shapes;
+  SS_RETURN_IF_ERROR(GetBlobsFilesCopies(r, p, &shapes));
   SS_ASSIGN_OR_RETURN(p.unique_bytes, r.U64());
   PlanPartInfo& info = p.part.emplace();
+  info.copy_shapes = std::move(shapes);
   SS_ASSIGN_OR_RETURN(info.files, GetRising(r));
   SS_ASSIGN_OR_RETURN(info.chunks, GetRising(r));
   for (uint64_t* v : {&info.rank_bytes, &info.max_rank_bytes, &info.whole_files,

@@ -15,9 +15,6 @@ struct PlanMessage {
   Digest digest{};
 };
 
-// The chunks of the part's copies (after its files' chunks, as PartOfPlan
-// orders them) travel by tensor and size alone: decoded, they have no
-// slice, writer or holders.
 std::string EncodePlanMessage(const SavePlan& part, const Digest& digest);
 // Internal error on a malformed message (it comes from rank 0 of the same
 // build), or on a part whose numbers point outside it.

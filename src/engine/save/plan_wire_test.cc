@@ -32,13 +32,9 @@ TEST(PlanWireTest, APartRoundTrips) {
     EXPECT_EQ(p.tensors[t].chunks, part.tensors[t].chunks);
   }
   ASSERT_EQ(p.chunks.size(), part.chunks.size());
-  size_t written = 0;
-  for (const PlannedFile& f : part.files) written += f.chunks.size();
-  ASSERT_LT(written, part.chunks.size()) << "the part has copies' chunks";
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     EXPECT_EQ(p.chunks[c].tensor, part.chunks[c].tensor);
     EXPECT_EQ(p.chunks[c].bytes, part.chunks[c].bytes);
-    if (c >= written) continue;  // a copy's: its tensor and size alone
     EXPECT_EQ(p.chunks[c].slice, part.chunks[c].slice);
     EXPECT_EQ(p.chunks[c].shard_offset, part.chunks[c].shard_offset);
     EXPECT_EQ(p.chunks[c].writer, part.chunks[c].writer);
@@ -49,14 +45,33 @@ TEST(PlanWireTest, APartRoundTrips) {
   EXPECT_EQ(p.files[0].chunks, part.files[0].chunks);
   EXPECT_EQ(p.files[0].payload_bytes, part.files[0].payload_bytes);
   ASSERT_EQ(p.copies.size(), part.copies.size());
-  EXPECT_EQ(p.copies.back().chunk, part.copies.back().chunk);
-  EXPECT_EQ(p.copies.back().chunks, part.copies.back().chunks);
+  for (size_t i = 0; i < p.copies.size(); ++i) {
+    EXPECT_EQ(p.copies[i].chunk, part.copies[i].chunk);
+    EXPECT_EQ(p.copies[i].chunks, part.copies[i].chunks);
+    EXPECT_EQ(p.copies[i].shard, part.copies[i].shard);
+    EXPECT_EQ(p.part->copy_shapes[i].bytes, part.part->copy_shapes[i].bytes);
+    EXPECT_EQ(p.part->copy_shapes[i].piece_bytes, part.part->copy_shapes[i].piece_bytes);
+  }
   EXPECT_EQ(p.blobs.size(), part.blobs.size());
   EXPECT_EQ(p.part->rank_bytes, part.part->rank_bytes);
   EXPECT_EQ(p.part->max_rank_bytes, part.part->max_rank_bytes);
   EXPECT_EQ(p.part->files, part.part->files);
   EXPECT_EQ(p.part->chunks, part.part->chunks);
   EXPECT_EQ(p.part->held_bytes, part.part->held_bytes);
+}
+
+TEST(PlanWireTest, ACopyWhosePiecesDoNotAddUpIsAnError) {
+  SavePlan part = SomePart();
+  ASSERT_FALSE(part.copies.empty());
+  part.copies[0].chunks = 3;
+  part.part->copy_shapes[0] = {100, 40};  // 40 + 40 + 20: fine
+  EXPECT_TRUE(DecodePlanMessage(EncodePlanMessage(part, Digest{})).ok());
+  for (CopyShape bad : {CopyShape{100, 30}, CopyShape{80, 40}, CopyShape{100, 0}}) {
+    part.part->copy_shapes[0] = bad;
+    EXPECT_EQ(DecodePlanMessage(EncodePlanMessage(part, Digest{})).status().code(),
+              StatusCode::kInternal)
+        << bad.bytes << " in pieces of " << bad.piece_bytes;
+  }
 }
 
 TEST(PlanWireTest, ATruncatedOrLengthenedMessageIsAnError) {

@@ -50,12 +50,12 @@ uint64_t ReplicaHash(uint32_t whole_chunk, uint32_t crc) {
   return x ^ (x >> 31);
 }
 
-// `rank`'s held copies in `plan` (sorted by rank).
-std::span<const HeldCopy> CopiesOf(const SavePlan& plan, int rank) {
+// The indices in plan.copies of `rank`'s held copies (sorted by rank).
+std::pair<size_t, size_t> CopiesOf(const SavePlan& plan, int rank) {
   const auto before = [](const HeldCopy& c, int r) { return c.rank < r; };
   auto first = std::lower_bound(plan.copies.begin(), plan.copies.end(), rank, before);
   auto end = std::lower_bound(first, plan.copies.end(), rank + 1, before);
-  return {first, end};
+  return {first - plan.copies.begin(), end - plan.copies.begin()};
 }
 
 // The copy of `rank` differs from what was written for chunks [first,
@@ -85,16 +85,17 @@ Status ReplicaMismatch(const SavePlan& plan, uint32_t first, uint32_t count, int
 Result<HeldChecksums> ChecksumCopies(const SavePlan& plan, int rank, const SaveState& state,
                                      DeviceMemory* device) {
   HeldChecksums out;
-  for (const HeldCopy& h : CopiesOf(plan, rank)) {
+  const auto [first, end] = CopiesOf(plan, rank);
+  for (size_t i = first; i < end; ++i) {
+    const HeldCopy& h = plan.copies[i];
     const TensorShard& shard = state.tensors[h.shard];
     uint64_t at = 0;
     uint32_t crc = 0;
-    for (uint32_t c = h.chunk; c < h.chunk + h.chunks; ++c) {  // the pieces, in order
-      const uint64_t bytes = plan.chunks[c].bytes;
-      SS_ASSIGN_OR_RETURN(uint32_t piece, ShardCrc(shard, at, bytes, device));
-      out.digest += ReplicaHash(WholeChunkNumber(plan, c), piece);
-      crc = c == h.chunk ? piece : Crc32cCombine(crc, piece, bytes);
-      at += bytes;
+    for (const CopyPiece& p : PiecesOf(plan, i)) {  // the pieces, in order
+      SS_ASSIGN_OR_RETURN(uint32_t piece, ShardCrc(shard, at, p.bytes, device));
+      out.digest += ReplicaHash(p.chunk, piece);
+      crc = p.chunk == h.chunk ? piece : Crc32cCombine(crc, piece, p.bytes);
+      at += p.bytes;
     }
     out.copies.push_back({h.chunk, crc});
   }
@@ -107,10 +108,10 @@ uint64_t ReplicaDigest(const SavePlan& plan, int rank, const HeldChecksums& held
   // pieces of a cut chunk, every holder (the writer too: it holds the whole
   // copy, listed with the others).
   std::set<uint32_t> own_copies;  // whole numbers of the pieces this rank holds a copy of
-  for (const HeldCopy& h : CopiesOf(plan, rank)) {
-    for (uint32_t c = h.chunk; c < h.chunk + h.chunks; ++c) {
-      own_copies.insert(WholeChunkNumber(plan, c));
-    }
+  const auto [first, end] = CopiesOf(plan, rank);
+  for (size_t i = first; i < end; ++i) {
+    const HeldCopy& h = plan.copies[i];
+    for (uint32_t c = h.chunk; c < h.chunk + h.chunks; ++c) own_copies.insert(c);
   }
   uint64_t digest = held.digest;
   for (const WrittenFile& f : written) {

@@ -39,12 +39,12 @@ namespace shardsafe {
 
 // The checksum of one held copy of a replicated chunk.
 struct CopyChecksum {
-  uint32_t chunk = 0;  // index into SavePlan::chunks
+  uint32_t chunk = 0;  // the copy's first chunk (HeldCopy::chunk, the whole plan's)
   uint32_t crc32c = 0;
 };
 
 // The copies `rank` holds but does not write (plan.copies), checksummed:
-// one CopyChecksum per copy (chunk numbers as in `plan`), and the digest
+// one CopyChecksum per copy, and the digest
 // of their pieces (the first term of ReplicaDigest).
 struct HeldChecksums {
   std::vector<CopyChecksum> copies;

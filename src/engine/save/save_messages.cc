@@ -180,7 +180,6 @@ Status AddChunkChecksums(const std::vector<WrittenFile>& from, std::vector<Writt
 
 void NumberAsWhole(const SavePlan& plan, RankReport* report) {
   for (WrittenFile& f : report->files) f.plan_file = WholeFileNumber(plan, f.plan_file);
-  for (CopyChecksum& c : report->copies) c.chunk = WholeChunkNumber(plan, c.chunk);
 }
 
 Result<RankReport> DecodeReport(std::string_view msg, ReportForm* form) {

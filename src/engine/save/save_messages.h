@@ -69,9 +69,10 @@ std::string EncodeReport(const RankReport& report, ReportForm form = {});
 // are other files.
 Status AddChunkChecksums(const std::vector<WrittenFile>& from, std::vector<WrittenFile>* into);
 
-// Renumbers a report made with a rank's part of a plan (layout/plan_part.h)
-// into the whole plan's numbers, which rank 0 reads it with; a no-op for a
-// whole plan.
+// Renumbers the files of a report made with a rank's part of a plan
+// (layout/plan_part.h) into the whole plan's numbers, which rank 0 reads
+// it with (its copies name whole-plan chunks already); a no-op for a whole
+// plan.
 void NumberAsWhole(const SavePlan& plan, RankReport* report);
 // A compact report's files have their sizes and offsets 0, one without
 // chunk checksums its chunks' checksums 0 (*form says which).
