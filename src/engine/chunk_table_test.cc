@@ -219,6 +219,12 @@ TEST_F(ChunkTableTest, ADamagedOrMissingChecksumFileFailsTheLoadNamingIt) {
   }
   EXPECT_EQ(OpenSource(root_ + "/ck").status().code(), StatusCode::kDataLoss);
 
+  testing::FlipByte(file, 20, 0x01);  // put back
+  std::ofstream(file, std::ios::binary | std::ios::app) << "x";
+  auto longer = OpenSource(root_ + "/ck");
+  EXPECT_EQ(longer.status().code(), StatusCode::kDataLoss) << longer.status().ToString();
+  EXPECT_THAT(longer.status().message(), HasSubstr(file + ": checksum file is larger"));
+
   std::filesystem::remove(file);
   for (const Status& s : Load3("ck", &loaded)) {
     EXPECT_FALSE(s.ok());

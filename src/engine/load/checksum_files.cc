@@ -43,7 +43,12 @@ Status FillChecksums(FileSystem& fs, const std::string& dir, const ReadOptions& 
     reads.Add([&, file = file, out = &entries]() -> Status {
       const IndexFile& f = index->files[file];
       const std::string path = JoinPath(dir, f.name);
-      SS_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(fs, path, f.bytes, options));
+      Result<std::string> read = ReadFileToString(fs, path, f.bytes, options);
+      if (read.status().code() == StatusCode::kResourceExhausted) {  // longer than recorded
+        return DataLossError(path + ": checksum file is larger than the " +
+                             std::to_string(f.bytes) + " bytes the index records");
+      }
+      SS_ASSIGN_OR_RETURN(std::string bytes, std::move(read));
       if (bytes.size() != f.bytes) {
         return DataLossError(path + ": checksum file is " + std::to_string(bytes.size()) +
                              " bytes, the index records " + std::to_string(f.bytes));
