@@ -19,7 +19,7 @@ struct VerifyReport {
   std::string path;  // what was verified
   bool native = false;
   std::vector<std::string> faults;  // one line each, naming file and tensor
-  uint64_t files = 0;
+  uint64_t files = 0;  // data files (a version-3 checkpoint's checksum files not counted)
   uint64_t tensors = 0;
   uint64_t chunks_verified = 0;  // checksums computed and matching
   uint64_t bytes_checked = 0;

@@ -66,7 +66,9 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
                 << b.chunks.size() << " chunk(s))\n";
     }
   }
-  std::cout << "files     " << ix.files.size() << ", " << FormatBytes(file_bytes) << "\n"
+  std::cout << "files     " << ix.files.size() << ", " << FormatBytes(file_bytes);
+  if (!ix.checksum_files.empty()) std::cout << " (" << ix.checksum_files.size() << " checksum files)";
+  std::cout << "\n"
             << "tensors   " << ix.tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
   std::printf("%-48s %-8s %-20s %7s %12s\n", "TENSOR", "DTYPE", "SHAPE", "CHUNKS", "BYTES");
   for (const auto& [key, t] : ix.tensors) {

@@ -162,7 +162,7 @@ VerifyReport VerifyCheckpoint(const std::string& path, FileSystem* fsp, int io_t
   }
   report.path = src->path;
   report.native = src->native;
-  report.files = src->index.files.size();
+  report.files = src->index.files.size() - src->index.checksum_files.size();
   report.tensors = src->index.tensors.size();
   const auto expected = ExpectedByFile(src->index);
   Collector faults;
