@@ -1,9 +1,11 @@
 #include "engine/save/object_store_commit.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <thread>
 
+#include "base/thread_pool.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "format/index.h"
 
@@ -33,20 +35,28 @@ int64_t NowSeconds() {
       .count();
 }
 
+// Object stats in flight at once: each costs a round trip, and a job of
+// 16,384 ranks has tens of thousands of data and checksum objects.
+constexpr size_t kParallelStats = 32;
+
 // Every data file the index names is there with its size: a cleanup in
 // another process that took this save for a dead one (ObjectLeftoverAge)
 // must not lead to a commit of missing data.
 Status CheckDataObjects(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
+  ThreadPool pool(index.files.size() > 1 ? std::min(kParallelStats, index.files.size()) : 0);
+  TaskGroup stats(&pool);
   for (const IndexFile& f : index.files) {
-    const std::string path = JoinPath(dir, f.name);
-    Result<FileInfo> info = fs.Stat(path);
-    if (!info.ok()) return info.status().WithContext("before committing");
-    if (info->size != f.bytes) {
-      return DataLossError(path + ": " + std::to_string(info->size) + " bytes in the store, " +
-                           std::to_string(f.bytes) + " written");
-    }
+    stats.Add([&fs, &f, path = JoinPath(dir, f.name)]() -> Status {
+      Result<FileInfo> info = fs.Stat(path);
+      if (!info.ok()) return info.status().WithContext("before committing");
+      if (info->size != f.bytes) {
+        return DataLossError(path + ": " + std::to_string(info->size) + " bytes in the store, " +
+                             std::to_string(f.bytes) + " written");
+      }
+      return Status();
+    });
   }
-  return Status();
+  return stats.Wait();
 }
 
 // Waits up to kClaimWait for the save that claimed `dir` to commit it.
