@@ -361,9 +361,9 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
     SS_ASSIGN_OR_RETURN(std::vector<RankReport> reports,
                         ReadReports(full, *run.plan, &layouts, &match));
     const SaveDirs dirs{kTmpDir, kTmpDir, ""};
-    SS_ASSIGN_OR_RETURN(LeaderCommit first, MakeIndex(*run.plan, std::move(reports), run.json,
-                                                      kTag, dirs, job.world,
-                                                      {table, &layouts, match}));
+    SS_ASSIGN_OR_RETURN(LeaderCommit first,
+                        MakeIndex(*run.plan, FilesByRank(std::move(reports)), run.json, kTag,
+                                  dirs, job.world, {table, &layouts, match}));
     SS_RETURN_IF_ERROR(WriteCheckpointFiles(*run.plan, first.written, written, dir));
     first = LeaderCommit();
     malloc_trim(0);
@@ -371,9 +371,9 @@ Status MeasureLeader(const SimulatedJob& job, int iters, Row* row, SimulatedRank
       const auto start = Clock::now();
       SS_ASSIGN_OR_RETURN(reports, ReadReports(compact, *run.plan, &layouts, &match));
       if (!DigestsAddUp(reports)) return InternalError("the simulated digests do not add up");
-      SS_ASSIGN_OR_RETURN(LeaderCommit again, MakeIndex(*run.plan, std::move(reports), run.json,
-                                                        kTag, dirs, job.world,
-                                                        {table, &layouts, match}));
+      SS_ASSIGN_OR_RETURN(LeaderCommit again,
+                          MakeIndex(*run.plan, FilesByRank(std::move(reports)), run.json, kTag,
+                                    dirs, job.world, {table, &layouts, match}));
       KeepBest(row->repeat_commit_s, Since(start));
     }
   }

@@ -1,31 +1,18 @@
 #include "format/checksum_file.h"
 
 #include <algorithm>
-#include <bit>
-#include <cstring>
 
 #include "base/crc32c.h"
+#include "format/little_endian.h"
 
 namespace shardsafe {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the file is read in place");
+using le::Get;
+using le::Put;
 
 bool Before(const ChunkChecksum& a, const ChunkChecksum& b) {
   return a.file != b.file ? a.file < b.file : a.at < b.at;
-}
-
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-template <typename T>
-T Get(const char*& p) {
-  T v;
-  std::memcpy(&v, p, sizeof(v));
-  p += sizeof(v);
-  return v;
 }
 
 }  // namespace
@@ -55,11 +42,11 @@ Result<std::vector<ChunkChecksum>> DecodeChecksumFile(std::string_view bytes,
   }
   const char* p = bytes.data() + kChecksumFileMagic.size();
   const uint64_t count = Get<uint64_t>(p);
-  if (count > (bytes.size() - ChecksumFileBytes(0)) / 16 ||
-      bytes.size() != ChecksumFileBytes(count)) {
-    return loss("is " + std::to_string(bytes.size()) + " bytes, its count of " +
-                std::to_string(count) + " entries needs " +
-                std::to_string(ChecksumFileBytes(std::min<uint64_t>(count, UINT64_MAX / 32))));
+  // The entries the bytes hold, compared with the count (no overflow).
+  if ((bytes.size() - ChecksumFileBytes(0)) % 16 != 0 ||
+      (bytes.size() - ChecksumFileBytes(0)) / 16 != count) {
+    return loss("is " + std::to_string(bytes.size()) + " bytes, not what a count of " +
+                std::to_string(count) + " entries needs");
   }
   const size_t body = bytes.size() - sizeof(uint32_t);
   const char* tail = bytes.data() + body;

@@ -1,33 +1,18 @@
 #include "format/chunk_table.h"
 
-#include <bit>
-#include <cstring>
-
 #include "base/crc32c.h"
 #include "format/index_objects.h"
+#include "format/little_endian.h"
 
 namespace shardsafe {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the table is read in place");
-
 using internal::Loss;
 using internal::Where;
+using le::Get;
+using le::Put;
 
 constexpr uint32_t kHasFlat = 1;
-
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-template <typename T>
-T Get(const char*& p) {
-  T v;
-  std::memcpy(&v, p, sizeof(v));
-  p += sizeof(v);
-  return v;
-}
 
 void PutRecord(const IndexChunk& c, std::string& out) {
   Put<uint64_t>(out, c.at);

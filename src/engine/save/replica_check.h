@@ -61,7 +61,8 @@ uint64_t ReplicaDigest(const SavePlan& plan, int rank, const HeldChecksums& held
                        const std::vector<WrittenFile>& written);
 
 // Rank 0: compares every reported copy (by rank) with the chunk its writer
-// wrote. InvalidArgument naming the tensor, the slice and both ranks.
+// wrote (nothing to do when no rank sent copies). InvalidArgument naming
+// the tensor, the slice and both ranks.
 Status CheckReplicas(const SavePlan& plan, const std::vector<std::vector<WrittenFile>>& written,
                      const std::vector<std::vector<CopyChecksum>>& copies);
 

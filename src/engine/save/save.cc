@@ -259,16 +259,15 @@ bool DigestsAddUp(const std::vector<RankReport>& reports) {
   return sum == 0;
 }
 
-Result<LeaderCommit> MakeIndex(const SavePlan& plan, std::vector<RankReport> reports,
+Result<LeaderCommit> MakeIndex(const SavePlan& plan,
+                               const std::vector<std::vector<WrittenFile>>& written,
                                const UserJson& json, const std::string& tag,
                                const SaveDirs& dirs, int world_size, const LeaderIndex& how) {
-  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
-  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
   FileLayouts* layouts = how.layouts_match ? how.layouts : nullptr;
   std::shared_ptr<const EncodedChunkTable> table =
       how.chunk_table && layouts ? layouts->table() : nullptr;
   LeaderCommit out;
-  SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, by_rank, json, tag, world_size,
+  SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, written, json, tag, world_size,
                                             dirs.file_suffix, {how.chunk_table, !table}));
   std::optional<std::string> table_name;
   if (how.chunk_table) table_name = ChunkTableObjectName(dirs.file_suffix);
@@ -277,24 +276,23 @@ Result<LeaderCommit> MakeIndex(const SavePlan& plan, std::vector<RankReport> rep
   return out;
 }
 
+std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports) {
+  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
+  return by_rank;
+}
+
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
                                    std::vector<RankReport> reports, const UserJson& json,
                                    const std::string& root, const std::string& tag,
                                    const SaveDirs& dirs, int world_size,
                                    const CommitOptions& commit, const LeaderIndex& how) {
-  const bool copies_sent = std::any_of(reports.begin(), reports.end(),
-                                       [](const RankReport& r) { return !r.copies.empty(); });
-  if (copies_sent) {  // the second round, or an async save
-    std::vector<std::vector<WrittenFile>> written(reports.size());
-    std::vector<std::vector<CopyChecksum>> copies(reports.size());
-    for (size_t r = 0; r < reports.size(); ++r) {
-      written[r] = reports[r].files;  // for the chunks' checksums; MakeIndex takes the rest
-      copies[r] = std::move(reports[r].copies);
-    }
-    SS_RETURN_IF_ERROR(CheckReplicas(plan, written, copies));
-  }
+  std::vector<std::vector<CopyChecksum>> copies(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) copies[r] = std::move(reports[r].copies);
+  const std::vector<std::vector<WrittenFile>> written = FilesByRank(std::move(reports));
+  SS_RETURN_IF_ERROR(CheckReplicas(plan, written, copies));
   SS_ASSIGN_OR_RETURN(LeaderCommit made,
-                      MakeIndex(plan, std::move(reports), json, tag, dirs, world_size, how));
+                      MakeIndex(plan, written, json, tag, dirs, world_size, how));
   std::vector<std::string> warnings;
   SS_RETURN_IF_ERROR(CommitSave(fs, dirs, root, made.index, made.written, commit, &warnings));
   std::string joined;
@@ -445,7 +443,6 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     own_copies.copies = std::move(checksums->copies);
     NumberAsWhole(plan, &own);
     NumberAsWhole(plan, &own_copies);
-    if (prepared.chunk_table) own_copies.files = own.files;
   }
   const ReportForm form{prepared.compact_reports, !prepared.chunk_table};
   auto msgs = GatherToRootOrFail(comm, 0, mine, mine.ok() ? EncodeReport(own, form) : std::string());
@@ -455,6 +452,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   if (leader) answer = leader_answer.ToReports(msgs);
   auto outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
+    if (prepared.chunk_table) own_copies.files = own.files;  // with their chunks' checksums
     auto more = GatherToRootOrFail(comm, 0, Status(),
                                    EncodeReport(own_copies, ReportForm{.compact = true}));
     if (leader) answer = leader_answer.ToCopies(more);

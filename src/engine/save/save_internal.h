@@ -80,9 +80,13 @@ struct LeaderCommit {
   CheckpointIndex index;
   CommitIndex written;
 };
-Result<LeaderCommit> MakeIndex(const SavePlan& plan, std::vector<RankReport> reports,
+// `written`: what each rank wrote (by rank, FilesByRank).
+Result<LeaderCommit> MakeIndex(const SavePlan& plan,
+                               const std::vector<std::vector<WrittenFile>>& written,
                                const UserJson& json, const std::string& tag,
                                const SaveDirs& dirs, int world_size, const LeaderIndex& how);
+// The files of each report, by rank.
+std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports);
 
 // Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
 // makes the index (MakeIndex) and commits. Returns the post-commit

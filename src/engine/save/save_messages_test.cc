@@ -1,8 +1,10 @@
 // Step-3 reports, in full and compact: rank 0 fills a compact report from
 // the layouts a full one left (FileLayouts); a report that does not match
 // is an error, after which the next save reports in full. Copies and the
-// replica digest travel as they are in both.
+// replica digest travel as they are in both. A version-3 index reuses the
+// chunk table made from the kept layouts.
 #include "engine/save/save_messages.h"
+#include "engine/save/save_internal.h"
 
 #include <gtest/gtest.h>
 
@@ -141,6 +143,44 @@ TEST(SaveMessagesTest, AReportWithoutChunkChecksumsGetsThemFromTheSecondRound) {
       EXPECT_EQ(AddChunkChecksums(other, &got->files).code(), StatusCode::kInternal);
     }
   }
+}
+
+// A version-3 index: rank 0 makes the chunk table once from the layouts it
+// kept and reuses it while the reports are filled from those layouts; from
+// reports it did not keep (full ones, with layouts kept already) it makes a
+// table anew, the same bytes.
+TEST(SaveMessagesTest, AVersion3IndexReusesTheTableMadeFromTheKeptLayouts) {
+  const SavePlan plan = SomePlan();
+  std::vector<RankReport> sent = Reports(plan, 4);
+  for (RankReport& r : sent) r.copies.clear();
+  const auto encode = [&](ReportForm form) {
+    std::vector<std::string> msgs;
+    for (const RankReport& r : sent) msgs.push_back(EncodeReport(r, form));
+    return msgs;
+  };
+  FileLayouts layouts;
+  const SaveDirs dirs{"d", "d", ""};
+  const auto make = [&](ReportForm form, bool expect_match) {
+    bool match = !expect_match;
+    auto reports = ReadReports(encode(form), plan, &layouts, &match);
+    EXPECT_TRUE(reports.ok()) << reports.status().ToString();
+    EXPECT_EQ(match, expect_match);
+    auto made = MakeIndex(plan, FilesByRank(std::move(*reports)), UserJson(), "t", dirs, 4,
+                          {true, &layouts, match});
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    return made.ok() ? std::move(*made) : LeaderCommit();
+  };
+  const LeaderCommit first = make({.compact = false, .chunk_checksums = false}, true);
+  ASSERT_NE(first.written.table, nullptr);
+  EXPECT_FALSE(first.index.checksum_files.empty());
+  EXPECT_EQ(layouts.table(), first.written.table) << "kept with the layouts";
+  const LeaderCommit again = make({.compact = true, .chunk_checksums = false}, true);
+  EXPECT_EQ(again.written.table, first.written.table) << "reused, not made again";
+  EXPECT_EQ(again.index.checksum_files, first.index.checksum_files);
+  const LeaderCommit anew = make({.compact = false, .chunk_checksums = false}, false);
+  ASSERT_NE(anew.written.table, nullptr);
+  EXPECT_NE(anew.written.table, first.written.table);
+  EXPECT_EQ(anew.written.table->bytes, first.written.table->bytes);
 }
 
 TEST(SaveMessagesTest, TheStartOfASaveRoundTrips) {
