@@ -53,6 +53,13 @@ class Comm {
   // (correct, but each receives all); the backends here send each its own.
   virtual Result<std::string> Scatter(const std::vector<std::string>& parts, int root);
 
+  // Every rank sends parts[r] to rank r (`parts` has one entry per rank,
+  // else InvalidArgument on every rank) and receives, indexed by rank, what
+  // each rank sent it. The default all-gathers every rank's parts (correct,
+  // but every rank receives everything); the backends here send each part
+  // to its rank only, so that a rank's traffic is its own parts.
+  virtual Result<std::vector<std::string>> AllToAll(const std::vector<std::string>& parts);
+
   // The elementwise maximum of `values` over all ranks; every rank passes
   // the same number of values (else InvalidArgument). The default
   // all-gathers; the backends here reduce, so that a rank sends and

@@ -116,6 +116,31 @@ class TorchComm:
         dist.scatter(out, chunks, src=src, group=self.group)
         return out[:n].cpu().numpy().tobytes()
 
+    @_collective("all_to_all")
+    def all_to_all(self, parts: list[bytes]) -> list[bytes]:
+        """parts[r] to rank r, one per rank; returns what each rank sent
+        this one, by rank (all_to_all_single: the sizes first, then the
+        bytes, each rank sending and receiving only its own)."""
+        bad = len(parts) != self.size
+        sizes = [-1] * self.size if bad else [len(p) for p in parts]
+        send = torch.tensor(sizes, dtype=torch.int64, device=self.device)
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send, group=self.group)
+        lengths = [int(n) for n in got.cpu().tolist()]
+        if bad or min(lengths) < 0:
+            raise ShardsafeError(f"all_to_all: a rank did not pass one part per rank of "
+                                 f"{self.size}")
+        out = torch.empty(sum(lengths), dtype=torch.uint8, device=self.device)
+        data = b"".join(parts)
+        dist.all_to_all_single(out, self._tensor(data, len(data))[: len(data)],
+                               output_split_sizes=lengths, input_split_sizes=sizes,
+                               group=self.group)
+        flat = out.cpu().numpy().tobytes()
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        return [flat[a:b] for a, b in zip(offsets, offsets[1:])]
+
     @_collective("all_reduce_max")
     def all_reduce_max(self, values: list[int]) -> list[int]:
         """The elementwise maximum over all ranks of unsigned 64-bit

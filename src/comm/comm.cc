@@ -37,6 +37,27 @@ Result<std::string> Comm::Scatter(const std::vector<std::string>& parts, int roo
   return mine;
 }
 
+Result<std::vector<std::string>> Comm::AllToAll(const std::vector<std::string>& parts) {
+  wire::Writer w;
+  w.Status(CheckAllToAllParts(parts, size()));
+  if (static_cast<int>(parts.size()) == size()) {
+    for (const std::string& p : parts) w.Str(p);
+  }
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(w.Take()));
+  std::vector<std::string> mine;
+  for (const std::string& from : all) {
+    wire::Reader r(from);
+    Status sent;
+    SS_RETURN_IF_ERROR(r.Status(&sent));
+    SS_RETURN_IF_ERROR(sent);
+    for (int i = 0; i <= rank(); ++i) {
+      SS_ASSIGN_OR_RETURN(std::string part, r.Str());
+      if (i == rank()) mine.push_back(std::move(part));
+    }
+  }
+  return mine;
+}
+
 Result<std::vector<uint64_t>> Comm::AllReduceMax(std::span<const uint64_t> values) {
   SS_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(PackValues(values)));
   return MaxOfGathered(all);
@@ -52,6 +73,12 @@ Status CheckScatterParts(const std::vector<std::string>& parts, int size) {
   if (static_cast<int>(parts.size()) == size) return Status();
   return InvalidArgumentError("Scatter: " + std::to_string(parts.size()) + " parts for a group of " +
                               std::to_string(size));
+}
+
+Status CheckAllToAllParts(const std::vector<std::string>& parts, int size) {
+  if (static_cast<int>(parts.size()) == size) return Status();
+  return InvalidArgumentError("AllToAll: " + std::to_string(parts.size()) +
+                              " parts for a group of " + std::to_string(size));
 }
 
 Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gathered) {

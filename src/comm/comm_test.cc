@@ -61,6 +61,27 @@ int CheckScatter(Comm& comm, int root, int round) {
   return !got.ok() || *got != Payload(comm.rank(), round);
 }
 
+// What rank `from` sends rank `to` in an AllToAll of round k.
+std::string PairPayload(int from, int to, int round) {
+  return Payload(from, round + to) + std::to_string(to) + ":" + std::string(to % 3, 'x');
+}
+
+int CheckAllToAll(Comm& comm, int round) {
+  std::vector<std::string> parts;
+  for (int r = 0; r < comm.size(); ++r) parts.push_back(PairPayload(comm.rank(), r, round));
+  auto got = comm.AllToAll(parts);
+  if (!got.ok() || static_cast<int>(got->size()) != comm.size()) return 1;
+  int bad = 0;
+  for (int r = 0; r < comm.size(); ++r) bad += (*got)[r] != PairPayload(r, comm.rank(), round);
+  return bad;
+}
+
+// Every rank fails when one rank passes the wrong number of parts.
+int CheckAllToAllOfBadParts(Comm& comm) {
+  std::vector<std::string> parts(comm.size() + (comm.rank() == comm.size() - 1 ? 1 : 0));
+  return comm.AllToAll(parts).status().code() != StatusCode::kInvalidArgument;
+}
+
 // Values that differ by rank, the largest of each from a different rank,
 // with the top bit set on some (unsigned comparison).
 std::vector<uint64_t> Values(int rank, int n) {
@@ -84,7 +105,7 @@ int CheckAllReduceMax(Comm& comm, int n) {
 }
 
 // A backend that provides only the required collectives, so that Comm's
-// default Gather and AllReduceMax (over AllGather) run.
+// defaults (Gather, Scatter, AllReduceMax, AllToAll) run.
 class MinimalComm : public Comm {
  public:
   explicit MinimalComm(Comm& inner) : inner_(inner) {}
@@ -120,7 +141,9 @@ TEST(SingleProcessCommTest, CollectivesAreTheIdentity) {
   EXPECT_EQ(*b, "y");
   EXPECT_TRUE(comm->Barrier().ok());
   EXPECT_EQ(comm->Broadcast("y", 1).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckGather(*comm, 0, 1) + CheckAllReduceMax(*comm, 3) + CheckScatter(*comm, 0, 2), 0);
+  EXPECT_EQ(CheckGather(*comm, 0, 1) + CheckAllReduceMax(*comm, 3) + CheckScatter(*comm, 0, 2) +
+                CheckAllToAll(*comm, 5) + CheckAllToAllOfBadParts(*comm),
+            0);
   EXPECT_EQ(comm->Gather("z", 1).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -193,6 +216,17 @@ TEST_P(ThreadCommTest, ScatterFromEveryRoot) {
             0);
 }
 
+TEST_P(ThreadCommTest, AllToAllOfDifferentSizesIncludingEmpty) {
+  EXPECT_EQ(RunRanks(GetParam(),
+                     [](Comm& c) {
+                       int bad = 0;
+                       for (int round = 0; round < 5; ++round) bad += CheckAllToAll(c, round);
+                       bad += CheckAllToAllOfBadParts(c);
+                       return bad + CheckAllToAll(c, 9);  // still usable afterwards
+                     }),
+            0);
+}
+
 TEST_P(ThreadCommTest, AllReduceMaxOfNoneOneAndManyValues) {
   EXPECT_EQ(RunRanks(GetParam(),
                      [](Comm& c) {
@@ -202,7 +236,7 @@ TEST_P(ThreadCommTest, AllReduceMaxOfNoneOneAndManyValues) {
             0);
 }
 
-TEST_P(ThreadCommTest, TheDefaultGatherAndAllReduceMaxGiveTheSame) {
+TEST_P(ThreadCommTest, TheDefaultGatherScatterAllReduceMaxAndAllToAllGiveTheSame) {
   EXPECT_EQ(RunRanks(GetParam(),
                      [](Comm& c) {
                        MinimalComm minimal(c);
@@ -210,7 +244,8 @@ TEST_P(ThreadCommTest, TheDefaultGatherAndAllReduceMaxGiveTheSame) {
                        return CheckGather(minimal, c.size() - 1, 2) +
                               CheckAllReduceMax(minimal, 7) + CheckScatter(minimal, 0, 6) +
                               (minimal.Scatter(one_short, 0).status().code() !=
-                               StatusCode::kInvalidArgument);
+                               StatusCode::kInvalidArgument) +
+                              CheckAllToAll(minimal, 3) + CheckAllToAllOfBadParts(minimal);
                      }),
             0);
 }

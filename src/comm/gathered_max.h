@@ -1,6 +1,6 @@
 // What the Comm backends share: the elementwise maximum of gathered
 // AllReduceMax contributions (each rank's uint64 values as raw bytes), and
-// the check of a Scatter's parts.
+// the checks of a Scatter's and an AllToAll's parts.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +20,8 @@ Result<std::vector<uint64_t>> MaxOfGathered(const std::vector<std::string>& gath
 
 // InvalidArgument unless a Scatter's root passed one part per rank.
 Status CheckScatterParts(const std::vector<std::string>& parts, int size);
+
+// InvalidArgument unless a rank passed AllToAll one part per rank.
+Status CheckAllToAllParts(const std::vector<std::string>& parts, int size);
 
 }  // namespace shardsafe

@@ -26,7 +26,7 @@
 namespace shardsafe {
 namespace {
 
-enum class Op { kAllGather, kBroadcast, kBarrier, kGather, kAllReduceMax, kScatter };
+enum class Op { kAllGather, kBroadcast, kBarrier, kGather, kAllReduceMax, kScatter, kAllToAll };
 
 const char* OpName(Op op) {
   switch (op) {
@@ -36,6 +36,7 @@ const char* OpName(Op op) {
     case Op::kGather: return "Gather";
     case Op::kAllReduceMax: return "AllReduceMax";
     case Op::kScatter: return "Scatter";
+    case Op::kAllToAll: return "AllToAll";
   }
   return "?";
 }
@@ -46,7 +47,7 @@ struct Contribution {
   Op op = Op::kBarrier;
   int root = 0;
   std::string bytes;
-  std::vector<std::string> parts;  // Scatter, on the root
+  std::vector<std::string> parts;  // Scatter, on the root; AllToAll
 };
 
 // What every rank of a round receives.
@@ -54,6 +55,7 @@ struct Outcome {
   Status status;
   std::vector<std::string> values;  // by rank (AllGather, Gather, Scatter); [0] for Broadcast
   std::vector<uint64_t> max;        // AllReduceMax
+  std::vector<std::vector<std::string>> sent;  // AllToAll: by sender, then receiver
 };
 
 class Rendezvous {
@@ -91,6 +93,11 @@ class Rendezvous {
       } else if (first.op == Op::kScatter) {
         out->values = std::move(slots_[first.root].parts);
         out->status = CheckScatterParts(out->values, size());
+      } else if (first.op == Op::kAllToAll) {
+        for (int r = 0; r < size() && out->status.ok(); ++r) {
+          out->status = CheckAllToAllParts(slots_[r].parts, size());
+        }
+        for (Contribution& c : slots_) out->sent.push_back(std::move(c.parts));
       } else if (first.op == Op::kAllReduceMax) {
         std::vector<std::string> gathered;
         for (Contribution& c : slots_) gathered.push_back(std::move(c.bytes));
@@ -171,6 +178,14 @@ class ThreadComm final : public Comm {
     auto out = rendezvous_->Exchange(rank_, std::move(mine));
     if (!out->status.ok()) return out->status;
     return out->values[rank_];
+  }
+
+  Result<std::vector<std::string>> AllToAll(const std::vector<std::string>& parts) override {
+    auto out = rendezvous_->Exchange(rank_, {Op::kAllToAll, 0, {}, parts});
+    if (!out->status.ok()) return out->status;
+    std::vector<std::string> mine;
+    for (const std::vector<std::string>& from : out->sent) mine.push_back(from[rank_]);
+    return mine;
   }
 
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override {

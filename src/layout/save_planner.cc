@@ -173,7 +173,7 @@ class Planner {
 
   // Step 3.
   Status EmitTensors() {
-    split_bytes_ = SplitBytes();
+    split_bytes_ = SplitBytes(UniqueBytes(), holdings_.size(), options_);
     std::vector<uint32_t> order(tensors_.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
@@ -186,20 +186,14 @@ class Planner {
 
   const Slice& UniqueSlice(uint32_t u) const { return ShardOf(held_[uniques_[u].begin]).slice; }
 
-  // A sixteenth of the ideal share of unique tensor bytes per rank, and at
-  // least options_.min_split_bytes: pieces that small let LPT balance
-  // writers within 1.1x of the ideal (an eighth, or a 4 MiB floor, left
-  // 1.11x at 65,536 ranks of TP x PP x DP, where a rank's share of the
-  // replicated weights is 2.4 MB).
-  uint64_t SplitBytes() const {
+  uint64_t UniqueBytes() const {
     uint64_t total = 0;
     for (uint32_t u = 0; u < uniques_.size(); ++u) {
       const DType dtype = tensors_[held_[uniques_[u].begin].tensor].dtype;
       const Result<uint64_t> bytes = NumBytes(dtype, UniqueSlice(u).NumElements());
       if (bytes.ok()) total += *bytes;  // an overflow fails when the chunk is emitted
     }
-    return std::max<uint64_t>(total / std::max<size_t>(holdings_.size(), 1) / 16,
-                              std::max<uint64_t>(options_.min_split_bytes, 1));
+    return total;
   }
 
   Status EmitTensor(TensorInfo& t) {
@@ -227,19 +221,17 @@ class Planner {
     const uint32_t holders = uniques_[id].end - uniques_[id].begin;
     auto bytes = NumBytes(t.dtype, slice.NumElements());
     if (!bytes.ok()) return bytes.status().WithContext("tensor " + Quoted(t.key));
-    if (holders > 1 && *bytes > split_bytes_) return EmitPieces(t, id, slice, *bytes);
+    if (PieceCount(*bytes, holders, split_bytes_) > 1) return EmitPieces(t, id, slice, *bytes);
     AddChunk(id, std::move(slice), *bytes, 0);
     return Status();
   }
 
   // Cuts replicated chunk `id` into up to one flat piece per holder, of
-  // about split_bytes_ each and a multiple of 8 elements (whole bytes of
-  // every dtype).
+  // about split_bytes_ each.
   Status EmitPieces(const TensorInfo& t, uint32_t id, const Slice& slice, uint64_t bytes) {
     const uint32_t holders = uniques_[id].end - uniques_[id].begin;
     const uint64_t n = slice.NumElements();
-    const uint64_t count = std::min<uint64_t>(holders, (bytes + split_bytes_ - 1) / split_bytes_);
-    const uint64_t per = ((n + count - 1) / count + 7) / 8 * 8;
+    const uint64_t per = PieceElements(n, PieceCount(bytes, holders, split_bytes_));
     const uint64_t base = slice.flat ? slice.flat->begin : 0;
     const auto first = static_cast<uint32_t>(plan_.chunks.size());
     for (uint64_t lo = 0; lo < n; lo += per) {
@@ -383,51 +375,20 @@ class Planner {
       items[plan_.blobs[b].rank].push_back({plan_.blobs[b].bytes, true, b});
     }
     for (int rank = 0; rank < static_cast<int>(items.size()); ++rank) {
-      if (!items[rank].empty()) PackRank(rank, &items[rank]);
+      if (!items[rank].empty()) PackRank(rank, items[rank]);
     }
   }
 
-  // Largest first into the file with the least payload (ties: lowest file
-  // number); a new file when the least-loaded one would pass the cap.
-  void PackRank(int rank, std::vector<Item>* items) {
-    std::stable_sort(items->begin(), items->end(),
-                     [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-    const uint64_t cap = std::max<uint64_t>(options_.max_file_bytes, 1);
-    const size_t first = plan_.files.size();
-    uint64_t small = 0, small_count = 0;
-    for (const Item& it : *items) {
-      if (it.bytes <= cap) small += it.bytes, ++small_count;
+  void PackRank(int rank, const std::vector<Item>& items) {
+    std::vector<uint64_t> bytes;
+    for (const Item& it : items) bytes.push_back(it.bytes);
+    const auto files = PackIntoFiles(bytes, options_.max_file_bytes);
+    for (uint32_t number = 0; number < files.size(); ++number) {
+      PlannedFile& file = plan_.files.emplace_back(PlannedFile{rank, number, {}, {}, 0});
+      for (uint32_t i : files[number]) AddToFile(file, items[i]);
+      std::sort(file.chunks.begin(), file.chunks.end());
+      std::sort(file.blobs.begin(), file.blobs.end());
     }
-    const uint64_t n = small_count ? std::max<uint64_t>(1, (small + cap - 1) / cap) : 0;
-    using Slot = std::pair<uint64_t, uint32_t>;  // payload, file number
-    std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> heap;
-    for (uint32_t f = 0; f < n; ++f) heap.push({0, NewFile(rank)});
-    for (const Item& it : *items) {
-      uint32_t number;
-      if (it.bytes > cap || heap.empty() || heap.top().first + it.bytes > cap) {
-        number = NewFile(rank);
-        if (it.bytes <= cap) heap.push({it.bytes, number});
-      } else {
-        auto [payload, f] = heap.top();
-        heap.pop();
-        heap.push({payload + it.bytes, f});
-        number = f;
-      }
-      AddToFile(plan_.files[first + number], it);
-    }
-    for (size_t f = first; f < plan_.files.size(); ++f) {
-      std::sort(plan_.files[f].chunks.begin(), plan_.files[f].chunks.end());
-      std::sort(plan_.files[f].blobs.begin(), plan_.files[f].blobs.end());
-    }
-  }
-
-  uint32_t NewFile(int rank) {
-    uint32_t number = 0;
-    if (!plan_.files.empty() && plan_.files.back().rank == rank) {
-      number = plan_.files.back().number + 1;
-    }
-    plan_.files.push_back(PlannedFile{rank, number, {}, {}, 0});
-    return number;
   }
 
   static void AddToFile(PlannedFile& file, const Item& it) {
@@ -456,6 +417,57 @@ class Planner {
 
 Result<SavePlan> PlanSave(std::span<const RankHoldings> holdings, const SavePlanOptions& options) {
   return Planner(holdings, options).Run();
+}
+
+// A sixteenth of the ideal share lets LPT balance writers within 1.1x of
+// the ideal (an eighth, or a 4 MiB floor, left 1.11x at 65,536 ranks of
+// TP x PP x DP, where a rank's share of the replicated weights is 2.4 MB).
+uint64_t SplitBytes(uint64_t unique_bytes, size_t ranks, const SavePlanOptions& options) {
+  return std::max<uint64_t>(unique_bytes / std::max<size_t>(ranks, 1) / 16,
+                            std::max<uint64_t>(options.min_split_bytes, 1));
+}
+
+uint64_t PieceCount(uint64_t bytes, uint64_t holders, uint64_t split_bytes) {
+  if (holders < 2 || bytes <= split_bytes) return 1;
+  return std::min<uint64_t>(holders, (bytes + split_bytes - 1) / split_bytes);
+}
+
+uint64_t PieceElements(uint64_t elements, uint64_t count) {
+  return ((elements + count - 1) / count + 7) / 8 * 8;
+}
+
+std::vector<std::vector<uint32_t>> PackIntoFiles(std::span<const uint64_t> item_bytes,
+                                                 uint64_t max_file_bytes) {
+  std::vector<uint32_t> order(item_bytes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return item_bytes[a] > item_bytes[b]; });
+  const uint64_t cap = std::max<uint64_t>(max_file_bytes, 1);
+  uint64_t small = 0, small_count = 0;
+  for (uint64_t b : item_bytes) {
+    if (b <= cap) small += b, ++small_count;
+  }
+  std::vector<std::vector<uint32_t>> files(small_count ? std::max<uint64_t>(1, (small + cap - 1) / cap)
+                                                      : 0);
+  using Slot = std::pair<uint64_t, uint32_t>;  // payload, file number
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> heap;
+  for (uint32_t f = 0; f < files.size(); ++f) heap.push({0, f});
+  for (uint32_t i : order) {
+    const uint64_t bytes = item_bytes[i];
+    uint32_t number;
+    if (bytes > cap || heap.empty() || heap.top().first + bytes > cap) {
+      number = static_cast<uint32_t>(files.size());
+      files.emplace_back();
+      if (bytes <= cap) heap.push({bytes, number});
+    } else {
+      auto [payload, f] = heap.top();
+      heap.pop();
+      heap.push({payload + bytes, f});
+      number = f;
+    }
+    files[number].push_back(i);
+  }
+  return files;
 }
 
 }  // namespace shardsafe

@@ -160,4 +160,28 @@ struct SavePlanOptions {
 Result<SavePlan> PlanSave(std::span<const RankHoldings> holdings,
                           const SavePlanOptions& options);
 
+// The rules PlanSave follows, for a planner that runs them in parts on
+// several ranks (engine/save/distributed_plan.h) and must reach the same
+// plan.
+
+// The split size: a sixteenth of `unique_bytes` / `ranks`, and at least
+// options.min_split_bytes (and 1).
+uint64_t SplitBytes(uint64_t unique_bytes, size_t ranks, const SavePlanOptions& options);
+
+// How many pieces a chunk of `bytes` held by `holders` ranks is cut into:
+// 1 (not cut) unless it is replicated and larger than `split_bytes`.
+uint64_t PieceCount(uint64_t bytes, uint64_t holders, uint64_t split_bytes);
+
+// The elements of each piece but the last when `elements` are cut into
+// `count` pieces: a multiple of 8 (whole bytes of every dtype).
+uint64_t PieceElements(uint64_t elements, uint64_t count);
+
+// Packs one rank's items (chunks, then blobs, in the plan's order) into
+// files: largest first into the file with the least payload (ties: lowest
+// number), a new file when that one would pass the cap, a file of its own
+// for an item larger than the cap. Returns each file's items, in the order
+// they were placed.
+std::vector<std::vector<uint32_t>> PackIntoFiles(std::span<const uint64_t> item_bytes,
+                                                 uint64_t max_file_bytes);
+
 }  // namespace shardsafe

@@ -99,6 +99,24 @@ Result<std::string> PyComm::Scatter(const std::vector<std::string>& parts, int r
   }
 }
 
+Result<std::vector<std::string>> PyComm::AllToAll(const std::vector<std::string>& parts) {
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::list mine;
+    for (const std::string& p : parts) mine.append(nb::bytes(p.data(), p.size()));
+    nb::object got = impl_.attr("all_to_all")(mine);
+    std::vector<std::string> out;
+    for (nb::handle part : got) out.push_back(ToString(part));
+    if (static_cast<int>(out.size()) != size_) {
+      return InternalError("all_to_all returned " + std::to_string(out.size()) +
+                           " parts for a group of " + std::to_string(size_));
+    }
+    return out;
+  } catch (const nb::python_error& e) {
+    return PythonFailure("all_to_all", e);
+  }
+}
+
 Result<std::vector<uint64_t>> PyComm::AllReduceMax(std::span<const uint64_t> values) {
   nb::gil_scoped_acquire gil;
   try {

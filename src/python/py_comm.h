@@ -5,7 +5,8 @@
 // `broadcast(bytes, root) -> bytes`, `barrier()`, `gather(bytes, root) ->
 // list[bytes]` (empty on other ranks than the root) and
 // `all_reduce_max(list[int]) -> list[int]` (unsigned 64-bit values) and
-// `scatter(list[bytes] | None, root) -> bytes`. Each call takes the GIL
+// `scatter(list[bytes] | None, root) -> bytes` and `all_to_all(list[bytes])
+// -> list[bytes]`. Each call takes the GIL
 // for its duration, so engine calls that use a PyComm run with the GIL
 // released. A Python exception becomes Unavailable naming the operation.
 #pragma once
@@ -29,6 +30,7 @@ class PyComm : public Comm {
   Result<std::vector<std::string>> Gather(std::string_view mine, int root) override;
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override;
   Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override;
+  Result<std::vector<std::string>> AllToAll(const std::vector<std::string>& parts) override;
 
  private:
   nanobind::object impl_;

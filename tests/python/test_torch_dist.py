@@ -326,7 +326,12 @@ def _comm_body(rank, world):
     assert comm.all_reduce_max([]) == []
     with pytest.raises(shardsafe.ShardsafeError, match="between 1 and 2 values"):
         comm.all_reduce_max([1, 2] if rank == 0 else [1])
+    parts = [bytes([rank, r]) * ((rank + r) % 3) for r in range(world)]  # some empty
+    assert comm.all_to_all(parts) == [bytes([r, rank]) * ((r + rank) % 3) for r in range(world)]
+    with pytest.raises(shardsafe.ShardsafeError, match="one part per rank"):
+        comm.all_to_all(parts + [b"x"] if rank == 0 else parts)
+    assert comm.all_to_all([b""] * world) == [b""] * world
 
 
-def test_the_gather_scatter_and_max_reduction_over_gloo(tmp_path):
+def test_the_gather_scatter_max_reduction_and_all_to_all_over_gloo(tmp_path):
     run_workers(_comm_body, 3)

@@ -16,6 +16,10 @@
 // Scatter: MPI_Scatter of the sizes from the root, then the bytes with
 // MPI_Scatterv in rounds (the largest size broadcast first).
 //
+// AllToAll: MPI_Alltoall of the sizes (a rank with the wrong number of
+// parts sends all ones, so every rank fails), an MPI_Allreduce of the
+// largest, then the bytes with MPI_Alltoallv in rounds.
+//
 // AllReduceMax: MPI_Allreduce (MPI_MAX) of the count and its complement
 // (equal counts everywhere), then of the values.
 #include <algorithm>
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "shardsafe/mpi_comm.h"
+#include "comm/gathered_max.h"
 
 namespace shardsafe {
 namespace {
@@ -52,6 +57,7 @@ class MpiComm final : public Comm {
   Result<std::vector<std::string>> Gather(std::string_view mine, int root) override;
   Result<std::vector<uint64_t>> AllReduceMax(std::span<const uint64_t> values) override;
   Result<std::string> Scatter(const std::vector<std::string>& parts, int root) override;
+  Result<std::vector<std::string>> AllToAll(const std::vector<std::string>& parts) override;
 
  private:
   // One round of AllGather (root < 0) or Gather: bytes [offset, offset +
@@ -192,6 +198,57 @@ Result<std::string> MpiComm::Scatter(const std::vector<std::string>& parts, int 
                                              out.data() + std::min(offset, my_size),
                                              count(my_size), MPI_BYTE, root, comm_),
                                 "MPI_Scatterv"));
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> MpiComm::AllToAll(const std::vector<std::string>& parts) {
+  constexpr uint64_t kBad = ~uint64_t{0};
+  const bool bad = static_cast<int>(parts.size()) != size_;
+  std::vector<uint64_t> sizes(size_, kBad), got(size_);
+  for (int r = 0; !bad && r < size_; ++r) sizes[r] = parts[r].size();
+  SS_RETURN_IF_ERROR(CheckMpi(
+      MPI_Alltoall(sizes.data(), 1, MPI_UINT64_T, got.data(), 1, MPI_UINT64_T, comm_),
+      "MPI_Alltoall"));
+  uint64_t largest = 0, mine = bad ? kBad : 0;
+  for (int r = 0; r < size_; ++r) {
+    if (got[r] == kBad) {
+      return InvalidArgumentError("AllToAll: rank " + std::to_string(r) +
+                                  " did not pass one part per rank of " + std::to_string(size_));
+    }
+    if (!bad) mine = std::max(mine, sizes[r]);
+  }
+  if (bad) return CheckAllToAllParts(parts, size_);
+  SS_RETURN_IF_ERROR(
+      CheckMpi(MPI_Allreduce(&mine, &largest, 1, MPI_UINT64_T, MPI_MAX, comm_), "MPI_Allreduce"));
+  std::vector<std::string> out(size_);
+  for (int r = 0; r < size_; ++r) out[r].resize(got[r]);
+  const uint64_t piece = std::min<uint64_t>(max_piece_, INT_MAX / size_);
+  for (uint64_t offset = 0; offset < largest; offset += piece) {
+    const auto count = [&](uint64_t n) {
+      return static_cast<int>(n > offset ? std::min(n - offset, piece) : 0);
+    };
+    std::vector<int> send_counts(size_), send_displs(size_), recv_counts(size_), recv_displs(size_);
+    std::string send;
+    int received = 0;
+    for (int r = 0; r < size_; ++r) {
+      send_counts[r] = count(sizes[r]);
+      send_displs[r] = static_cast<int>(send.size());
+      if (send_counts[r] > 0) send.append(parts[r], offset, send_counts[r]);
+      recv_counts[r] = count(got[r]);
+      recv_displs[r] = received;
+      received += recv_counts[r];
+    }
+    std::string buffer(received, '\0');
+    SS_RETURN_IF_ERROR(CheckMpi(
+        MPI_Alltoallv(send.data(), send_counts.data(), send_displs.data(), MPI_BYTE, buffer.data(),
+                      recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_),
+        "MPI_Alltoallv"));
+    for (int r = 0; r < size_; ++r) {
+      if (recv_counts[r] > 0) {
+        std::memcpy(out[r].data() + offset, buffer.data() + recv_displs[r], recv_counts[r]);
+      }
+    }
   }
   return out;
 }

@@ -72,6 +72,18 @@ void TestScatter(Comm& comm, int root, int k, size_t scale) {
         comm.rank());
 }
 
+// Rank `from` sends rank `to` a payload of its own size.
+void TestAllToAll(Comm& comm, int k, size_t scale) {
+  const auto part = [&](int from, int to) { return Payload(from * 31 + to, k, scale); };
+  std::vector<std::string> parts;
+  for (int r = 0; r < comm.size(); ++r) parts.push_back(part(comm.rank(), r));
+  auto got = comm.AllToAll(parts);
+  bool same = got.ok() && static_cast<int>(got->size()) == comm.size();
+  for (int r = 0; same && r < comm.size(); ++r) same = (*got)[r] == part(r, comm.rank());
+  Check(same, "AllToAll case " + std::to_string(k) + " scale " + std::to_string(scale),
+        comm.rank());
+}
+
 // Each value's maximum comes from a different rank; some have the top bit.
 void TestAllReduceMax(Comm& comm, size_t n) {
   const auto values = [n](int rank) {
@@ -125,6 +137,12 @@ void RunAll(MPI_Comm world) {
         "scatter of too many parts", rank);
   Check(comm->Gather("x", size).status().code() == StatusCode::kInvalidArgument,
         "invalid gather root", rank);
+  for (size_t scale : {size_t{0}, size_t{1}, size_t{1000}, size_t{1} << 16}) {
+    for (int k = 0; k < 3; ++k) TestAllToAll(*comm, k, scale);
+  }
+  Check(comm->AllToAll(std::vector<std::string>(rank == 1 ? size + 1 : size)).status().code() ==
+            StatusCode::kInvalidArgument,
+        "AllToAll with one rank passing too many parts", rank);
   for (size_t n : {size_t{0}, size_t{1}, size_t{1000}}) TestAllReduceMax(*comm, n);
   Check(comm->AllReduceMax(std::vector<uint64_t>(rank == 1 ? 2 : 3)).status().code() ==
             StatusCode::kInvalidArgument,
@@ -136,6 +154,7 @@ void RunAll(MPI_Comm world) {
   for (int root = 0; root < size; ++root) TestBroadcast(*pieces, root, 1000);
   for (int root = 0; root < size; ++root) TestGather(*pieces, root, 3, 13);
   for (int root = 0; root < size; ++root) TestScatter(*pieces, root, 3, 13);
+  for (int k = 0; k < 3; ++k) TestAllToAll(*pieces, k, 13);
 
   for (int i = 0; i < 300; ++i) {  // repeated, mixed
     TestAllGather(*comm, i, 3);

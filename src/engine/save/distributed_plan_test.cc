@@ -1,0 +1,225 @@
+// The distributed plan against PlanSave: every rank's part must be the one
+// PartOfPlan cuts from the whole plan, byte for byte as rank 0 would send
+// it (EncodePlanMessage), on random layouts (replicas, pieces, flat ranges,
+// empty tensors, blobs, small file caps), on TP x PP x DP, FSDP and MoE
+// meshes, over simulated ranks in one process and over thread ranks; a
+// layout PlanSave refuses fails on every rank with one error.
+#include "engine/save/distributed_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <thread>
+
+#include "engine/save/plan_home.h"
+#include "engine/save/plan_wire.h"
+#include "layout/layout_testing.h"
+#include "layout/plan_part.h"
+#include "layout/simulated_layouts.h"
+
+namespace shardsafe {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Rng;
+using testing::Uniform;
+
+// What every rank sent in an all-to-all, as each rank receives it.
+std::vector<std::vector<std::string>> Transpose(std::vector<std::vector<std::string>> sent) {
+  std::vector<std::vector<std::string>> got(sent.size(), std::vector<std::string>(sent.size()));
+  for (size_t from = 0; from < sent.size(); ++from) {
+    for (size_t to = 0; to < sent.size(); ++to) got[to][from] = std::move(sent[from][to]);
+  }
+  return got;
+}
+
+// The six rounds for every rank in one process, the messages routed as the
+// collectives route them.
+std::vector<Result<SavePlan>> PlanInProcess(const std::vector<RankHoldings>& holdings,
+                                            const SavePlanOptions& options) {
+  const int n = static_cast<int>(holdings.size());
+  std::vector<std::unique_ptr<RankPlanner>> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.push_back(std::make_unique<RankPlanner>(r, n, holdings[r], options));
+  }
+  std::vector<std::vector<std::string>> sent(n);
+  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->ToHomes();
+  std::vector<std::vector<std::string>> got = Transpose(std::move(sent));
+  sent.assign(n, {});
+  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->PlanHome(got[r]);
+  got = Transpose(std::move(sent));
+  std::vector<std::string> summaries;
+  for (int r = 0; r < n; ++r) summaries.push_back(ranks[r]->Summary(got[r]));
+  const std::vector<std::string> decisions = RankPlanner::Coordinate(summaries, options);
+  sent.assign(n, {});
+  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->Assign(decisions[r]);
+  got = Transpose(std::move(sent));
+  std::vector<std::string> packed;
+  for (int r = 0; r < n; ++r) packed.push_back(ranks[r]->PackPart(got[r]));
+  std::vector<Result<SavePlan>> out;
+  for (int r = 0; r < n; ++r) out.push_back(ranks[r]->Finish(packed));
+  return out;
+}
+
+// Every rank's part equals the one cut from PlanSave's whole plan.
+void ExpectSameParts(const std::vector<RankHoldings>& holdings, const SavePlanOptions& options,
+                     const std::vector<Result<SavePlan>>& parts) {
+  const Result<SavePlan> whole = PlanSave(holdings, options);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  const PlanPartInfo totals = PlanTotals(*whole);
+  ASSERT_EQ(parts.size(), holdings.size());
+  for (int r = 0; r < static_cast<int>(holdings.size()); ++r) {
+    ASSERT_TRUE(parts[r].ok()) << "rank " << r << ": " << parts[r].status().ToString();
+    const std::string expected = EncodePlanMessage(PartOfPlan(*whole, r, totals), Digest{});
+    ASSERT_EQ(EncodePlanMessage(*parts[r], Digest{}), expected) << "rank " << r;
+  }
+}
+
+ShardInfo Shard(std::string key, const Shape& shape, Slice slice, DType dtype = DType::kF32) {
+  return ShardInfo{std::move(key), dtype, shape, std::move(slice)};
+}
+
+// Random tensors tiled at random, each slice held by a random set of ranks;
+// random per-rank and global blobs.
+std::vector<RankHoldings> RandomHoldings(Rng& rng) {
+  const int world = static_cast<int>(Uniform(rng, 1, 9));
+  std::vector<RankHoldings> h(world);
+  const int tensors = static_cast<int>(Uniform(rng, 1, 12));
+  for (int t = 0; t < tensors; ++t) {
+    const DType dtype = testing::RandomDType(rng);
+    const Shape shape = testing::RandomShape(rng, dtype);
+    for (const Slice& s : testing::RandomTiling(rng, shape, dtype)) {
+      std::vector<int> ranks(world);
+      std::iota(ranks.begin(), ranks.end(), 0);
+      std::shuffle(ranks.begin(), ranks.end(), rng);
+      ranks.resize(Uniform(rng, 1, world));
+      for (int r : ranks) h[r].shards.push_back(Shard("t" + std::to_string(t), shape, s, dtype));
+    }
+  }
+  for (RankHoldings& rank : h) {
+    std::shuffle(rank.shards.begin(), rank.shards.end(), rng);
+    if (testing::Chance(rng, 0.5)) rank.blobs.push_back({"rng", Uniform(rng, 0, 50), true});
+    if (testing::Chance(rng, 0.5)) rank.blobs.push_back({"config", 17, false});
+  }
+  return h;
+}
+
+TEST(DistributedPlanTest, RandomLayoutsGiveEveryRankThePartPlanSaveGives) {
+  Rng rng(2026);
+  for (int iter = 0; iter < 1000; ++iter) {
+    const std::vector<RankHoldings> holdings = RandomHoldings(rng);
+    SavePlanOptions options{Uniform(rng, 1, 300)};
+    if (iter % 2) options.min_split_bytes = 1;  // cut every replica that can be cut
+    ExpectSameParts(holdings, options, PlanInProcess(holdings, options));
+    if (HasFailure()) FAIL() << "iteration " << iter;
+  }
+}
+
+TEST(DistributedPlanTest, MeshLayoutsGiveEveryRankThePartPlanSaveGives) {
+  simulated::TransformerLayout dense;  // TP 8 x PP 4 x DP 4, ZeRO-1
+  dense.dp = 4;
+  dense.layers = 8;
+  simulated::TransformerLayout fsdp = dense;
+  fsdp.fsdp = true;
+  fsdp.pp = 1;
+  simulated::MoeLayout moe;
+  moe.ep = 2;
+  moe.dp = 2;
+  moe.layers = 4;
+  std::vector<RankHoldings> moe_holdings;
+  for (int r = 0; r < moe.world(); ++r) moe_holdings.push_back(simulated::RankShards(moe, r));
+  for (const auto& holdings :
+       {simulated::MakeHoldings(dense), simulated::MakeHoldings(fsdp), moe_holdings}) {
+    SavePlanOptions options;
+    options.max_file_bytes = uint64_t{1} << 30;
+    ExpectSameParts(holdings, options, PlanInProcess(holdings, options));
+  }
+}
+
+TEST(DistributedPlanTest, ThreadRanksPlanOverTheirComm) {
+  Rng rng(7);
+  for (int iter = 0; iter < 20; ++iter) {
+    std::vector<RankHoldings> holdings = RandomHoldings(rng);
+    const SavePlanOptions options{Uniform(rng, 1, 300), 1};
+    const int n = static_cast<int>(holdings.size());
+    auto comms = MakeThreadComms(n);
+    std::vector<Result<SavePlan>> parts(n, Result<SavePlan>(InternalError("not run")));
+    std::vector<PlanTraffic> traffic(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        parts[r] = PlanOverComm(*comms[r], holdings[r], options, &traffic[r]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ExpectSameParts(holdings, options, parts);
+    uint64_t sent = 0, received = 0;
+    for (const PlanTraffic& t : traffic) sent += t.sent, received += t.received;
+    EXPECT_EQ(sent, received) << "every byte sent is received once";
+    if (HasFailure()) FAIL() << "iteration " << iter;
+  }
+}
+
+// Every rank returns the same error, the one naming the key.
+void ExpectErrorEverywhere(const std::vector<RankHoldings>& holdings, const std::string& what) {
+  ASSERT_FALSE(PlanSave(holdings, {}).ok());
+  const std::vector<Result<SavePlan>> parts = PlanInProcess(holdings, {});
+  ASSERT_FALSE(parts[0].ok());
+  EXPECT_EQ(parts[0].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(parts[0].status().message(), HasSubstr(what));
+  for (const Result<SavePlan>& p : parts) {
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().ToString(), parts[0].status().ToString());
+  }
+}
+
+TEST(DistributedPlanTest, ALayoutPlanSaveRefusesFailsOnEveryRank) {
+  const Shape shape{4, 2};
+  const auto rows = [](uint64_t a, uint64_t b) { return Slice{Box{{a, 0}, {b - a, 2}}, {}}; };
+  std::vector<RankHoldings> gap(3);
+  gap[1].shards = {Shard("w", shape, rows(0, 2))};
+  gap[2].shards = {Shard("w", shape, rows(3, 4))};
+  ExpectErrorEverywhere(gap, "\"w\"");
+
+  std::vector<RankHoldings> dtype(3);
+  dtype[0].shards = {Shard("w", shape, rows(0, 2))};
+  dtype[2].shards = {Shard("w", shape, rows(2, 4), DType::kBF16)};
+  ExpectErrorEverywhere(dtype, "rank 2 has BF16 [4, 2] but rank 0 has F32 [4, 2]");
+
+  std::vector<RankHoldings> twice(2);
+  twice[1].shards = {Shard("w", shape, rows(0, 4)), Shard("w", shape, rows(0, 4))};
+  ExpectErrorEverywhere(twice, "rank 1 holds slice");
+
+  std::vector<RankHoldings> mixed(2);
+  mixed[1].shards = {Shard("w", shape, rows(0, 2)), Shard("w", {4, 3}, rows(2, 4))};
+  ExpectErrorEverywhere(mixed, "\"w\"");
+
+  std::vector<RankHoldings> blob(3);
+  blob[0].blobs = {{"config", 3, false}};
+  blob[2].blobs = {{"config", 4, false}};
+  ExpectErrorEverywhere(blob, "blob \"config\"");
+}
+
+TEST(DistributedPlanTest, HomesSpreadKeysAndHolderListsTakeAFewBytes) {
+  std::vector<int> keys_at(64, 0);
+  for (int k = 0; k < 64 * 8; ++k) ++keys_at[HomeOf("layers." + std::to_string(k) + ".w", 64)];
+  EXPECT_LE(*std::max_element(keys_at.begin(), keys_at.end()), 24);
+  EXPECT_EQ(HomeOf("any", 1), 0);
+
+  std::vector<int> dp_group;  // one TP x PP position's DP replicas at 65,536 ranks
+  for (int dp = 0; dp < 2048; ++dp) dp_group.push_back(5 + 32 * dp);
+  wire::Writer w;
+  PutRanks(w, dp_group);
+  const std::string bytes = w.Take();
+  EXPECT_LE(bytes.size(), 8u);
+  wire::Reader r(bytes);
+  const Result<std::vector<int>> back = GetRanks(r, 65536);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, dp_group);
+  wire::Reader outside(bytes);
+  EXPECT_FALSE(GetRanks(outside, 32 * 2047).ok()) << "a rank past the world";
+}
+
+}  // namespace
+}  // namespace shardsafe
