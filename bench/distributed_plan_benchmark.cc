@@ -4,45 +4,34 @@
 //
 //   distributed_plan_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json]
 //
-// Every rank of the job is simulated in this process, one after another
-// through each of the six rounds, running the same RankPlanner methods a
-// rank runs (PlanOverComm calls them around its collectives); the messages
-// are routed between them as the collectives would route them, nothing
-// waits and no network is modelled. Per rank:
-//   time       the sum of its rounds' calls (rank 0's includes Coordinate);
-//   coord      the bytes it sends plus receives (an all-to-all's parts,
-//              the gather and scatter rooted at 0, the all-gather's
-//              messages: its own once, every other's once);
-//   memory     the peak resident size while the two ranks that do the most
-//              plan, less before: rank 0's Coordinate (with the summaries it
-//              holds) and the busiest home's PlanHome, run again alone
-//              from the messages it received (with them).
-// Plus the busiest writer's share of the ideal (simulated::IdealMaxRankBytes
-// computed from every rank's part). Rows whose simulation would not fit in
-// this machine's memory (every rank's state is held at once) are not run.
+// Every rank of the job is simulated in this process (plan_simulation.h),
+// one after another through each of the six rounds, running the same
+// RankPlanner methods a rank runs (PlanOverComm calls them around its
+// collectives); the messages are routed as the collectives route them,
+// nothing waits and no network is modelled. Per rank:
+//   time       the sum of its calls (rank 0's includes Coordinate);
+//   coord      the bytes it sends plus receives (PlanTraffic's count);
+//   memory     the peak resident size, less before, of the two ranks that
+//              hold the most: rank 0 in Coordinate (plus the summaries it
+//              received and the decisions it sends) and the busiest home in
+//              PlanHome, run again alone from copies of its messages (plus
+//              them and what it sends).
+// Plus the busiest writer's share of the ideal (simulated::IdealMaxRankBytes,
+// from every rank's part). Every rank's state is held at once: FSDP at
+// 16,384 ranks takes about 10 GB; 65,536 ranks do not fit this machine.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "engine/save/distributed_plan.h"
+#include "engine/save/plan_simulation.h"
 #include "planner_jobs.h"
 #include "proc_memory.h"
 
 namespace shardsafe::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-struct RankCost {
-  double s = 0;
-  uint64_t sent = 0, received = 0;
-  uint64_t coord() const { return sent + received; }
-};
 
 struct DistRow {
   std::string layout;
@@ -58,47 +47,8 @@ struct DistRow {
   std::string note;
 };
 
-// The non-empty messages to one rank, back to back, and each one's sender
-// and end (millions of small messages held as strings of their own would
-// not fit).
-struct Mailbox {
-  std::string bytes;
-  std::vector<std::pair<int, uint64_t>> ends;
-};
-
-std::vector<std::string> Expand(Mailbox& box, int world, uint64_t* received) {
-  std::vector<std::string> out(world);
-  uint64_t at = 0;
-  for (const auto& [from, end] : box.ends) {
-    out[from] = box.bytes.substr(at, end - at);
-    at = end;
-  }
-  *received += box.bytes.size();
-  Mailbox().bytes.swap(box.bytes);
-  std::vector<std::pair<int, uint64_t>>().swap(box.ends);
-  return out;
-}
-
-void Post(const std::vector<std::string>& msgs, int from, std::vector<Mailbox>& boxes,
-          uint64_t* sent) {
-  for (size_t to = 0; to < msgs.size(); ++to) {
-    if (msgs[to].empty()) continue;
-    *sent += msgs[to].size();
-    boxes[to].bytes += msgs[to];
-    boxes[to].ends.emplace_back(from, boxes[to].bytes.size());
-  }
-}
-
-template <typename F>
-auto Timed(RankCost& cost, F&& f) {
-  const auto t0 = Clock::now();
-  auto out = f();
-  cost.s += std::chrono::duration<double>(Clock::now() - t0).count();
-  return out;
-}
-
 // The busiest home's round 2 again, alone, from copies of its messages.
-uint64_t HomePeak(int home, int world, std::vector<std::string> in) {
+uint64_t HomePeak(int home, int world, const std::vector<std::string>& in) {
   uint64_t held = 0;
   for (const std::string& m : in) held += m.size();
   RankHoldings none;
@@ -106,8 +56,7 @@ uint64_t HomePeak(int home, int world, std::vector<std::string> in) {
   const uint64_t before = StatusBytes("VmRSS:");
   {
     RankPlanner planner(home, world, none, SavePlanOptions{});
-    std::vector<std::string> out = planner.PlanHome(in);
-    for (const std::string& m : out) held += m.size();
+    for (const std::string& m : planner.PlanHome(in)) held += m.size();
   }
   return StatusBytes("VmHWM:") - before + held;
 }
@@ -115,90 +64,41 @@ uint64_t HomePeak(int home, int world, std::vector<std::string> in) {
 DistRow Run(const SimulatedJob& job) {
   const int n = job.world;
   DistRow row{job.layout, n};
-  const SavePlanOptions options;
-  std::vector<RankHoldings> holdings(n);
-  std::vector<std::unique_ptr<RankPlanner>> ranks;
-  std::vector<RankCost> cost(n);
-  std::vector<Mailbox> boxes(n);
-  for (int r = 0; r < n; ++r) {
-    holdings[r] = job.rank_shards(r);
-    ranks.push_back(std::make_unique<RankPlanner>(r, n, holdings[r], options));
-    Post(Timed(cost[r], [&] { return ranks[r]->ToHomes(); }), r, boxes, &cost[r].sent);
-    std::vector<ShardInfo>().swap(holdings[r].shards);  // read in round 1 only
-  }
-  // The busiest home: the most bytes received in round 1.
-  uint64_t most = 0;
-  for (int h = 0; h < n; ++h) {
-    if (boxes[h].bytes.size() > most) most = boxes[h].bytes.size(), row.busiest_home = h;
-  }
-  Mailbox copy = boxes[row.busiest_home];
-  uint64_t ignored = 0;
-  std::vector<std::string> busiest_in = Expand(copy, n, &ignored);
-  std::vector<Mailbox> next(n);
-  for (int h = 0; h < n; ++h) {
-    std::vector<std::string> in = Expand(boxes[h], n, &cost[h].received);
-    Post(Timed(cost[h], [&] { return ranks[h]->PlanHome(in); }), h, next, &cost[h].sent);
-  }
-  std::vector<std::string> summaries(n);
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> in = Expand(next[r], n, &cost[r].received);
-    summaries[r] = Timed(cost[r], [&] { return ranks[r]->Summary(in); });
-    cost[r].sent += summaries[r].size();
-    cost[0].received += summaries[r].size();
-  }
-  ResetPeakRss();
-  const uint64_t before = StatusBytes("VmRSS:");
-  std::vector<std::string> decisions =
-      Timed(cost[0], [&] { return RankPlanner::Coordinate(summaries, options); });
-  row.rank0_peak = StatusBytes("VmHWM:") - before;
-  for (int r = 0; r < n; ++r) {
-    row.rank0_peak += summaries[r].size() + decisions[r].size();
-    cost[0].sent += decisions[r].size();
-    cost[r].received += decisions[r].size();
-  }
-  std::vector<std::string>().swap(summaries);
-  for (int r = 0; r < n; ++r) {
-    Post(Timed(cost[r], [&] { return ranks[r]->Assign(decisions[r]); }), r, boxes, &cost[r].sent);
-    std::string().swap(decisions[r]);
-  }
-  std::vector<std::string> packed(n);
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> in = Expand(boxes[r], n, &cost[r].received);
-    packed[r] = Timed(cost[r], [&] { return ranks[r]->PackPart(in); });
-  }
-  uint64_t all_packed = 0;
-  for (const std::string& p : packed) all_packed += p.size();
   std::vector<uint64_t> mandatory(n, 0);
-  uint64_t most_bytes = 0, unique = 0;
-  for (int r = 0; r < n; ++r) {
-    cost[r].sent += packed[r].size();
-    cost[r].received += all_packed - packed[r].size();
-    Result<SavePlan> part = Timed(cost[r], [&] { return ranks[r]->Finish(packed); });
-    ranks[r].reset();
-    if (!part.ok()) {
-      row.note = "rank " + std::to_string(r) + ": " + part.status().ToString();
-      return row;
-    }
-    for (const PlannedChunk& c : part->chunks) {
-      if (c.holders == 1) mandatory[r] += c.bytes;
-    }
-    for (const PlannedBlob& b : part->blobs) mandatory[r] += b.bytes;
-    row.chunks += part->chunks.size();
-    most_bytes = part->part->max_rank_bytes;
-    unique = part->unique_bytes;
-  }
+  uint64_t most_bytes = 0, unique = 0, before = 0;
+  const PlanSimulation sim = SimulatePlan(
+      n, job.rank_shards, SavePlanOptions{},
+      [&](int r, Result<SavePlan> part) {
+        if (!part.ok()) {
+          if (row.note.empty()) row.note = "rank " + std::to_string(r) + ": " + part.status().ToString();
+          return;
+        }
+        for (const PlannedChunk& c : part->chunks) mandatory[r] += c.holders == 1 ? c.bytes : 0;
+        for (const PlannedBlob& b : part->blobs) mandatory[r] += b.bytes;
+        row.chunks += part->chunks.size();
+        most_bytes = part->part->max_rank_bytes;
+        unique = part->unique_bytes;
+      },
+      [&] {
+        ResetPeakRss();
+        before = StatusBytes("VmRSS:");
+      },
+      [&] { row.rank0_peak = StatusBytes("VmHWM:") - before; });
+  if (!row.note.empty()) return row;
   uint64_t ideal = (unique + n - 1) / n;
   for (uint64_t m : mandatory) ideal = std::max(ideal, m);
   row.balance = static_cast<double>(most_bytes) / static_cast<double>(ideal);
-  row.rank0_s = cost[0].s;
-  row.rank0_coord = cost[0].coord();
+  row.rank0_s = sim.ranks[0].seconds;
+  // Rank 0 holds every summary it received and every decision it sends.
+  row.rank0_peak += sim.ranks[0].received + sim.ranks[0].sent;
   for (int r = 0; r < n; ++r) {
-    if (cost[r].s > row.slowest_s) row.slowest_s = cost[r].s, row.slowest = r;
-    if (cost[r].coord() > row.most_coord) row.most_coord = cost[r].coord(), row.most_coord_rank = r;
+    const SimulatedRankCost& c = sim.ranks[r];
+    if (r == 0) row.rank0_coord = c.sent + c.received;
+    if (c.seconds > row.slowest_s) row.slowest_s = c.seconds, row.slowest = r;
+    if (c.sent + c.received > row.most_coord) row.most_coord = c.sent + c.received, row.most_coord_rank = r;
   }
-  ranks.clear();
-  boxes.assign(n, {});
-  row.home_peak = HomePeak(row.busiest_home, n, std::move(busiest_in));
+  row.busiest_home = sim.busiest_home;
+  row.home_peak = HomePeak(sim.busiest_home, n, sim.busiest_home_received);
   return row;
 }
 

@@ -263,7 +263,7 @@ Result<SavePlan> PlanOverComm(Comm& comm, const RankHoldings& holdings,
   SS_ASSIGN_OR_RETURN(in, comm.AllToAll(out));
   count_parts(in, &counted.received);
   const std::string packed = planner.PackPart(in);
-  counted.sent += packed.size() * comm.size();  // to every rank
+  counted.sent += packed.size();
   SS_ASSIGN_OR_RETURN(in, comm.AllGather(packed));
   count_parts(in, &counted.received);
   if (traffic) *traffic = counted;

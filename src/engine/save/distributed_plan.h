@@ -112,7 +112,10 @@ class RankPlanner {
   std::vector<std::string> chunk_keys_;  // the key of each chunk of part_
 };
 
-// Bytes a rank sent and received in the six rounds of a distributed plan.
+// Bytes a rank sent and received in the six rounds of a distributed plan:
+// each message once as sent by its sender and once as received by each
+// rank that gets it, a rank's message to itself included (the all-gather's
+// message: sent once, received by every rank).
 struct PlanTraffic {
   uint64_t sent = 0;
   uint64_t received = 0;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "engine/save/plan_home.h"
+#include "engine/save/plan_simulation.h"
 #include "engine/save/plan_wire.h"
 #include "layout/layout_testing.h"
 #include "layout/plan_part.h"
@@ -25,41 +26,16 @@ using ::testing::HasSubstr;
 using testing::Rng;
 using testing::Uniform;
 
-// What every rank sent in an all-to-all, as each rank receives it.
-std::vector<std::vector<std::string>> Transpose(std::vector<std::vector<std::string>> sent) {
-  std::vector<std::vector<std::string>> got(sent.size(), std::vector<std::string>(sent.size()));
-  for (size_t from = 0; from < sent.size(); ++from) {
-    for (size_t to = 0; to < sent.size(); ++to) got[to][from] = std::move(sent[from][to]);
-  }
-  return got;
-}
-
-// The six rounds for every rank in one process, the messages routed as the
-// collectives route them.
+// Every rank's part, planned by simulated ranks in one process.
 std::vector<Result<SavePlan>> PlanInProcess(const std::vector<RankHoldings>& holdings,
-                                            const SavePlanOptions& options) {
-  const int n = static_cast<int>(holdings.size());
-  std::vector<std::unique_ptr<RankPlanner>> ranks;
-  for (int r = 0; r < n; ++r) {
-    ranks.push_back(std::make_unique<RankPlanner>(r, n, holdings[r], options));
-  }
-  std::vector<std::vector<std::string>> sent(n);
-  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->ToHomes();
-  std::vector<std::vector<std::string>> got = Transpose(std::move(sent));
-  sent.assign(n, {});
-  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->PlanHome(got[r]);
-  got = Transpose(std::move(sent));
-  std::vector<std::string> summaries;
-  for (int r = 0; r < n; ++r) summaries.push_back(ranks[r]->Summary(got[r]));
-  const std::vector<std::string> decisions = RankPlanner::Coordinate(summaries, options);
-  sent.assign(n, {});
-  for (int r = 0; r < n; ++r) sent[r] = ranks[r]->Assign(decisions[r]);
-  got = Transpose(std::move(sent));
-  std::vector<std::string> packed;
-  for (int r = 0; r < n; ++r) packed.push_back(ranks[r]->PackPart(got[r]));
-  std::vector<Result<SavePlan>> out;
-  for (int r = 0; r < n; ++r) out.push_back(ranks[r]->Finish(packed));
-  return out;
+                                            const SavePlanOptions& options,
+                                            PlanSimulation* sim = nullptr) {
+  std::vector<Result<SavePlan>> parts;
+  PlanSimulation done = SimulatePlan(
+      static_cast<int>(holdings.size()), [&](int r) { return holdings[r]; }, options,
+      [&](int, Result<SavePlan> part) { parts.push_back(std::move(part)); });
+  if (sim) *sim = std::move(done);
+  return parts;
 }
 
 // Every rank's part equals the one cut from PlanSave's whole plan.
@@ -137,7 +113,7 @@ TEST(DistributedPlanTest, MeshLayoutsGiveEveryRankThePartPlanSaveGives) {
   }
 }
 
-TEST(DistributedPlanTest, ThreadRanksPlanOverTheirComm) {
+TEST(DistributedPlanTest, ThreadRanksPlanOverTheirCommAsTheSimulatedRanksDo) {
   Rng rng(7);
   for (int iter = 0; iter < 20; ++iter) {
     std::vector<RankHoldings> holdings = RandomHoldings(rng);
@@ -154,9 +130,12 @@ TEST(DistributedPlanTest, ThreadRanksPlanOverTheirComm) {
     }
     for (std::thread& t : threads) t.join();
     ExpectSameParts(holdings, options, parts);
-    uint64_t sent = 0, received = 0;
-    for (const PlanTraffic& t : traffic) sent += t.sent, received += t.received;
-    EXPECT_EQ(sent, received) << "every byte sent is received once";
+    PlanSimulation sim;
+    PlanInProcess(holdings, options, &sim);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(traffic[r].sent, sim.ranks[r].sent) << "rank " << r;
+      EXPECT_EQ(traffic[r].received, sim.ranks[r].received) << "rank " << r;
+    }
     if (HasFailure()) FAIL() << "iteration " << iter;
   }
 }
