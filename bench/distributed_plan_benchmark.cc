@@ -108,7 +108,7 @@ void PrintRow(const DistRow& r) {
                 r.note.c_str());
     return;
   }
-  std::printf("| %s | %d | %.3f | %.3f (%d) | %.1f | %.1f (%d) | %.0f | %.0f (%d) | %.3f | %.1f M chunks |\n",
+  std::printf("| %s | %d | %.3f | %.3f (%d) | %.1f | %.1f (%d) | %.1f | %.1f (%d) | %.3f | %.1f M chunks |\n",
               r.layout.c_str(), r.world, r.rank0_s, r.slowest_s, r.slowest, r.rank0_coord / 1e6,
               r.most_coord / 1e6, r.most_coord_rank, r.rank0_peak / 1e6, r.home_peak / 1e6,
               r.busiest_home, r.balance, r.chunks / 1e6);

@@ -58,6 +58,9 @@ class Reader {
   // Decodes a Status into *out; the return value is the decoding outcome.
   shardsafe::Status Status(shardsafe::Status* out);
   bool done() const { return pos_ == in_.size(); }
+  // Bytes not read yet: a bound on the count of items that follow (each
+  // takes at least one), to check a count before reserving for it.
+  size_t left() const { return in_.size() - pos_; }
 
  private:
   shardsafe::Status Need(size_t n) const;

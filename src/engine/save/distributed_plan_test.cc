@@ -92,6 +92,30 @@ TEST(DistributedPlanTest, RandomLayoutsGiveEveryRankThePartPlanSaveGives) {
   }
 }
 
+// Holder lists longer than the coordinator scans (it keeps a heap of them),
+// overlapping, over ranks whose own loads differ.
+TEST(DistributedPlanTest, ReplicasOfHundredsOfHoldersGetTheWritersPlanSaveGives) {
+  Rng rng(11);
+  for (int iter = 0; iter < 6; ++iter) {
+    const int world = static_cast<int>(Uniform(rng, 130, 300));
+    std::vector<RankHoldings> h(world);
+    for (int t = 0; t < 12; ++t) {
+      const Shape shape{Uniform(rng, 1, 40), 64};
+      for (const Slice& s : testing::RandomTiling(rng, shape, DType::kF32)) {
+        std::vector<int> ranks(world);
+        std::iota(ranks.begin(), ranks.end(), 0);
+        std::shuffle(ranks.begin(), ranks.end(), rng);
+        ranks.resize(Uniform(rng, 0, 3) == 0 ? 1 : Uniform(rng, 65, world));
+        for (int r : ranks) h[r].shards.push_back(Shard("t" + std::to_string(t), shape, s));
+      }
+    }
+    SavePlanOptions options;
+    if (iter % 2) options.min_split_bytes = 1;
+    ExpectSameParts(h, options, PlanInProcess(h, options));
+    if (HasFailure()) FAIL() << "iteration " << iter;
+  }
+}
+
 TEST(DistributedPlanTest, MeshLayoutsGiveEveryRankThePartPlanSaveGives) {
   simulated::TransformerLayout dense;  // TP 8 x PP 4 x DP 4, ZeRO-1
   dense.dp = 4;

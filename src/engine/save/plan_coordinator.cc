@@ -2,6 +2,8 @@
 // every rank's summary, the chunk numbers, the writers of replicated chunks
 // and pieces, the blobs and the totals, as PlanSave would choose them.
 #include <algorithm>
+#include <queue>
+#include <unordered_map>
 
 #include "comm/wire.h"
 #include "engine/save/distributed_plan.h"
@@ -28,9 +30,80 @@ struct KeySummary {
 struct RankSummary {
   uint64_t own_bytes = 0;
   uint64_t unique_bytes = 0, held_bytes = 0;
-  std::vector<RankRun> runs;
-  std::vector<uint32_t> set_ends;  // set i: runs[set_ends[i - 1] (or 0), set_ends[i])
+  std::vector<uint32_t> sets;  // the ids of its holder lists (HolderSets)
   std::vector<KeySummary> keys;
+};
+
+// Every distinct holder list of the job's replicated chunks (the same DP
+// group comes from many homes), and the least-loaded rank of one, as a scan
+// in rank order finds it (ties: the lowest rank). A list of more than
+// kScanHolders ranks keeps a heap of (load, rank) whose entries may be
+// stale: a rank's load only grows, also through other lists, so a popped
+// entry whose load is not the rank's now goes back with it, and the first
+// that is current is the least. So choosing a writer costs a few heap
+// operations, not a pass over thousands of holders.
+class HolderSets {
+ public:
+  static constexpr uint64_t kScanHolders = 64;
+
+  uint32_t Add(const std::vector<RankRun>& runs) {
+    std::string key(reinterpret_cast<const char*>(runs.data()), runs.size() * sizeof(RankRun));
+    auto [it, fresh] = ids_.try_emplace(std::move(key), static_cast<uint32_t>(ends_.size()));
+    if (fresh) {
+      uint64_t size = 0;
+      for (const RankRun& run : runs) size += run.count;
+      runs_.insert(runs_.end(), runs.begin(), runs.end());
+      ends_.push_back(runs_.size());
+      sizes_.push_back(size);
+      heaps_.emplace_back();
+    }
+    return it->second;
+  }
+
+  uint64_t Size(uint32_t set) const { return sizes_[set]; }
+
+  // The least-loaded rank of `set`; the caller adds to its load and then
+  // calls Chosen.
+  uint32_t LeastLoaded(uint32_t set, const std::vector<uint64_t>& loads) {
+    const RankRun* begin = runs_.data() + (set ? ends_[set - 1] : 0);
+    const RankRun* end = runs_.data() + ends_[set];
+    if (sizes_[set] <= kScanHolders) {
+      uint32_t best = begin->first;
+      for (const RankRun* run = begin; run != end; ++run) {
+        for (uint32_t k = 0, h = run->first; k < run->count; ++k, h += run->stride) {
+          if (loads[h] < loads[best]) best = h;
+        }
+      }
+      return best;
+    }
+    Heap& heap = heaps_[set];
+    if (heap.empty()) {
+      for (const RankRun* run = begin; run != end; ++run) {
+        for (uint32_t k = 0, h = run->first; k < run->count; ++k, h += run->stride) {
+          heap.push({loads[h], h});
+        }
+      }
+    }
+    while (true) {
+      const auto [load, rank] = heap.top();
+      heap.pop();
+      if (load == loads[rank]) return rank;
+      heap.push({loads[rank], rank});
+    }
+  }
+
+  void Chosen(uint32_t set, uint32_t rank, uint64_t load) {
+    if (sizes_[set] > kScanHolders) heaps_[set].push({load, rank});
+  }
+
+ private:
+  using Entry = std::pair<uint64_t, uint32_t>;  // load, rank
+  using Heap = std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>>;
+  std::unordered_map<std::string, uint32_t> ids_;
+  std::vector<RankRun> runs_;
+  std::vector<uint64_t> ends_;  // set i: runs_[ends_[i - 1] (or 0), ends_[i])
+  std::vector<uint64_t> sizes_;
+  std::vector<Heap> heaps_;  // filled on first use
 };
 
 Status ReadKeys(wire::Reader& r, RankSummary& s) {
@@ -43,6 +116,8 @@ Status ReadKeys(wire::Reader& r, RankSummary& s) {
     key.dtype = static_cast<DType>(dtype);
     SS_ASSIGN_OR_RETURN(key.chunks, r.U64());
     SS_ASSIGN_OR_RETURN(uint64_t items, r.U64());
+    if (items > r.left()) return InternalError("more replicated chunks than bytes");
+    key.items.reserve(items);
     for (uint64_t i = 0; i < items; ++i) {
       ItemSummary item;
       SS_ASSIGN_OR_RETURN(item.position, r.U64());
@@ -50,7 +125,7 @@ Status ReadKeys(wire::Reader& r, RankSummary& s) {
       SS_ASSIGN_OR_RETURN(item.elements, r.U64());
       SS_ASSIGN_OR_RETURN(item.set, r.U32());
       const bool ordered = key.items.empty() || key.items.back().position < item.position;
-      if (item.set >= s.set_ends.size() || item.position >= key.chunks || !ordered) {
+      if (item.set >= s.sets.size() || item.position >= key.chunks || !ordered) {
         return InternalError("a replicated chunk out of range");
       }
       key.items.push_back(std::move(item));
@@ -61,7 +136,7 @@ Status ReadKeys(wire::Reader& r, RankSummary& s) {
 
 // Decodes a summary; its sender's own error, if it sent one, in *sent.
 Status ReadSummary(std::string_view msg, int world, RankSummary& s, RankHoldings& blobs,
-                   Status* sent) {
+                   HolderSets& sets, Status* sent) {
   wire::Reader r(msg);
   SS_RETURN_IF_ERROR(r.Status(sent));
   if (!sent->ok()) return Status();
@@ -76,14 +151,13 @@ Status ReadSummary(std::string_view msg, int world, RankSummary& s, RankHoldings
   }
   SS_ASSIGN_OR_RETURN(s.unique_bytes, r.U64());
   SS_ASSIGN_OR_RETURN(s.held_bytes, r.U64());
-  SS_ASSIGN_OR_RETURN(uint64_t sets, r.U64());
-  for (uint64_t i = 0; i < sets; ++i) {
+  SS_ASSIGN_OR_RETURN(uint64_t lists, r.U64());
+  for (uint64_t i = 0; i < lists; ++i) {
     SS_ASSIGN_OR_RETURN(std::vector<RankRun> runs, GetRankRuns(r, world));
     if (runs.size() == 1 && runs[0].count < 2) {
       return InternalError("a replica held by fewer than two ranks");
     }
-    s.runs.insert(s.runs.end(), runs.begin(), runs.end());
-    s.set_ends.push_back(static_cast<uint32_t>(s.runs.size()));
+    s.sets.push_back(sets.Add(runs));
   }
   SS_RETURN_IF_ERROR(ReadKeys(r, s));
   if (!r.done()) return InternalError("trailing bytes");
@@ -91,11 +165,11 @@ Status ReadSummary(std::string_view msg, int world, RankSummary& s, RankHoldings
 }
 
 // One piece (or a whole replicated chunk) to give a writer: its slot in
-// Coordinator::writers_ and its holders.
+// Coordinator::writers_ and its holders (a HolderSets id).
 struct Piece {
   uint64_t bytes;
   uint64_t slot;
-  const RankRun *begin, *end;
+  uint32_t set;
 };
 
 class Coordinator {
@@ -105,7 +179,7 @@ class Coordinator {
         blobs_(world_) {
     for (int r = 0; r < world_ && error_.ok(); ++r) {
       Status sent;
-      Status s = ReadSummary(summaries[r], world_, ranks_[r], blobs_[r], &sent);
+      Status s = ReadSummary(summaries[r], world_, ranks_[r], blobs_[r], sets_, &sent);
       if (!s.ok()) error_ = s.WithContext("distributed save plan: summary of rank " + std::to_string(r));
       else if (!sent.ok()) error_ = sent;
     }
@@ -153,25 +227,26 @@ class Coordinator {
   // first (ties: the lower number), to its least-loaded holder (ties: the
   // lowest rank), over what each rank alone holds.
   void AssignWriters(const std::vector<KeySummary*>& keys) {
+    uint64_t items = 0;
+    for (const KeySummary* key : keys) items += key->items.size();
     std::vector<Piece> pieces;
+    pieces.reserve(items);  // more where replicas are cut
+    writers_.reserve(items);
     uint64_t number = 0;
     for (KeySummary* key : keys) {
       key->first = number;
       number += key->chunks;
       const RankSummary& home = ranks_[HomeOf(key->name, world_)];
       for (ItemSummary& item : key->items) {
-        const RankRun* begin = home.runs.data() + (item.set ? home.set_ends[item.set - 1] : 0);
-        const RankRun* end = home.runs.data() + home.set_ends[item.set];
-        uint64_t holders = 0;
-        for (const RankRun* run = begin; run != end; ++run) holders += run->count;
-        const uint64_t count = PieceCount(item.bytes, holders, split_bytes_);
+        const uint32_t set = home.sets[item.set];
+        const uint64_t count = PieceCount(item.bytes, sets_.Size(set), split_bytes_);
         const uint64_t per = count > 1 ? PieceElements(item.elements, count) : item.elements;
         item.first_writer = writers_.size();
         item.pieces = count > 1 ? static_cast<uint32_t>((item.elements + per - 1) / per) : 1;
         for (uint64_t lo = 0, k = 0; k < item.pieces; lo += per, ++k) {
           const uint64_t bytes =
               count > 1 ? BytesOf(key->dtype, std::min(item.elements, lo + per) - lo) : item.bytes;
-          pieces.push_back({bytes, writers_.size(), begin, end});
+          pieces.push_back({bytes, writers_.size(), set});
           writers_.push_back(0);
         }
         number += item.pieces - 1;  // the chunk itself was counted with the key's
@@ -182,13 +257,9 @@ class Coordinator {
     bytes_per_rank_.resize(world_);
     for (int r = 0; r < world_; ++r) bytes_per_rank_[r] = ranks_[r].own_bytes;
     for (const Piece& p : pieces) {
-      uint32_t best = p.begin->first;  // holders ascend
-      for (const RankRun* run = p.begin; run != p.end; ++run) {
-        for (uint32_t k = 0, h = run->first; k < run->count; ++k, h += run->stride) {
-          if (bytes_per_rank_[h] < bytes_per_rank_[best]) best = h;
-        }
-      }
+      const uint32_t best = sets_.LeastLoaded(p.set, bytes_per_rank_);
       bytes_per_rank_[best] += p.bytes;
+      sets_.Chosen(p.set, best, bytes_per_rank_[best]);
       writers_[p.slot] = static_cast<int>(best);
     }
   }
@@ -220,6 +291,7 @@ class Coordinator {
   SavePlanOptions options_;
   std::vector<RankSummary> ranks_;
   std::vector<RankHoldings> blobs_;  // each rank's blobs, no shards
+  HolderSets sets_;
   Status error_;
   uint64_t split_bytes_ = 0, unique_bytes_ = 0, held_bytes_ = 0, max_rank_bytes_ = 0;
   std::vector<uint64_t> bytes_per_rank_;

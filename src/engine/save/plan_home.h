@@ -2,24 +2,30 @@
 // home this rank is, checked and cut into chunks as PlanSave does, and the
 // home's messages in rounds 2, 3 and 5.
 //
-// Messages (comm/wire.h encoding), in the order of the rounds:
+// The messages of every round (comm/wire.h encoding; "home part" is what
+// KeyHome writes or reads, the rest RankPlanner):
 //   1. rank -> home: U64 keys, each: Str key, U8 dtype, Shape, U64 shards,
 //      each: U32 shard (index into the rank's holdings), Slice.
 //   2. home -> holder: U64 bytes of the chunks only that rank holds.
-//   3. the home's part of its rank's summary: U64 chunk bytes, U64 chunk
-//      bytes x holders, U64 holder lists, each a list of runs (U64 runs,
-//      each U64 first rank, U64 stride, U64 count: ascending ranks), U64
-//      keys, each: Str key, U8 dtype, U64 chunks, U64 replicated chunks,
-//      each: U64 position among the key's chunks, U64 bytes, U64
-//      elements, U64 holder list.
-//   4. rank 0's decision, the home's part: U64 split size, per key U64 its
-//      first chunk number, per replicated chunk (keys in order) U64
-//      pieces (1: not cut), each U32 writer.
+//   3. rank -> rank 0: Status; if OK: U64 bytes of the chunks only this
+//      rank holds, U64 blobs, each Str name, U64 bytes, U8 per-rank; the
+//      home part: U64 chunk bytes, U64 chunk bytes x holders, U64 holder
+//      lists, each a list of runs (U64 runs, each U64 first rank, U64
+//      stride, U64 count: ascending ranks), U64 keys, each: Str key, U8
+//      dtype, U64 chunks, U64 replicated chunks, each: U64 position among
+//      the key's chunks, U64 bytes, U64 elements, U64 holder list.
+//   4. rank 0 -> rank: Status (the lowest failing rank's); if OK: U64
+//      unique bytes, U64 bytes x holders, U64 the most any rank writes,
+//      U64 what this rank writes, U64 blobs (as sent), each U8 whether this
+//      rank writes it; the home part: U64 split size, per key U64 its first
+//      chunk number, per replicated chunk (keys in order) U64 pieces (1:
+//      not cut), each U32 writer.
 //   5. home -> holder: groups, each U8 1, Str key, U8 dtype, Shape, U64
 //      chunks the holder writes, each U32 shard, Slice, U64 bytes, U64
 //      offset in the shard, U32 holders, U32 chunk number; U64 copies it
 //      checks, each U32 shard, U32 first chunk number, U32 chunks, U64
 //      bytes, U64 bytes of a piece; then U8 0.
+//   6. rank -> every rank: Status; if OK: U64 files.
 #pragma once
 
 #include <cstdint>
