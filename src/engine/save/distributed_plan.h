@@ -5,9 +5,10 @@
 //
 // PlanSave (layout/save_planner.h) on one rank needs every rank's shards:
 // at 16,384 ranks millions of them, seconds of work and gigabytes of memory
-// on that rank. Here the same plan is reached in six rounds, and each rank
-// other than 0 ends with the part PartOfPlan(PlanSave(all), rank) would
-// give it, byte for byte (distributed_plan_test.cc checks it):
+// on that rank. Here the same plan is reached in six rounds, and every rank,
+// 0 included, ends with the part PartOfPlan(PlanSave(all), rank) would give
+// it, byte for byte (distributed_plan_test.cc checks it); no rank holds the
+// whole plan:
 //
 //   1. all-to-all: every rank sends each of its shards to the key's home,
 //      HomeOf(key, world), a hash of the key: a rank sends its own layout.
@@ -24,7 +25,8 @@
 //   4. scatter from rank 0: rank 0 numbers the chunks (keys in name
 //      order), cuts large replicated chunks into pieces and gives them
 //      and the other replicated chunks writers, largest first to the
-//      least-loaded holder as PlanSave does, plans the blobs (PlanSave over
+//      least-loaded holder as PlanSave does (a heap per distinct holder
+//      list of over 64 ranks), plans the blobs (PlanSave over
 //      the blobs alone) and the totals; each rank gets its blobs' writers
 //      and the totals, each home its keys' first chunk numbers and its
 //      replicated chunks' writers; or every rank the lowest failing
@@ -42,8 +44,8 @@
 // job with fewer keys than ranks leaves most ranks without one.
 //
 // RankPlanner holds one rank's side; the rounds' collectives are the
-// caller's (PlanOverComm runs them over a Comm; the tests and the planner
-// benchmark route the messages of simulated ranks in one process), so the
+// caller's (PlanOverComm runs them over a Comm; plan_simulation.h routes
+// the messages of simulated ranks in one process), so the
 // same code runs either way. Each method is called once, in order, by
 // every rank (Coordinate by rank 0 only). A failure is carried through the
 // remaining rounds, never returned early: Finish returns it on every rank.
