@@ -55,6 +55,7 @@ std::vector<std::string> RankPlanner::ToHomes() {
   std::vector<std::string> out(world_);
   for (int h = 0; h < world_; ++h) {
     if (by_home[h].empty()) continue;
+    homes_.push_back(h);
     wire::Writer w;
     w.U64(by_home[h].size());
     for (const std::vector<uint32_t>& shards : by_home[h]) {
@@ -80,13 +81,18 @@ std::vector<std::string> RankPlanner::PlanHome(const std::vector<std::string>& f
 }
 
 std::string RankPlanner::Summary(const std::vector<std::string>& from_homes) {
+  // Every home this rank sent shards answers, if only with 0.
   uint64_t own = 0;
-  for (int h = 0; h < static_cast<int>(from_homes.size()) && error_.ok(); ++h) {
-    if (from_homes[h].empty()) continue;
+  for (int h : homes_) {
+    if (!error_.ok()) break;
     wire::Reader r(from_homes[h]);
     Result<uint64_t> bytes = r.U64();
-    if (!bytes.ok()) Fail(bytes.status().WithContext("own-chunk bytes from home " + std::to_string(h)));
-    else own += *bytes;
+    if (!bytes.ok() || !r.done()) {
+      Fail(InternalError("distributed save plan: no own-chunk bytes from home " +
+                         std::to_string(h)));
+    } else {
+      own += *bytes;
+    }
   }
   wire::Writer w;
   w.Status(error_);

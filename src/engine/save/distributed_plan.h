@@ -109,6 +109,7 @@ class RankPlanner {
   SavePlanOptions options_;
   Status error_;  // the first failure; carried through the later rounds
   std::unique_ptr<KeyHome> home_;
+  std::vector<int> homes_;  // the homes this rank sent shards to
   SavePlan part_;  // totals from Assign, built in PackPart, numbered in Finish
   std::vector<uint8_t> blob_writes_;     // whether this rank writes each of its blobs
   std::vector<std::string> chunk_keys_;  // the key of each chunk of part_

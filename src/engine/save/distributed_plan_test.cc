@@ -204,6 +204,72 @@ TEST(DistributedPlanTest, ALayoutPlanSaveRefusesFailsOnEveryRank) {
   ExpectErrorEverywhere(blob, "blob \"config\"");
 }
 
+// The rounds of `holdings` with the messages of round `cut_round` (1-6)
+// that rank `from` sends cut to `keep` bytes each (a truncated or damaged
+// peer): every rank's result.
+std::vector<Result<SavePlan>> PlanWithCut(const std::vector<RankHoldings>& holdings,
+                                          int cut_round, int from, size_t keep) {
+  const int n = static_cast<int>(holdings.size());
+  const auto cut = [&](int round, int rank, std::vector<std::string> msgs) {
+    if (round == cut_round && rank == from) {
+      for (std::string& m : msgs) m.resize(std::min(m.size(), keep));
+    }
+    return msgs;
+  };
+  const auto transpose = [n](const std::vector<std::vector<std::string>>& sent) {
+    std::vector<std::vector<std::string>> got(n, std::vector<std::string>(n));
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) got[b][a] = sent[a][b];
+    }
+    return got;
+  };
+  std::vector<std::unique_ptr<RankPlanner>> p;
+  for (int r = 0; r < n; ++r) p.push_back(std::make_unique<RankPlanner>(r, n, holdings[r], SavePlanOptions{}));
+  std::vector<std::vector<std::string>> sent(n);
+  for (int r = 0; r < n; ++r) sent[r] = cut(1, r, p[r]->ToHomes());
+  auto got = transpose(sent);
+  for (int r = 0; r < n; ++r) sent[r] = cut(2, r, p[r]->PlanHome(got[r]));
+  got = transpose(sent);
+  std::vector<std::string> summaries;
+  for (int r = 0; r < n; ++r) summaries.push_back(cut(3, r, {p[r]->Summary(got[r])})[0]);
+  const std::vector<std::string> decisions = cut(4, 0, RankPlanner::Coordinate(summaries, {}));
+  for (int r = 0; r < n; ++r) sent[r] = cut(5, r, p[r]->Assign(decisions[r]));
+  got = transpose(sent);
+  std::vector<std::string> packed;
+  for (int r = 0; r < n; ++r) packed.push_back(cut(6, r, {p[r]->PackPart(got[r])})[0]);
+  std::vector<Result<SavePlan>> out;
+  for (int r = 0; r < n; ++r) out.push_back(p[r]->Finish(packed));
+  return out;
+}
+
+TEST(DistributedPlanTest, ACutMessageFailsEveryRankWithOneError) {
+  simulated::TransformerLayout m;  // TP 2 x DP 2: replicas, pieces, blobs
+  m.tp = 2;
+  m.pp = 1;
+  m.dp = 2;
+  m.layers = 1;
+  const std::vector<RankHoldings> holdings = simulated::MakeHoldings(m);
+  for (int round = 1; round <= 6; ++round) {
+    for (int from : {0, 3}) {
+      for (size_t keep : {0, 1, 5, 40}) {
+        const std::vector<Result<SavePlan>> parts = PlanWithCut(holdings, round, from, keep);
+        if (parts[0].ok()) {  // nothing was cut (no message, or a shorter one)
+          for (const auto& p : parts) ASSERT_TRUE(p.ok()) << round << " " << from << " " << keep;
+          continue;
+        }
+        for (const auto& p : parts) {
+          ASSERT_FALSE(p.ok()) << "round " << round << " from " << from << " keep " << keep;
+          EXPECT_EQ(p.status().ToString(), parts[0].status().ToString());
+          // Round 1 cut to nothing: the rank holds nothing, and leaves gaps.
+          const StatusCode want = round == 1 && keep == 0 ? StatusCode::kInvalidArgument
+                                                          : StatusCode::kInternal;
+          EXPECT_EQ(p.status().code(), want) << p.status().ToString();
+        }
+      }
+    }
+  }
+}
+
 TEST(DistributedPlanTest, HomesSpreadKeysAndHolderListsTakeAFewBytes) {
   std::vector<int> keys_at(64, 0);
   for (int k = 0; k < 64 * 8; ++k) ++keys_at[HomeOf("layers." + std::to_string(k) + ".w", 64)];

@@ -147,10 +147,9 @@ uint32_t KeyHome::SetOf(const Key& key, const Chunk& c) {
 
 std::vector<std::string> KeyHome::OwnBytesMessages() const {
   std::vector<std::string> out(world_);
-  if (failed_) return out;
   for (size_t i = 0; i < senders_.size(); ++i) {
     wire::Writer w;
-    w.U64(own_bytes_[i]);
+    w.U64(failed_ ? 0 : own_bytes_[i]);  // a failed home's error goes to rank 0
     out[senders_[i]] = w.Take();
   }
   return out;
@@ -192,9 +191,16 @@ Status KeyHome::ReadDecision(wire::Reader& r) {
     if (pieces != (count > 1 ? (c.elements + per - 1) / per : 1)) {
       return Bad("a replicated chunk's piece count");
     }
+    const auto first = item.key->holders.begin() + c.begin;
+    const auto last = item.key->holders.begin() + c.end;
     for (uint64_t k = 0; k < pieces; ++k) {
       SS_ASSIGN_OR_RETURN(uint32_t writer, r.U32());
-      if (writer >= static_cast<uint32_t>(world_)) return Bad("a writer out of range");
+      const auto at = std::lower_bound(first, last, writer, [](const Holder& h, uint32_t w) {
+        return static_cast<uint32_t>(h.rank) < w;
+      });
+      if (at == last || static_cast<uint32_t>(at->rank) != writer) {
+        return Bad("a writer that does not hold the chunk");
+      }
       item.writers.push_back(static_cast<int>(writer));
     }
   }

@@ -47,7 +47,7 @@ class KeyHome {
   // on a layout PlanSave refuses, naming the key and ranks.
   Status Plan(const std::vector<std::string>& from_ranks);
   // Round 2's messages: to every rank that sent shards, its single-holder
-  // bytes (after a failure: none).
+  // bytes (0 after a failure, whose error the home's summary carries).
   std::vector<std::string> OwnBytesMessages() const;
   // Round 3.
   void PutSummary(wire::Writer& w) const;
