@@ -32,6 +32,7 @@ void RankPlanner::Fail(Status s) {
 // checks the ranks against each other, from each rank's first shard).
 std::vector<std::string> RankPlanner::ToHomes() {
   // Shards of one key go out together, keys in order of first appearance.
+  shards_ = holdings_.shards.size();
   std::vector<std::vector<std::vector<uint32_t>>> by_home(world_);
   std::map<std::string_view, std::pair<int, size_t>> where;  // key -> home, index
   for (uint32_t i = 0; i < holdings_.shards.size(); ++i) {
@@ -158,6 +159,13 @@ Status RankPlanner::TakeAssignments(const std::vector<std::string>& from_homes) 
     if (from_homes[h].empty()) continue;
     Status s = ReadAssignment(from_homes[h], rank_, &chunks, &tensors, &copies);
     if (!s.ok()) return s.WithContext("assignment from home " + std::to_string(h));
+  }
+  const auto outside = [this](uint32_t shard) { return shard >= shards_; };
+  if (std::any_of(chunks.begin(), chunks.end(),
+                  [&](const ReceivedChunk& c) { return outside(c.chunk.writer_shard); }) ||
+      std::any_of(copies.begin(), copies.end(),
+                  [&](const auto& c) { return outside(c.first.shard); })) {
+    return InternalError("distributed save plan: an assignment names a shard this rank lacks");
   }
   std::sort(chunks.begin(), chunks.end(), [](const ReceivedChunk& a, const ReceivedChunk& b) {
     return a.number < b.number;

@@ -74,7 +74,8 @@ int HomeOf(std::string_view key, int world);
 
 class RankPlanner {
  public:
-  // `holdings` must outlive the planner.
+  // `holdings` must outlive the planner; its shards are read in ToHomes
+  // only, its blobs in every round.
   RankPlanner(int rank, int world, const RankHoldings& holdings, const SavePlanOptions& options);
   ~RankPlanner();
 
@@ -110,6 +111,7 @@ class RankPlanner {
   Status error_;  // the first failure; carried through the later rounds
   std::unique_ptr<KeyHome> home_;
   std::vector<int> homes_;  // the homes this rank sent shards to
+  size_t shards_ = 0;       // in its holdings (read in round 1 only)
   SavePlan part_;  // totals from Assign, built in PackPart, numbered in Finish
   std::vector<uint8_t> blob_writes_;     // whether this rank writes each of its blobs
   std::vector<std::string> chunk_keys_;  // the key of each chunk of part_
