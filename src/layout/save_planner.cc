@@ -436,6 +436,12 @@ uint64_t PieceElements(uint64_t elements, uint64_t count) {
   return ((elements + count - 1) / count + 7) / 8 * 8;
 }
 
+PieceCut CutInto(uint64_t elements, uint64_t count) {
+  if (count <= 1) return {false, elements, 1};
+  const uint64_t per = PieceElements(elements, count);
+  return {true, per, (elements + per - 1) / per};
+}
+
 std::vector<std::vector<uint32_t>> PackIntoFiles(std::span<const uint64_t> item_bytes,
                                                  uint64_t max_file_bytes) {
   std::vector<uint32_t> order(item_bytes.size());

@@ -176,6 +176,17 @@ uint64_t PieceCount(uint64_t bytes, uint64_t holders, uint64_t split_bytes);
 // `count` pieces: a multiple of 8 (whole bytes of every dtype).
 uint64_t PieceElements(uint64_t elements, uint64_t count);
 
+// How a chunk of `elements` is cut when PieceCount gave `count`: cut or
+// not, the elements of each piece but the last, and how many pieces there
+// are (rounding a piece up to 8 elements can leave fewer than `count`; a
+// chunk cut into one piece is still cut: a flat range, every holder a copy).
+struct PieceCut {
+  bool cut = false;
+  uint64_t per = 0;
+  uint64_t pieces = 1;
+};
+PieceCut CutInto(uint64_t elements, uint64_t count);
+
 // Packs one rank's items (chunks, then blobs, in the plan's order) into
 // files: largest first into the file with the least payload (ties: lowest
 // number), a new file when that one would pass the cap, a file of its own

@@ -21,7 +21,7 @@
 //      its keys (names, chunk counts), the bytes of its chunks, and its
 //      replicated chunks (size, position, holders; the holder lists
 //      deduplicated and written as arithmetic runs, so that a DP group of
-//      any size takes a few bytes); any error.
+//      2,048 ranks takes 5 bytes); any error.
 //   4. scatter from rank 0: rank 0 numbers the chunks (keys in name
 //      order), cuts large replicated chunks into pieces and gives them
 //      and the other replicated chunks writers, largest first to the

@@ -239,13 +239,13 @@ class Coordinator {
       const RankSummary& home = ranks_[HomeOf(key->name, world_)];
       for (ItemSummary& item : key->items) {
         const uint32_t set = home.sets[item.set];
-        const uint64_t count = PieceCount(item.bytes, sets_.Size(set), split_bytes_);
-        const uint64_t per = count > 1 ? PieceElements(item.elements, count) : item.elements;
+        const PieceCut cut =
+            CutInto(item.elements, PieceCount(item.bytes, sets_.Size(set), split_bytes_));
         item.first_writer = writers_.size();
-        item.pieces = count > 1 ? static_cast<uint32_t>((item.elements + per - 1) / per) : 1;
-        for (uint64_t lo = 0, k = 0; k < item.pieces; lo += per, ++k) {
-          const uint64_t bytes =
-              count > 1 ? BytesOf(key->dtype, std::min(item.elements, lo + per) - lo) : item.bytes;
+        item.pieces = static_cast<uint32_t>(cut.pieces);
+        for (uint64_t lo = 0, k = 0; k < item.pieces; lo += cut.per, ++k) {
+          const uint64_t bytes = cut.cut
+              ? BytesOf(key->dtype, std::min(item.elements, lo + cut.per) - lo) : item.bytes;
           pieces.push_back({bytes, writers_.size(), set});
           writers_.push_back(0);
         }

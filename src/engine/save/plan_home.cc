@@ -186,9 +186,7 @@ Status KeyHome::ReadDecision(wire::Reader& r) {
   for (Item& item : items_) {
     SS_ASSIGN_OR_RETURN(uint64_t pieces, r.U64());
     const Chunk& c = item.key->chunks[item.chunk];
-    const uint64_t count = PieceCount(c.bytes, c.end - c.begin, split_bytes_);
-    const uint64_t per = count > 1 ? PieceElements(c.elements, count) : c.elements;
-    if (pieces != (count > 1 ? (c.elements + per - 1) / per : 1)) {
+    if (pieces != CutInto(c.elements, PieceCount(c.bytes, c.end - c.begin, split_bytes_)).pieces) {
       return Bad("a replicated chunk's piece count");
     }
     const auto first = item.key->holders.begin() + c.begin;
@@ -271,8 +269,8 @@ std::vector<std::string> KeyHome::AssignmentMessages() const {
         continue;
       }
       const std::vector<int>& by = items_[c.item].writers;
-      const uint64_t count = PieceCount(c.bytes, holders, split_bytes_);
-      if (count == 1) {
+      const PieceCut cut = CutInto(c.elements, PieceCount(c.bytes, holders, split_bytes_));
+      if (!cut.cut) {
         for (uint32_t i = c.begin; i < c.end; ++i) {
           const Holder& h = key.holders[i];
           if (h.rank == by[0]) groups[h.rank].writes.push_back({h.shard, c.slice, c.bytes, 0, holders, n32});
@@ -281,8 +279,7 @@ std::vector<std::string> KeyHome::AssignmentMessages() const {
         ++number;
         continue;
       }
-      // Cut, if into one piece only: a flat range, and every holder a copy.
-      const uint64_t per = PieceElements(c.elements, count);
+      const uint64_t per = cut.per;
       const uint64_t base = c.slice.flat ? c.slice.flat->begin : 0;
       const auto held_by = [&](int rank) {
         return std::lower_bound(key.holders.begin() + c.begin, key.holders.begin() + c.end, rank,
@@ -394,15 +391,6 @@ Result<std::vector<RankRun>> GetRankRuns(wire::Reader& r, int world) {
                     static_cast<uint32_t>(count)});
   }
   return runs;
-}
-
-Result<std::vector<int>> GetRanks(wire::Reader& r, int world) {
-  SS_ASSIGN_OR_RETURN(std::vector<RankRun> runs, GetRankRuns(r, world));
-  std::vector<int> ranks;
-  for (const RankRun& run : runs) {
-    for (uint32_t k = 0; k < run.count; ++k) ranks.push_back(static_cast<int>(run.first + k * run.stride));
-  }
-  return ranks;
 }
 
 }  // namespace shardsafe

@@ -127,14 +127,13 @@ Status ReadAssignment(std::string_view msg, int rank, std::vector<ReceivedChunk>
 // Bytes of `n` elements of a chunk whose bytes are known to fit.
 uint64_t BytesOf(DType dtype, uint64_t n);
 
-// Ascending ranks as arithmetic runs, and back: as the runs (at least one,
-// ascending, within `world`, else Internal) or the ranks.
+// Ascending ranks as arithmetic runs, and back (at least one run,
+// ascending, within `world`, else Internal).
 struct RankRun {
   uint32_t first, stride, count;
   uint32_t last() const { return first + stride * (count - 1); }
 };
 void PutRanks(wire::Writer& w, const std::vector<int>& ranks);
 Result<std::vector<RankRun>> GetRankRuns(wire::Reader& r, int world);
-Result<std::vector<int>> GetRanks(wire::Reader& r, int world);
 
 }  // namespace shardsafe
