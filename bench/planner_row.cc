@@ -273,16 +273,15 @@ std::string IndexDir() {
 }
 
 // The committed files of the save, as the commit and the writers leave
-// them: the index, its chunk table and (version 3) every rank's checksum
-// file, into `dir`.
+// them: the index, its chunk table's parts and every rank's checksum file,
+// into `dir`.
 Status WriteCheckpointFiles(const SavePlan& plan, const CommitIndex& committed,
                             const std::vector<std::vector<WrittenFile>>& written,
                             const std::string& dir) {
   FileSystem& fs = *DefaultFileSystem();
   SS_RETURN_IF_ERROR(WriteFileAtomically(fs, JoinPath(dir, kIndexFileName), committed.text));
   if (!committed.table) return Status();
-  SS_RETURN_IF_ERROR(
-      WriteFileAtomically(fs, JoinPath(dir, committed.table_name), committed.table->bytes));
+  SS_RETURN_IF_ERROR(WriteChunkTable(fs, dir, *committed.table));
   const SaveDirs dirs{dir, dir, ""};
   for (size_t r = 0; r < written.size(); ++r) {
     SS_RETURN_IF_ERROR(WriteChecksumFile(plan, static_cast<int>(r), written[r], dirs, fs));
@@ -313,7 +312,7 @@ Status TimeLoadMetadata(const SimulatedJob& job, int iters, const std::string& d
       break;
     }
     CheckpointSource src{dir, dir, true, std::move(*parsed)};
-    src.chunks_pending = src.index.chunk_table.has_value();
+    src.chunks_pending = !src.index.chunk_tables.empty();
     TableReadStats table;
     if (src.chunks_pending) s = ReadChunksFor(fs, src, request, &table).status();
     KeepBest(row->load_meta_s, Since(start));

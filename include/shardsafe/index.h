@@ -20,8 +20,8 @@ namespace shardsafe {
 inline constexpr std::string_view kIndexFileName = "shardsafe.json";
 // The newest format version this reader reads (docs/format.md §3; 2: the
 // chunks are in a chunk table, §3a; 3: their checksums in checksum files
-// beside the data, §3b).
-inline constexpr int kFormatVersion = 3;
+// beside the data, §3b; 4: the table in parts, §3c).
+inline constexpr int kFormatVersion = 4;
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{1} << 30;
 
 // A data file: its name in the checkpoint directory, size, and writer.
@@ -40,8 +40,9 @@ struct IndexChunk {
   std::optional<uint32_t> crc32c;  // absent for data read from foreign files
 };
 
-// Where a tensor's chunks lie in the chunk table (docs/format.md §3a).
+// Where a tensor's chunks lie in the chunk table (docs/format.md §3a, §3c).
 struct IndexTableRef {
+  uint32_t part = 0;          // into CheckpointIndex::chunk_tables
   uint64_t count = 0;         // chunks
   uint64_t directory_at = 0;  // byte offset of its block directory
   uint64_t records_at = 0;    // byte offset of its first chunk record
@@ -75,15 +76,18 @@ struct IndexBlob {
 // Tensors by key; found by std::string_view too (no string built per lookup).
 using IndexTensors = std::map<std::string, IndexTensor, std::less<>>;
 
-// The chunk table file of a version-2 index.
+// A chunk table file: the one of a version-2 or 3 index, or a part of a
+// version-4 one (also listed in CheckpointIndex::files, as `file`).
 struct IndexChunkTable {
   std::string name;  // in the checkpoint directory
   uint64_t bytes = 0;
+  std::optional<uint32_t> file;  // version 4: into CheckpointIndex::files
 };
 
 struct CheckpointIndex {
-  // As read. A writer writes 3 when checksum_files is not empty, else 2
-  // when chunk_table is set, else 1.
+  // As read. A writer writes 4 when chunk_tables are parts listed in
+  // `files`, else 3 when checksum_files is not empty, else 2 with a chunk
+  // table, else 1.
   int version = 1;
   std::string tag;
   int64_t created_unix = 0;
@@ -95,7 +99,9 @@ struct CheckpointIndex {
   IndexTensors tensors;
   std::string values = "{}";  // a JSON object
   std::map<std::string, IndexBlob> blobs;
-  std::optional<IndexChunkTable> chunk_table;
+  // The chunk table's files: none (version 1), one (versions 2 and 3), or
+  // its parts (version 4), which IndexTableRef::part indexes.
+  std::vector<IndexChunkTable> chunk_tables;
   // Version 3: the files (indices into `files`, ascending) that hold the
   // chunks' checksums, one per rank that wrote chunks (format/checksum_file.h);
   // the chunks read from the table have no crc32c until it is filled from

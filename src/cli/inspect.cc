@@ -52,9 +52,14 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
             << (src.native ? "shardsafe checkpoint (format v" + std::to_string(ix.version) + ")"
                            : "safetensors (no index, no checksums)")
             << "\n";
-  if (ix.chunk_table) {
-    std::cout << "chunks in " << Printable(ix.chunk_table->name) << ", "
-              << FormatBytes(ix.chunk_table->bytes) << "\n";
+  if (ix.chunk_tables.size() == 1) {
+    std::cout << "chunks in " << Printable(ix.chunk_tables[0].name) << ", "
+              << FormatBytes(ix.chunk_tables[0].bytes) << "\n";
+  } else if (!ix.chunk_tables.empty()) {
+    uint64_t bytes = 0;
+    for (const IndexChunkTable& t : ix.chunk_tables) bytes += t.bytes;
+    std::cout << "chunks in " << ix.chunk_tables.size() << " table parts, " << FormatBytes(bytes)
+              << "\n";
   }
   if (src.native) {
     std::cout << "tag       " << Printable(ix.tag) << "\n"
@@ -68,6 +73,9 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
   }
   std::cout << "files     " << ix.files.size() << ", " << FormatBytes(file_bytes);
   if (!ix.checksum_files.empty()) std::cout << " (" << ix.checksum_files.size() << " checksum files)";
+  if (ix.chunk_tables.size() > 0 && ix.chunk_tables[0].file) {
+    std::cout << " (" << ix.chunk_tables.size() << " chunk table parts)";
+  }
   std::cout << "\n"
             << "tensors   " << ix.tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
   std::printf("%-48s %-8s %-20s %7s %12s\n", "TENSOR", "DTYPE", "SHAPE", "CHUNKS", "BYTES");

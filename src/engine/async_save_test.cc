@@ -148,10 +148,14 @@ TEST_F(AsyncSaveTest, ChunkTableSavesKeepTheChecksumsBesideTheDataAndLoad) {
     const std::string dir = root_ + "/" + *CheckpointManager("", {}).TagOf(step);
     std::ifstream in(dir + "/shardsafe.json");
     const Json index = Json::parse(in);
-    EXPECT_EQ(index["version"], 3);
+    EXPECT_EQ(index["version"], 4);
     EXPECT_EQ(index["checksum_files"].size(), size_t{kRanks});
-    std::ifstream table(dir + "/shardsafe.chunks", std::ios::binary);
-    tables[step - 1].assign(std::istreambuf_iterator<char>(table), {});
+    ASSERT_FALSE(index["chunk_tables"].empty());
+    for (size_t file : index["chunk_tables"]) {  // the parts, in order
+      std::ifstream part(dir + "/" + index["files"][file]["name"].get<std::string>(),
+                         std::ios::binary);
+      tables[step - 1].append(std::istreambuf_iterator<char>(part), {});
+    }
     const VerifyReport report = VerifyCheckpoint(dir);
     EXPECT_TRUE(report.faults.empty()) << report.faults.front();
     EXPECT_GT(report.chunks_verified, 0u);

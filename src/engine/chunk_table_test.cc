@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -96,6 +98,26 @@ class ChunkTableTest : public ::testing::Test {
     return nlohmann::json::parse(in);
   }
 
+  // The path of the chunk table part that holds `key`'s chunks.
+  std::string PartOf(const std::string& tag, const std::string& key) {
+    const nlohmann::json index = Index(tag);
+    const size_t part = index["tensors"][key]["table"][0];
+    const size_t file = index["chunk_tables"][part];
+    return root_ + "/" + tag + "/" + index["files"][file]["name"].get<std::string>();
+  }
+
+  // Every part of the chunk table, by name.
+  std::map<std::string, std::string> Parts(const std::string& tag) {
+    const nlohmann::json index = Index(tag);
+    std::map<std::string, std::string> parts;
+    for (size_t file : index["chunk_tables"]) {
+      const std::string name = index["files"][file]["name"];
+      std::ifstream in(root_ + "/" + tag + "/" + name, std::ios::binary);
+      parts[name] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return parts;
+  }
+
   std::string root_;
 };
 
@@ -107,8 +129,8 @@ TEST_F(ChunkTableTest, ATableCheckpointLoadsReshardedBitExact) {
     for (const OwnedTarget& t : rank) EXPECT_TRUE(MatchesOracle(t)) << t.target.key;
   }
   const nlohmann::json index = Index("ck");
-  EXPECT_EQ(index["version"], 3);
-  EXPECT_EQ(index["chunk_table"], "shardsafe.chunks");
+  EXPECT_EQ(index["version"], 4);
+  EXPECT_FALSE(index.contains("chunk_table"));
   // Each rank's chunks' checksums in its checksum file, listed after the
   // data files.
   ASSERT_EQ(index["checksum_files"].size(), 4u);
@@ -119,9 +141,24 @@ TEST_F(ChunkTableTest, ATableCheckpointLoadsReshardedBitExact) {
     EXPECT_EQ(std::filesystem::file_size(root_ + "/ck/" + f["name"].get<std::string>()),
               f["bytes"].get<uint64_t>());
   }
-  EXPECT_TRUE(std::filesystem::exists(root_ + "/ck/shardsafe.chunks"));
+  // The table in parts, one per home rank of a tensor, listed after the
+  // checksum files, each named after its rank and as large as listed.
+  const std::map<std::string, std::string> parts = Parts("ck");
+  ASSERT_FALSE(parts.empty());
+  EXPECT_LE(parts.size(), 4u);
+  size_t previous = index["checksum_files"][3];
+  for (size_t file : index["chunk_tables"]) {
+    EXPECT_EQ(file, ++previous);
+    const nlohmann::json& f = index["files"][file];
+    EXPECT_EQ(f["name"], "chunks-0000" + std::to_string(f["rank"].get<int>()) + ".chunks");
+    EXPECT_EQ(parts.at(f["name"]).size(), f["bytes"].get<uint64_t>());
+    EXPECT_TRUE(parts.at(f["name"]).starts_with("SSCHUNKS"));
+  }
+  std::set<size_t> named;
+  for (const auto& [key, t] : index["tensors"].items()) named.insert(t["table"][0].get<size_t>());
+  EXPECT_EQ(named.size(), parts.size());  // every part holds a tensor
   ASSERT_FALSE(index["tensors"]["w"].contains("chunks"));
-  EXPECT_EQ(index["tensors"]["w"]["table"][0], 4);  // two boxes of two pieces
+  EXPECT_EQ(index["tensors"]["w"]["table"][1], 4);  // two boxes of two pieces
   // A tool's open reads the whole table: every chunk, tiling checked.
   auto src = OpenSource(root_ + "/ck");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
@@ -134,8 +171,10 @@ TEST_F(ChunkTableTest, BelowTheThresholdTheIndexStaysVersion1) {
   Save4("ck", /*min_chunks=*/1000);
   const nlohmann::json index = Index("ck");
   EXPECT_EQ(index["version"], 1);
-  EXPECT_FALSE(index.contains("chunk_table"));
-  EXPECT_FALSE(std::filesystem::exists(root_ + "/ck/shardsafe.chunks"));
+  EXPECT_FALSE(index.contains("chunk_tables"));
+  for (const auto& e : std::filesystem::directory_iterator(root_ + "/ck")) {
+    EXPECT_NE(e.path().extension(), ".chunks") << e.path();
+  }
   EXPECT_EQ(index["tensors"]["w"]["chunks"].size(), 4u);
 }
 
@@ -167,7 +206,8 @@ TEST_F(ChunkTableTest, ALoadReadsOnlyTheBlocksThatCanHoldItsSlices) {
   auto comm = MakeSingleProcessComm();
   auto src = OpenSourceCollective(root_ + "/m", *comm);
   ASSERT_TRUE(src.ok());
-  const uint64_t table_bytes = src->index.chunk_table->bytes;
+  ASSERT_EQ(src->index.chunk_tables.size(), 1u);  // one tensor, one part
+  const uint64_t table_bytes = src->index.chunk_tables[0].bytes;
 
   // Rows 1000-1039: chunks 125-129, all in block 7 (chunks 112-127) and
   // block 8 (128-143).
@@ -188,8 +228,8 @@ TEST_F(ChunkTableTest, ALoadReadsOnlyTheBlocksThatCanHoldItsSlices) {
 
 TEST_F(ChunkTableTest, ADamagedTableFailsTheLoadNamingTableAndTensor) {
   Save4("ck", 1);
-  const std::string table = root_ + "/ck/shardsafe.chunks";
-  const uint64_t records_at = Index("ck")["tensors"]["e"]["table"][2];
+  const std::string table = PartOf("ck", "e");
+  const uint64_t records_at = Index("ck")["tensors"]["e"]["table"][3];
   testing::FlipByte(table, records_at + 1, 0x10);
   std::vector<std::vector<OwnedTarget>> loaded;
   for (const Status& s : Load3("ck", &loaded)) {
@@ -204,7 +244,7 @@ TEST_F(ChunkTableTest, ADamagedTableFailsTheLoadNamingTableAndTensor) {
   std::filesystem::resize_file(table, std::filesystem::file_size(table) - 1);
   for (const Status& s : Load3("ck", &loaded)) {
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
-    EXPECT_THAT(s.message(), HasSubstr("shardsafe.chunks: chunk table is"));
+    EXPECT_THAT(s.message(), HasSubstr(table + ": chunk table is"));
   }
 }
 
@@ -260,11 +300,7 @@ TEST_F(ChunkTableTest, AChecksumFileThatLacksAChunkIsDataLossNamingTheTensor) {
 TEST_F(ChunkTableTest, ASaveOfTheSameLayoutWritesTheSameTableAndALayoutChangeANewOne) {
   Save4("a", 1);
   Save4("b", 1);  // the same layout: the plan and its chunk table reused
-  const auto read = [&](const std::string& tag, const std::string& name) {
-    std::ifstream in(root_ + "/" + tag + "/" + name, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  EXPECT_EQ(read("a", "shardsafe.chunks"), read("b", "shardsafe.chunks"));
+  EXPECT_EQ(Parts("a"), Parts("b"));
   for (const std::string tag : {"a", "b"}) {
     std::vector<std::vector<OwnedTarget>> loaded;
     for (const Status& s : Load3(tag, &loaded)) ASSERT_TRUE(s.ok()) << s.ToString();
@@ -285,7 +321,7 @@ TEST_F(ChunkTableTest, ASaveOfTheSameLayoutWritesTheSameTableAndALayoutChangeANe
     ASSERT_TRUE(saved.ok()) << saved.status().ToString();
     EXPECT_FALSE(saved->plan_reused);
   });
-  EXPECT_NE(read("b", "shardsafe.chunks"), read("c", "shardsafe.chunks"));
+  EXPECT_NE(Parts("b"), Parts("c"));
   std::vector<std::vector<OwnedTarget>> loaded;
   for (const Status& s : Load3("c", &loaded)) ASSERT_TRUE(s.ok()) << s.ToString();
   for (const auto& rank : loaded) {

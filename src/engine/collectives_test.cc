@@ -328,7 +328,7 @@ TEST_F(CollectivesTest, AChunkTableSaveComparesCopiesWithTheWritersChecksumsInAS
   for (int r = 0; r < kMany; ++r) EXPECT_EQ(gathered[r].size(), 2u) << "rank " << r;
   auto src = OpenSource(*DefaultFileSystem(), root_ + "/unchecked");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
-  EXPECT_EQ(src->index.version, 3);
+  EXPECT_EQ(src->index.version, 4);
   EXPECT_EQ(src->index.tensors.at("large").chunks.size(), 4u);
   for (const std::string key : {"rep1", "large"}) {
     const Shape& shape = key == "large" ? large : small;

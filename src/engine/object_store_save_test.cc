@@ -128,7 +128,6 @@ class ObjectStoreSaveTest : public testing::S3ServerTest {
       expected.insert(c.path + "/shardsafe.json");
       expected.insert(c.path + "/commit.json");
       for (const IndexFile& f : src->index.files) expected.insert(c.path + "/" + f.name);
-      if (src->index.chunk_table) expected.insert(c.path + "/" + src->index.chunk_table->name);
     }
     auto keys = client_->List(kBucket, root.substr(std::string("s3://").size() +
                                                    std::string(kBucket).size() + 1) + "/", "");
@@ -161,16 +160,21 @@ TEST_F(ObjectStoreSaveTest, ASaveCutShortAnywhereLosesNothingAndLeavesNothing) {
   CutShortAnywhere("cut");
 }
 
-// The same with the index's chunks in a chunk table, written before the
-// index under the save's private name.
+// The same with the index's chunks in a chunk table, its parts written
+// before the index under the save's private names.
 TEST_F(ObjectStoreSaveTest, ASaveWithAChunkTableCutShortAnywhereLosesNothing) {
   setenv("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS", "1", 1);
   CutShortAnywhere("table");
   auto src = OpenSource(*store_, Root("table-counted") + "/step-00000002");
   ASSERT_TRUE(src.ok()) << src.status().ToString();
-  ASSERT_TRUE(src->index.chunk_table.has_value());
-  EXPECT_TRUE(src->index.chunk_table->name.starts_with("shardsafe."));
-  EXPECT_TRUE(src->index.chunk_table->name.ends_with(".chunks"));
+  ASSERT_FALSE(src->index.chunk_tables.empty());
+  for (const IndexChunkTable& t : src->index.chunk_tables) {
+    ASSERT_TRUE(t.file.has_value());
+    EXPECT_EQ(src->index.files[*t.file].name, t.name);
+    EXPECT_TRUE(t.name.starts_with("chunks-")) << t.name;
+    EXPECT_TRUE(t.name.ends_with(".chunks")) << t.name;
+    EXPECT_GT(t.name.size(), std::string("chunks-00000.chunks").size()) << "the save's nonce";
+  }
 }
 
 void ObjectStoreSaveTest::CutShortAnywhere(const std::string& name) {

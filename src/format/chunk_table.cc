@@ -1,5 +1,7 @@
 #include "format/chunk_table.h"
 
+#include <map>
+
 #include "base/crc32c.h"
 #include "format/index_objects.h"
 #include "format/little_endian.h"
@@ -65,6 +67,9 @@ Result<IndexChunk> DecodeRecord(const char* p, size_t index, const IndexTensor& 
     read.chunk.crc32c.reset();
     if (internal::IsChecksumFile(checkpoint, read.file)) {
       return Loss(where, "lies in checksum file " + std::to_string(read.file));
+    }
+    if (internal::IsChunkTableFile(checkpoint, read.file)) {
+      return Loss(where, "lies in chunk table file " + std::to_string(read.file));
     }
   }
   if (flags & kHasFlat) {
@@ -237,40 +242,85 @@ std::string EncodeDirectory(std::span<const IndexChunk> chunks, size_t ndim,
 
 }  // namespace
 
-EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string name) {
+std::string EncodeTablePart(std::span<const IndexTensor* const> tensors, uint32_t part,
+                            std::vector<IndexTableRef>* refs) {
   // Every directory first, then every record: the directories a load reads
   // first lie together, a few requests for all of them.
-  EncodedChunkTable table;
   uint64_t directories = 0, record_bytes = 0;
-  for (const auto& [key, tensor] : index.tensors) {
-    directories += DirectoryBytes(IndexTableRef{tensor.chunks.size()}, tensor.shape.size()).bytes;
-    record_bytes += tensor.chunks.size() * ChunkRecordBytes(tensor.shape.size());
+  for (const IndexTensor* tensor : tensors) {
+    IndexTableRef sized;
+    sized.count = tensor->chunks.size();
+    directories += DirectoryBytes(sized, tensor->shape.size()).bytes;
+    record_bytes += tensor->chunks.size() * ChunkRecordBytes(tensor->shape.size());
   }
   // The records go straight after the directories' room; each tensor's
   // directory, made from its records, then goes into its place.
-  std::string& out = table.bytes;
+  std::string out;
   out.reserve(kChunkTableMagic.size() + directories + record_bytes);
   out.append(kChunkTableMagic);
   uint64_t directory_at = out.size();
   out.resize(directory_at + directories);
-  table.refs.reserve(index.tensors.size());
-  for (const auto& [key, tensor] : index.tensors) {
-    const size_t ndim = tensor.shape.size();
+  for (const IndexTensor* tensor : tensors) {
+    const size_t ndim = tensor->shape.size();
     IndexTableRef ref;
-    ref.count = tensor.chunks.size();
+    ref.part = part;
+    ref.count = tensor->chunks.size();
     ref.directory_at = directory_at;
     ref.records_at = out.size();
-    for (const IndexChunk& c : tensor.chunks) PutRecord(c, out);
+    for (const IndexChunk& c : tensor->chunks) PutRecord(c, out);
     const std::string directory =
-        EncodeDirectory(tensor.chunks, ndim, std::string_view(out).substr(ref.records_at));
+        EncodeDirectory(tensor->chunks, ndim, std::string_view(out).substr(ref.records_at));
     out.replace(directory_at, directory.size(), directory);
     directory_at += directory.size();
     const ByteSpan top = TopBytes(ref, ndim);
     ref.directory_crc32c = Crc32c(out.data() + top.at, top.bytes);
-    table.refs.push_back(ref);
+    refs->push_back(ref);
   }
-  table.file = IndexChunkTable{std::move(name), out.size()};
+  return out;
+}
+
+EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::span<const int> part_ranks,
+                                   const std::function<std::string(int)>& name) {
+  std::map<int, std::vector<size_t>> by_rank;  // tensors (key order) of each part
+  std::vector<const IndexTensor*> tensors;
+  for (const auto& [key, tensor] : index.tensors) {
+    by_rank[part_ranks[tensors.size()]].push_back(tensors.size());
+    tensors.push_back(&tensor);
+  }
+  EncodedChunkTable table;
+  table.refs.resize(tensors.size());
+  std::vector<const IndexTensor*> mine;
+  std::vector<IndexTableRef> refs;
+  for (const auto& [rank, members] : by_rank) {
+    mine.clear();
+    refs.clear();
+    for (size_t i : members) mine.push_back(tensors[i]);
+    std::string bytes = EncodeTablePart(mine, static_cast<uint32_t>(table.parts.size()), &refs);
+    for (size_t j = 0; j < members.size(); ++j) table.refs[members[j]] = refs[j];
+    table.parts.push_back(IndexChunkTable{name(rank), bytes.size(), std::nullopt});
+    table.ranks.push_back(rank);
+    table.bytes.push_back(std::move(bytes));
+  }
   return table;
+}
+
+Status SetChunkTable(const EncodedChunkTable& table, CheckpointIndex* index) {
+  if (table.refs.size() != index->tensors.size()) {
+    return InternalError("a chunk table of " + std::to_string(table.refs.size()) +
+                         " tensors for an index of " + std::to_string(index->tensors.size()));
+  }
+  index->chunk_tables.clear();
+  for (size_t p = 0; p < table.parts.size(); ++p) {
+    const uint32_t file = static_cast<uint32_t>(index->files.size());
+    index->files.push_back({table.parts[p].name, table.parts[p].bytes, table.ranks[p]});
+    index->chunk_tables.push_back({table.parts[p].name, table.parts[p].bytes, file});
+  }
+  size_t i = 0;
+  for (auto& [key, tensor] : index->tensors) {
+    tensor.table = table.refs[i++];
+    std::vector<IndexChunk>().swap(tensor.chunks);
+  }
+  return Status();
 }
 
 ByteSpan BlockBytes(const IndexTableRef& ref, size_t ndim, uint64_t block) {
@@ -334,55 +384,85 @@ Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& ent
   return Status();
 }
 
-Status FillChunksFromTable(std::string_view table, std::string_view source,
-                           CheckpointIndex* index) {
+namespace {
+
+// Checks the size and magic of each of `tables`, the files of
+// index.chunk_tables.
+Status CheckTableFiles(std::span<const std::string> tables, std::span<const std::string> sources,
+                       const CheckpointIndex& index) {
+  if (tables.size() != index.chunk_tables.size() || sources.size() != tables.size()) {
+    return InternalError(std::to_string(tables.size()) + " chunk tables read of " +
+                         std::to_string(index.chunk_tables.size()));
+  }
+  for (size_t p = 0; p < tables.size(); ++p) {
+    if (tables[p].size() != index.chunk_tables[p].bytes) {
+      return DataLossError(sources[p] + ": is " + std::to_string(tables[p].size()) +
+                           " bytes, but the index records " +
+                           std::to_string(index.chunk_tables[p].bytes));
+    }
+    if (!std::string_view(tables[p]).starts_with(kChunkTableMagic)) {
+      return DataLossError(sources[p] + ": does not start with SSCHUNKS");
+    }
+  }
+  return Status();
+}
+
+// Fills `tensor`'s chunks from `table`, its part, checking every level of
+// its directory to bound exactly what lies under it.
+Status FillTensor(const std::string& key, IndexTensor& tensor, std::string_view table,
+                  std::string_view source, const CheckpointIndex& index) {
   auto loss = [&](const std::string& message) {
-    return DataLossError(std::string(source) + ": " + message);
+    return DataLossError(std::string(source) + ": tensor \"" + key + "\": " + message);
   };
-  if (!index->chunk_table || table.size() != index->chunk_table->bytes) {
-    return loss("is " + std::to_string(table.size()) + " bytes, but the index records " +
-                std::to_string(index->chunk_table ? index->chunk_table->bytes : 0));
+  const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
+  const size_t ndim = tensor.shape.size();
+  ByteSpan span = TopBytes(ref, ndim);
+  SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> level,
+                      DecodeEntries(table.substr(span.at, span.bytes), ndim,
+                                    ref.directory_crc32c, key, source));
+  // Each level's entries, each checked to bound exactly its children.
+  for (size_t l = LevelSizes(ref.count).size() - 1; l > 0; --l) {
+    std::vector<BlockEntry> below;
+    for (uint64_t j = 0; j < level.size(); ++j) {
+      span = ChildBytes(ref, ndim, l, j);
+      SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
+                          DecodeEntries(table.substr(span.at, span.bytes), ndim,
+                                        level[j].crc32c, key, source));
+      Bounds hull;
+      for (const BlockEntry& c : children) hull.Add(c.bounds);
+      if (hull != level[j].bounds) {
+        return loss("a block directory entry's bounds are not those of the entries under it");
+      }
+      below.insert(below.end(), children.begin(), children.end());
+    }
+    level = std::move(below);
   }
-  if (!table.starts_with(kChunkTableMagic)) return loss("does not start with SSCHUNKS");
+  tensor.chunks.clear();
+  tensor.chunks.reserve(ref.count);
+  for (uint64_t b = 0; b < level.size(); ++b) {
+    const size_t before = tensor.chunks.size();
+    span = BlockBytes(ref, ndim, b);
+    SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, level[b], tensor, key,
+                                   index, source, &tensor.chunks));
+    if (Hull(std::span(tensor.chunks).subspan(before)) != level[b].bounds) {
+      return loss("block " + std::to_string(b) +
+                  ": its directory bounds are not the bounds of its records");
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status FillChunksFromTables(std::span<const std::string> tables,
+                            std::span<const std::string> sources, CheckpointIndex* index) {
+  SS_RETURN_IF_ERROR(CheckTableFiles(tables, sources, *index));
   for (auto& [key, tensor] : index->tensors) {
-    const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
-    const size_t ndim = tensor.shape.size();
-    ByteSpan span = TopBytes(ref, ndim);
-    SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> level,
-                        DecodeEntries(table.substr(span.at, span.bytes), ndim,
-                                      ref.directory_crc32c, key, source));
-    // Each level's entries, each checked to bound exactly its children.
-    for (size_t l = LevelSizes(ref.count).size() - 1; l > 0; --l) {
-      std::vector<BlockEntry> below;
-      for (uint64_t j = 0; j < level.size(); ++j) {
-        span = ChildBytes(ref, ndim, l, j);
-        SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
-                            DecodeEntries(table.substr(span.at, span.bytes), ndim,
-                                          level[j].crc32c, key, source));
-        Bounds hull;
-        for (const BlockEntry& c : children) hull.Add(c.bounds);
-        if (hull != level[j].bounds) {
-          return loss("tensor \"" + key + "\": a block directory entry's bounds are not those "
-                      "of the entries under it");
-        }
-        below.insert(below.end(), children.begin(), children.end());
-      }
-      level = std::move(below);
-    }
-    tensor.chunks.clear();
-    tensor.chunks.reserve(ref.count);
-    for (uint64_t b = 0; b < level.size(); ++b) {
-      const size_t before = tensor.chunks.size();
-      span = BlockBytes(ref, ndim, b);
-      SS_RETURN_IF_ERROR(DecodeBlock(table.substr(span.at, span.bytes), b, level[b], tensor,
-                                     key, *index, source, &tensor.chunks));
-      if (Hull(std::span(tensor.chunks).subspan(before)) != level[b].bounds) {
-        return loss("tensor \"" + key + "\": block " + std::to_string(b) +
-                    ": its directory bounds are not the bounds of its records");
-      }
-    }
+    const uint32_t part = tensor.table->part;  // ParseIndex: in range
+    SS_RETURN_IF_ERROR(FillTensor(key, tensor, tables[part], sources[part], *index));
   }
-  return WithSource(internal::CheckNoSharedBytes(*index), source);
+  return WithSource(internal::CheckNoSharedBytes(*index),
+                    sources.size() == 1 ? sources[0] : "the chunk table's parts");
 }
 
 }  // namespace shardsafe

@@ -1,4 +1,5 @@
-// The chunk table of a version-2 index (docs/format.md §3a): every
+// The chunk table of a version-2 index and later (docs/format.md §3a,
+// §3c: in parts from version 4): every
 // tensor's chunks as fixed-size binary records, grouped in blocks of 16
 // that a directory describes by the bounding box of their elements, so
 // that a loader reads only the blocks that can hold what it loads.
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,14 +74,27 @@ Bounds BoundsOf(const Slice& slice);
 // The same into `*b`, reusing its memory.
 void BoundsInto(const Slice& slice, Bounds* b);
 
-// A chunk table for `index` (whose tensors hold their chunks), named
-// `name`, and where each tensor's part lies (in the index's key order).
+// A chunk table of a version-4 index, in parts (docs/format.md §3c), and
+// where each tensor's records lie in it.
 struct EncodedChunkTable {
-  IndexChunkTable file;
-  std::vector<IndexTableRef> refs;
-  std::string bytes;
+  std::vector<IndexChunkTable> parts;  // names and sizes (`file` unset)
+  std::vector<int> ranks;              // each part's writer
+  std::vector<std::string> bytes;      // each part's
+  std::vector<IndexTableRef> refs;     // each tensor's, in the index's key order
 };
-EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::string name);
+// The table of `index` (whose tensors hold their chunks): tensor i (in key
+// order) in the part of rank part_ranks[i], the parts by rank, the part
+// of rank r named name(r).
+EncodedChunkTable EncodeChunkTable(const CheckpointIndex& index, std::span<const int> part_ranks,
+                                   const std::function<std::string(int)>& name);
+// One part: the magic, then the directories and records of `tensors` (in
+// the order given), their refs (naming part `part`) appended to *refs.
+std::string EncodeTablePart(std::span<const IndexTensor* const> tensors, uint32_t part,
+                            std::vector<IndexTableRef>* refs);
+// Puts `table` (made for `index`'s tensors) into `index`: its parts listed
+// in `files` after the others and in `chunk_tables`, each tensor's ref set
+// and its chunks dropped. InternalError for a table of other tensors.
+Status SetChunkTable(const EncodedChunkTable& table, CheckpointIndex* index);
 
 // One block directory entry.
 struct BlockEntry {
@@ -127,11 +142,12 @@ ByteSpan EntryBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_
                     uint64_t n);
 ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_t entry);
 
-// The whole table read: fills every tensor's chunks from `table` (the
-// file's bytes), checking everything the JSON reader checks but tiling
-// (left to the engine, as for JSON) and, exactly, each block's bounds and
-// the file's size and magic. DataLoss naming `source`.
-Status FillChunksFromTable(std::string_view table, std::string_view source,
-                           CheckpointIndex* index);
+// The whole table read: fills every tensor's chunks from `tables` (the
+// bytes of each of index->chunk_tables, read from the files `sources`
+// name), checking everything the JSON reader checks but tiling (left to
+// the engine, as for JSON) and, exactly, each block's bounds and each
+// file's size and magic. DataLoss naming the file.
+Status FillChunksFromTables(std::span<const std::string> tables,
+                            std::span<const std::string> sources, CheckpointIndex* index);
 
 }  // namespace shardsafe

@@ -119,11 +119,26 @@ struct Written {
   std::string table;
 };
 
+// `index` with its table as one file named shardsafe.chunks: version 2,
+// or 3 with checksum files.
 Written WriteWithTable(const CheckpointIndex& index) {
-  auto written = SerializeIndexToCommit(index, std::string("shardsafe.chunks"));
-  EXPECT_TRUE(written.ok()) << written.status().ToString();
-  EXPECT_EQ(written->table_name, "shardsafe.chunks");
-  return {written->text, written->table->bytes};
+  const std::vector<int> ranks(index.tensors.size(), 0);
+  const EncodedChunkTable table =
+      EncodeChunkTable(index, ranks, [](int) { return "shardsafe.chunks"; });
+  EXPECT_EQ(table.parts.size(), 1u);
+  CheckpointIndex with = index;
+  size_t i = 0;
+  for (auto& [key, tensor] : with.tensors) {
+    tensor.table = table.refs[i++];
+    tensor.chunks.clear();
+  }
+  with.chunk_tables = {table.parts[0]};
+  return {SerializeIndex(with), table.bytes[0]};
+}
+
+Status FillChunksFromTable(const std::string& table, const std::string& source,
+                           CheckpointIndex* index) {
+  return FillChunksFromTables(std::vector{table}, std::vector{source}, index);
 }
 
 void ExpectSameChunks(const IndexTensor& a, const IndexTensor& b) {
@@ -160,9 +175,9 @@ TEST(ChunkTableTest, AVersion2IndexAndItsTableGiveBackEveryChunk) {
 }
 
 TEST(ChunkTableTest, WithoutATableNameTheIndexIsVersion1WithItsChunks) {
-  auto written = SerializeIndexToCommit(SampleIndex(), std::nullopt);
+  auto written = SerializeIndexToCommit(SampleIndex(), nullptr);
   ASSERT_TRUE(written.ok());
-  EXPECT_TRUE(written->table_name.empty());
+  EXPECT_EQ(written->table, nullptr);
   const auto j = nlohmann::json::parse(written->text);
   EXPECT_EQ(j["version"], 1);
   EXPECT_FALSE(j.contains("chunk_table"));
@@ -335,7 +350,9 @@ TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {
   expect_loss(d, "tensor \"w\": field \"table\": lies outside the chunk table");
   d = j;
   d["tensors"]["w"]["table"] = {1, 2, 3};
-  expect_loss(d, "expected [count, directory_at, records_at, directory_crc32c]");
+  expect_loss(d, "expected [part, count, directory_at, records_at, directory_crc32c]");
+  d["tensors"]["w"]["table"] = {0, 24, 8, 100, 1};
+  expect_loss(d, "names a part before version 4");
   d = j;
   d["tensors"]["w"]["chunks"] = nlohmann::json::array();
   expect_loss(d, "has both \"chunks\" and \"table\"");
@@ -344,12 +361,12 @@ TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {
   expect_loss(d, "missing field \"chunks\"");
   d = j;
   d["version"] = 1;
-  expect_loss(d, "a version-1 index has no chunk table");
+  expect_loss(d, "a version-1 index has no single chunk table");
   d = j;
   d["chunk_table"] = "../x";
   expect_loss(d, "chunk_table");
   d = j;
-  d["version"] = 4;
+  d["version"] = 5;
   auto newer = ParseIndex(d.dump(), "i");
   EXPECT_EQ(newer.status().code(), StatusCode::kFailedPrecondition);
   // Version 3: the checksum files, listed by file number, one per rank.
@@ -357,7 +374,7 @@ TEST_F(DamagedTableTest, TableFieldsOfTheIndexAreChecked) {
   d["version"] = 3;
   expect_loss(d, "missing field \"checksum_files\"");
   d["checksum_files"] = nlohmann::json::array();
-  expect_loss(d, "a version-3 index lists checksum files");
+  expect_loss(d, "an index of this version lists checksum files");
   d["checksum_files"] = {7};
   expect_loss(d, "file 7 is out of range");
   d["files"].push_back({{"name", "checksums-00000.crc32c"}, {"bytes", 20}, {"rank", 0}});
@@ -400,6 +417,147 @@ TEST(ChunkTableTest, AVersion3TableHoldsNoChecksumAndNoChunkInAChecksumFile) {
   s = FillChunksFromTable(written.table, "t", &*reparsed);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("lies in checksum file"));
+}
+
+// SampleIndex as a version-4 save writes it: no checksum in the chunks,
+// a checksum file, and the table in two parts ("s" home to rank 0, "w"
+// to rank 1).
+const std::vector<std::string> kPartNames = {"p0", "p1"};
+
+struct Version4 {
+  CheckpointIndex index;  // with the table set (SetChunkTable)
+  EncodedChunkTable table;
+  std::string text;
+};
+
+Version4 WriteVersion4() {
+  Version4 v;
+  v.index = SampleIndex();
+  for (auto& [key, t] : v.index.tensors) {
+    for (IndexChunk& c : t.chunks) c.crc32c.reset();
+  }
+  v.index.checksum_files = {static_cast<uint32_t>(v.index.files.size())};
+  v.index.files.push_back({"checksums-00000.crc32c", 100, 0});
+  const std::vector<int> homes = {0, 1};  // "s", "w"
+  v.table = EncodeChunkTable(v.index, homes, [](int rank) {
+    return "chunks-0000" + std::to_string(rank) + ".chunks";
+  });
+  EXPECT_TRUE(SetChunkTable(v.table, &v.index).ok());
+  auto written = SerializeIndexToCommit(v.index, nullptr);
+  EXPECT_TRUE(written.ok());
+  v.text = written->text;
+  return v;
+}
+
+TEST(ChunkTableTest, AVersion4TableIsInPartsListedAsFilesThatTheTensorsName) {
+  const Version4 v = WriteVersion4();
+  ASSERT_EQ(v.table.parts.size(), 2u);
+  EXPECT_EQ(v.table.ranks, (std::vector<int>{0, 1}));
+  const auto j = nlohmann::json::parse(v.text);
+  EXPECT_EQ(j["version"], 4);
+  EXPECT_FALSE(j.contains("chunk_table"));
+  EXPECT_EQ(j["chunk_tables"], nlohmann::json({3, 4}));
+  EXPECT_EQ(j["files"][3]["name"], "chunks-00000.chunks");
+  EXPECT_EQ(j["files"][4]["name"], "chunks-00001.chunks");
+  EXPECT_EQ(j["files"][4]["rank"], 1);
+  EXPECT_EQ(j["files"][4]["bytes"], v.table.bytes[1].size());
+  EXPECT_EQ(j["tensors"]["w"]["table"][0], 1);  // part 1
+  EXPECT_EQ(j["tensors"]["w"]["table"][1], 24);
+  EXPECT_EQ(j["tensors"]["s"]["table"][0], 0);
+  EXPECT_TRUE(v.table.bytes[0].starts_with("SSCHUNKS"));
+  EXPECT_TRUE(v.table.bytes[1].starts_with("SSCHUNKS"));
+
+  auto parsed = ParseIndex(v.text, "ckpt/shardsafe.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->version, 4);
+  ASSERT_EQ(parsed->chunk_tables.size(), 2u);
+  EXPECT_EQ(parsed->chunk_tables[1].name, "chunks-00001.chunks");
+  EXPECT_EQ(parsed->chunk_tables[1].bytes, v.table.bytes[1].size());
+  EXPECT_EQ(parsed->chunk_tables[1].file, 4u);
+  EXPECT_TRUE(IsDataFile(*parsed, 0));
+  EXPECT_FALSE(IsDataFile(*parsed, 2));  // the checksum file
+  EXPECT_FALSE(IsDataFile(*parsed, 4));
+  ASSERT_TRUE(FillChunksFromTables(v.table.bytes, kPartNames, &*parsed).ok());
+  const CheckpointIndex sample = SampleIndex();
+  for (const char* key : {"w", "s"}) {
+    const IndexTensor& got = parsed->tensors.at(key);
+    ASSERT_EQ(got.chunks.size(), sample.tensors.at(key).chunks.size()) << key;
+    for (size_t i = 0; i < got.chunks.size(); ++i) {
+      EXPECT_EQ(got.chunks[i].slice, sample.tensors.at(key).chunks[i].slice);
+      EXPECT_EQ(got.chunks[i].at, sample.tensors.at(key).chunks[i].at);
+      EXPECT_FALSE(got.chunks[i].crc32c.has_value());
+    }
+  }
+  EXPECT_EQ(SerializeIndex(*parsed), v.text);  // written again: the same text
+  // The parts swapped: each has the other's size and magic, but not its
+  // tensors' directories.
+  const std::vector<std::string> swapped = {v.table.bytes[1], v.table.bytes[0]};
+  auto again = ParseIndex(v.text, "i");
+  const Status s = FillChunksFromTables(swapped, kPartNames, &*again);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("p0: is "));
+}
+
+TEST(ChunkTableTest, Version4PartsAndTheirReferencesAreChecked) {
+  const Version4 v = WriteVersion4();
+  const auto j = nlohmann::json::parse(v.text);
+  auto expect_loss = [](const nlohmann::json& d, const std::string& substring) {
+    auto parsed = ParseIndex(d.dump(), "i");
+    EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss) << substring;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(substring));
+  };
+  auto d = j;
+  d["tensors"]["w"]["table"][0] = 2;
+  expect_loss(d, "tensor \"w\": field \"table\": names part 2 of 2");
+  d = j;
+  d["tensors"]["w"]["table"].erase(0);
+  expect_loss(d, "names no part in a version-4 index");
+  d = j;
+  d["tensors"]["w"]["table"][3] = v.table.bytes[1].size();  // records past its part's end
+  expect_loss(d, "lies outside the chunk table");
+  d = j;
+  d.erase("chunk_tables");
+  expect_loss(d, "chunk_tables");
+  d = j;
+  d["chunk_tables"] = nlohmann::json::array();
+  expect_loss(d, "an index of this version lists its chunk table's parts");
+  d = j;
+  d["chunk_tables"] = {4, 3};
+  expect_loss(d, "expected ascending file numbers");
+  d = j;
+  d["chunk_tables"] = {3, 9};
+  expect_loss(d, "field \"chunk_tables\": file 9 is out of range");
+  d = j;
+  d["chunk_tables"] = {2, 4};
+  expect_loss(d, "file 2 is a checksum file");
+  d = j;
+  d["chunk_table"] = "shardsafe.chunks";
+  d["chunk_table_bytes"] = 8;
+  expect_loss(d, "a version-4 index has no single chunk table");
+  d = j;
+  d["blobs"]["b"] = {{"per_rank", false},
+                     {"chunks", {{{"rank", 0}, {"file", 4}, {"at", 0}, {"bytes", 8},
+                                  {"crc32c", 1}}}}};
+  expect_loss(d, "blob \"b\": lies in a chunk table file");
+  // A record naming a part as its data file.
+  Version4 bad = WriteVersion4();
+  CheckpointIndex in_part = SampleIndex();
+  for (auto& [key, t] : in_part.tensors) {
+    for (IndexChunk& c : t.chunks) c.crc32c.reset();
+  }
+  in_part.tensors.at("s").chunks[0] = {Slice{Box{}, std::nullopt}, 4, 0, 8, std::nullopt};
+  in_part.checksum_files = {2};
+  in_part.files.push_back({"checksums-00000.crc32c", 100, 0});
+  const std::vector<int> homes = {0, 1};
+  bad.table = EncodeChunkTable(in_part, homes, [](int rank) {
+    return "chunks-0000" + std::to_string(rank) + ".chunks";
+  });
+  ASSERT_TRUE(SetChunkTable(bad.table, &in_part).ok());
+  auto parsed = ParseIndex(SerializeIndex(in_part), "i");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Status s = FillChunksFromTables(bad.table.bytes, kPartNames, &*parsed);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("lies in chunk table file 4"));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/chunk_table.h"
+#include "format/index_objects.h"
 #include "format/json_text.h"
 
 namespace shardsafe {
@@ -89,11 +90,15 @@ void ChunkText(const IndexChunk& c, Text& t) {
   t.Raw("}");
 }
 
-void TensorText(const IndexTensor& tensor, const IndexTableRef* ref, Text& t) {
+// A tensor of an index written as `version`: its chunks (version 1) or
+// its table ref (version 4: naming its part).
+void TensorText(const IndexTensor& tensor, int version, Text& t) {
   t.Raw("{").Field("dtype").Str(DTypeName(tensor.dtype)).Field("shape").Nums(tensor.shape);
-  if (ref != nullptr) {
-    t.Field("table").Nums({ref->count, ref->directory_at, ref->records_at, ref->directory_crc32c});
-    t.Raw("}");
+  if (const std::optional<IndexTableRef>& ref = tensor.table; ref && version > 1) {
+    std::vector<uint64_t> n = {ref->count, ref->directory_at, ref->records_at,
+                               ref->directory_crc32c};
+    if (version == 4) n.insert(n.begin(), ref->part);
+    t.Field("table").Nums(n).Raw("}");
     return;
   }
   t.Field("chunks").Raw("[");
@@ -135,16 +140,16 @@ std::string Range(uint64_t begin, uint64_t end) {
   return std::to_string(begin) + ":" + std::to_string(end);
 }
 
-}  // namespace
+// The version `index` is written as (CheckpointIndex::version).
+int VersionOf(const CheckpointIndex& index) {
+  if (index.chunk_tables.empty()) return 1;
+  if (index.chunk_tables[0].file) return 4;
+  return index.checksum_files.empty() ? 2 : 3;
+}
 
-namespace {
-
-// `table`: the chunk table whose refs (in key order) the tensors name, or
-// null for chunks in the index (version 1).
-void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table,
-                std::string_view table_name, Text& t) {
-  const bool checksum_files = table != nullptr && !index.checksum_files.empty();
-  const int version = checksum_files ? 3 : table ? 2 : 1;
+// `inline_chunks`: every tensor's chunks in the index, none in a table.
+void WriteIndex(const CheckpointIndex& index, bool inline_chunks, Text& t) {
+  const int version = inline_chunks ? 1 : VersionOf(index);
   t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(version);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
   t.Field("world_size").Num(index.world_size);
@@ -158,16 +163,21 @@ void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table,
     t.Field("rank").Num(f.rank).Raw("}");
   }
   t.Raw("]");
-  if (table != nullptr) {
-    t.Field("chunk_table").Str(table_name).Field("chunk_table_bytes").Num(table->file.bytes);
+  if (version == 2 || version == 3) {
+    const IndexChunkTable& table = index.chunk_tables[0];
+    t.Field("chunk_table").Str(table.name).Field("chunk_table_bytes").Num(table.bytes);
   }
-  if (checksum_files) {
+  if (version >= 3) {
     t.Field("checksum_files").Nums({index.checksum_files.begin(), index.checksum_files.end()});
   }
+  if (version == 4) {
+    std::vector<uint64_t> parts;
+    for (const IndexChunkTable& p : index.chunk_tables) parts.push_back(*p.file);
+    t.Field("chunk_tables").Nums(parts);
+  }
   t.Field("tensors");
-  size_t i = 0;
   ObjectText(index.tensors, [&](const IndexTensor& tensor, Text& out) {
-    TensorText(tensor, table ? &table->refs[i++] : nullptr, out);
+    TensorText(tensor, version, out);
   }, t);
   t.Field("values").Raw(index.values);
   t.Field("blobs");
@@ -175,46 +185,21 @@ void WriteIndex(const CheckpointIndex& index, const EncodedChunkTable* table,
   t.Raw("}");
 }
 
-// The table a read version-2 index names, as its refs.
-std::optional<EncodedChunkTable> TableOf(const CheckpointIndex& index) {
-  if (!index.chunk_table) return std::nullopt;
-  EncodedChunkTable table{*index.chunk_table, {}, {}};
-  for (const auto& [key, tensor] : index.tensors) {
-    table.refs.push_back(tensor.table.value_or(IndexTableRef()));
-  }
-  return table;
-}
-
 }  // namespace
 
 std::string SerializeIndex(const CheckpointIndex& index) {
-  const std::optional<EncodedChunkTable> table = TableOf(index);
   Text t;
-  WriteIndex(index, table ? &*table : nullptr, table ? table->file.name : "", t);
+  WriteIndex(index, false, t);
   return t.Take();
 }
 
 Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
-                                           std::optional<std::string> table_name,
+                                           std::shared_ptr<const EncodedChunkTable> table,
                                            uint64_t limit) {
-  std::shared_ptr<const EncodedChunkTable> table;
-  std::string name = table_name.value_or("");
-  if (table_name) table = std::make_shared<const EncodedChunkTable>(EncodeChunkTable(index, name));
-  return SerializeIndexWithTable(index, std::move(table), std::move(name), limit);
-}
-
-Result<CommitIndex> SerializeIndexWithTable(const CheckpointIndex& index,
-                                            std::shared_ptr<const EncodedChunkTable> table,
-                                            std::string table_name, uint64_t limit) {
-  if (table && table->refs.size() != index.tensors.size()) {
-    return InternalError("a chunk table of " + std::to_string(table->refs.size()) +
-                         " tensors for an index of " + std::to_string(index.tensors.size()));
-  }
   CommitIndex out;
   Text t;
-  WriteIndex(index, table.get(), table_name, t);
+  WriteIndex(index, false, t);
   out.text = t.Take();
-  if (table) out.table_name = std::move(table_name);
   out.table = std::move(table);
   if (out.text.size() <= limit) return out;
   return ResourceExhaustedError(
@@ -225,16 +210,22 @@ Result<CommitIndex> SerializeIndexWithTable(const CheckpointIndex& index,
       (out.table ? "" : ", or write a chunk table (SaveOptions::chunk_table_min_chunks)"));
 }
 
+bool IsDataFile(const CheckpointIndex& index, uint32_t file) {
+  return !internal::IsChecksumFile(index, file) && !internal::IsChunkTableFile(index, file);
+}
+
 uint64_t ChunkCount(const CheckpointIndex& index) {
   uint64_t chunks = 0;
-  for (const auto& [key, tensor] : index.tensors) chunks += tensor.chunks.size();
+  for (const auto& [key, tensor] : index.tensors) {
+    chunks += tensor.table ? tensor.table->count : tensor.chunks.size();
+  }
   return chunks;
 }
 
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink) {
   Text t(&sink);
-  WriteIndex(index, nullptr, "", t);
+  WriteIndex(index, true, t);
   t.Flush();
 }
 

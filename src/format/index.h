@@ -22,36 +22,28 @@
 
 namespace shardsafe {
 
-// Compact JSON text of `index` (docs/format.md §3): version 2, naming each
-// tensor's part of the chunk table, when `index.chunk_table` is set (an
-// index read that way), else version 1 with the chunks.
+// Compact JSON text of `index` (docs/format.md §3): version 4 when its
+// chunk table is in parts (CheckpointIndex::chunk_tables, listed in
+// `files`), 3 or 2 with one table (with checksum files or not), its
+// tensors naming their place in it; else version 1 with the chunks.
 std::string SerializeIndex(const CheckpointIndex& index);
-// What a commit writes: the index text, and the chunk table when it has
-// one (docs/format.md §3a).
+// What a commit writes: the index text, and the parts of the chunk table
+// when it has one (docs/format.md §3c).
 struct CommitIndex {
   std::string text;
-  std::string table_name;
-  std::shared_ptr<const EncodedChunkTable> table;  // null: none (its name is table_name)
+  std::shared_ptr<const EncodedChunkTable> table;  // null: none
 };
-// The index of `index` (whose tensors hold their chunks) for a commit: a
-// version-2 index (3 with checksum files) and its chunk table named
-// `table_name` when one is given, else version 1. ResourceExhausted,
-// naming the size, the limit and the chunk count, when the text is larger
-// than `limit` (what a loader reads, kMaxIndexBytes), so that no save
-// commits an index that no load can open.
+// The index of `index` for a commit, with `table` (null: none) set in it
+// (SetChunkTable). ResourceExhausted, naming the size, the limit and the
+// chunk count, when the text is larger than `limit` (what a loader reads,
+// kMaxIndexBytes), so that no save commits an index that no load can open.
 Result<CommitIndex> SerializeIndexToCommit(const CheckpointIndex& index,
-                                           std::optional<std::string> table_name,
+                                           std::shared_ptr<const EncodedChunkTable> table,
                                            uint64_t limit = kMaxIndexBytes);
-// The same with `table` encoded before (under any name), from an index of
-// the same tensors and chunks whose checksums are not in the table
-// (version 3), now named `table_name`; `index`'s tensors need not hold
-// their chunks. InternalError when the table has another number of
-// tensors.
-Result<CommitIndex> SerializeIndexWithTable(const CheckpointIndex& index,
-                                            std::shared_ptr<const EncodedChunkTable> table,
-                                            std::string table_name,
-                                            uint64_t limit = kMaxIndexBytes);
-// Chunks of all tensors of `index` (as held in memory).
+// Whether file `file` of `index` holds data (a safetensors file), not
+// checksums (§3b) or a part of the chunk table (§3c).
+bool IsDataFile(const CheckpointIndex& index, uint32_t file);
+// Chunks of all tensors of `index` (a table's count where a tensor has one).
 uint64_t ChunkCount(const CheckpointIndex& index);
 // The index with every chunk inline (the version-1 form, also for an index
 // read with its chunk table: what tools print), handed to `sink` in

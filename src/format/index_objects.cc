@@ -158,32 +158,51 @@ Result<int> CheckFormatVersion(const IndexObject& root) {
   return static_cast<int>(version);
 }
 
-Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, int version) {
-  if (version < 2) {
-    if (root.Has(kChunkTable) || root.Has(kChunkTableBytes)) {
-      return Loss("field \"chunk_table\"", "a version-1 index has no chunk table");
+namespace {
+
+// A 4-number `table` (before version 4) until CheckTableRefs checks it.
+constexpr uint32_t kNoPart = UINT32_MAX;
+
+// Ascending numbers of 32 bits in field `field`, not empty.
+Result<std::vector<uint32_t>> FileNumbers(const IndexObject& root, int field, const char* what) {
+  SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(root, field));
+  if (n.empty()) return Loss(root.At(field), std::string("an index of this version lists ") + what);
+  std::vector<uint32_t> files;
+  for (uint64_t i : n) {
+    if (i > UINT32_MAX || (!files.empty() && i <= files.back())) {
+      return Loss(root.At(field), "expected ascending file numbers");
     }
-    return std::optional<IndexChunkTable>();
+    files.push_back(static_cast<uint32_t>(i));
+  }
+  return files;
+}
+
+}  // namespace
+
+Result<std::vector<IndexChunkTable>> ReadChunkTables(const IndexObject& root, int version) {
+  std::vector<IndexChunkTable> tables;
+  if (version < 2 || version >= 4) {
+    if (root.Has(kChunkTable) || root.Has(kChunkTableBytes)) {
+      return Loss("field \"chunk_table\"", "a version-" + std::to_string(version) +
+                                                " index has no single chunk table");
+    }
+    if (version < 4) return tables;  // "chunk_tables" before version 4: unknown, ignored
+    SS_ASSIGN_OR_RETURN(std::vector<uint32_t> files,
+                        FileNumbers(root, kChunkTables, "its chunk table's parts"));
+    for (uint32_t f : files) tables.push_back({"", 0, f});
+    return tables;
   }
   IndexChunkTable table;
   SS_ASSIGN_OR_RETURN(table.name, String(root, kChunkTable));
   SS_RETURN_IF_ERROR(CheckFileName(table.name, Where("field \"chunk_table\"")));
   SS_ASSIGN_OR_RETURN(table.bytes, U64(root, kChunkTableBytes));
-  return std::optional<IndexChunkTable>(std::move(table));
+  tables.push_back(std::move(table));
+  return tables;
 }
 
 Result<std::vector<uint32_t>> ReadChecksumFiles(const IndexObject& root, int version) {
   if (version < 3) return std::vector<uint32_t>();  // an unknown field there: ignored
-  SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(root, kChecksumFiles));
-  if (n.empty()) return Loss(root.At(kChecksumFiles), "a version-3 index lists checksum files");
-  std::vector<uint32_t> files;
-  for (uint64_t i : n) {
-    if (i > UINT32_MAX || (!files.empty() && i <= files.back())) {
-      return Loss(root.At(kChecksumFiles), "expected ascending file numbers");
-    }
-    files.push_back(static_cast<uint32_t>(i));
-  }
-  return files;
+  return FileNumbers(root, kChecksumFiles, "checksum files");
 }
 
 Status CheckChecksumFiles(const CheckpointIndex& index) {
@@ -207,31 +226,81 @@ Status CheckChecksumFiles(const CheckpointIndex& index) {
   return Status();
 }
 
+Status CheckChunkTables(CheckpointIndex* index) {
+  const Where where("field \"chunk_tables\"");
+  for (IndexChunkTable& t : index->chunk_tables) {
+    if (!t.file) continue;  // the one table of a version-2 or 3 index
+    if (*t.file >= index->files.size()) {
+      return Loss(where, "file " + std::to_string(*t.file) + " is out of range");
+    }
+    if (IsChecksumFile(*index, *t.file)) {
+      return Loss(where, "file " + std::to_string(*t.file) + " is a checksum file");
+    }
+    t.name = index->files[*t.file].name;
+    t.bytes = index->files[*t.file].bytes;
+  }
+  for (const auto& [name, blob] : index->blobs) {
+    for (const IndexBlobChunk& c : blob.chunks) {
+      if (IsChunkTableFile(*index, c.file)) {
+        return Loss(Where("blob", name), "lies in a chunk table file");
+      }
+    }
+  }
+  return Status();
+}
+
 bool IsChecksumFile(const CheckpointIndex& index, uint32_t file) {
   return std::binary_search(index.checksum_files.begin(), index.checksum_files.end(), file);
+}
+
+bool IsChunkTableFile(const CheckpointIndex& index, uint32_t file) {
+  const auto& t = index.chunk_tables;  // files ascending (ReadChunkTables)
+  auto it = std::lower_bound(t.begin(), t.end(), file, [](const IndexChunkTable& c, uint32_t f) {
+    return c.file.value_or(0) < f;
+  });
+  return it != t.end() && it->file == file;
 }
 
 Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t) {
   if (!v.Has(kTable)) return Holder(v, kChunks, "array");
   if (v.Has(kChunks)) return Loss(v.where, "has both \"chunks\" and \"table\"");
   SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(v, kTable));
-  if (n.size() != 4 || n[3] > UINT32_MAX) {
-    return Loss(v.At(kTable), "expected [count, directory_at, records_at, directory_crc32c]");
+  const bool with_part = n.size() == 5;
+  if ((n.size() != 4 && !with_part) || (with_part && n[0] >= kNoPart) || n.back() > UINT32_MAX) {
+    return Loss(v.At(kTable), "expected [part, count, directory_at, records_at, "
+                              "directory_crc32c] ([count, ...] before version 4)");
   }
-  t->table = IndexTableRef{n[0], n[1], n[2], static_cast<uint32_t>(n[3])};
+  const uint64_t* f = n.data() + (with_part ? 1 : 0);
+  IndexTableRef ref;
+  ref.part = with_part ? static_cast<uint32_t>(n[0]) : kNoPart;
+  ref.count = f[0];
+  ref.directory_at = f[1];
+  ref.records_at = f[2];
+  ref.directory_crc32c = static_cast<uint32_t>(f[3]);
+  t->table = ref;
   return Status();
 }
 
-Status CheckTableRefs(const CheckpointIndex& index) {
-  for (const auto& [key, t] : index.tensors) {
+Status CheckTableRefs(CheckpointIndex* index) {
+  const bool parts = index->version >= 4;
+  for (auto& [key, t] : index->tensors) {
     const Where where("tensor", key);
-    if (t.table.has_value() != index.chunk_table.has_value()) {
-      return Loss(where, index.chunk_table ? "has no \"table\" in a version-2 index"
-                                           : "has a \"table\" in a version-1 index");
+    if (t.table.has_value() != !index->chunk_tables.empty()) {
+      return Loss(where, t.table ? "has a \"table\" in a version-1 index"
+                                 : "has no \"table\" in an index with a chunk table");
     }
     if (!t.table) continue;
-    const IndexTableRef& r = *t.table;
-    const uint64_t size = index.chunk_table->bytes;
+    IndexTableRef& r = *t.table;
+    if ((r.part == kNoPart) == parts) {
+      return Loss(FieldAt(where, "table"), parts ? "names no part in a version-4 index"
+                                                 : "names a part before version 4");
+    }
+    if (!parts) r.part = 0;
+    if (r.part >= index->chunk_tables.size()) {
+      return Loss(FieldAt(where, "table"), "names part " + std::to_string(r.part) + " of " +
+                                               std::to_string(index->chunk_tables.size()));
+    }
+    const uint64_t size = index->chunk_tables[r.part].bytes;
     const uint64_t magic = kChunkTableMagic.size();
     uint64_t records = 0, records_end = 0;
     const bool fits =

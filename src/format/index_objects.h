@@ -69,7 +69,8 @@ Status CheckKey(const char* kind, std::string_view name);
 // at the same positions.
 enum ObjectKind { kRoot, kFile, kTensor, kChunk, kBlob, kBlobChunk };
 enum RootField { kFormat, kVersion, kTag, kCreated, kWorldSize, kLayout, kMetadata, kFiles,
-                 kTensors, kValues, kBlobs, kChunkTable, kChunkTableBytes, kChecksumFiles };
+                 kTensors, kValues, kBlobs, kChunkTable, kChunkTableBytes, kChecksumFiles,
+                 kChunkTables };
 enum FileField { kName, kFileBytes, kFileRank };
 enum TensorField { kDtype, kShape, kChunks, kTable };
 enum ChunkField { kFileIndex, kAt, kBytes, kCrc, kOffset, kSize, kFlat, kRank = kOffset };
@@ -80,7 +81,8 @@ inline constexpr FieldSpec kRootSpec[] = {
     {"layout", FieldKind::kJson}, {"metadata", FieldKind::kJson},
     {"files", FieldKind::kObjects, kFile}, {"tensors", FieldKind::kNamed, kTensor},
     {"values", FieldKind::kJson}, {"blobs", FieldKind::kNamed, kBlob}, {"chunk_table"},
-    {"chunk_table_bytes"}, {"checksum_files", FieldKind::kNumbers}};
+    {"chunk_table_bytes"}, {"checksum_files", FieldKind::kNumbers},
+    {"chunk_tables", FieldKind::kNumbers}};
 inline constexpr FieldSpec kFileSpec[] = {{"name"}, {"bytes"}, {"rank"}};
 inline constexpr FieldSpec kTensorSpec[] = {
     {"dtype"}, {"shape", FieldKind::kNumbers}, {"chunks", FieldKind::kObjects, kChunk},
@@ -125,20 +127,28 @@ Result<std::string> Json(const IndexObject& o, int field, bool object = false);
 // format and version, which come first: a newer version may change all
 // else. The version read.
 Result<int> CheckFormatVersion(const IndexObject& root);
-// The chunk table named by a version-2 index (absent in version 1).
-Result<std::optional<IndexChunkTable>> ReadChunkTable(const IndexObject& root, int version);
-// The checksum files of a version-3 index (none before), as numbers.
+// The chunk table files an index names: none in version 1, the one of a
+// version-2 or 3 index, the parts of a version-4 one (their file numbers
+// only, ascending; CheckChunkTables completes them).
+Result<std::vector<IndexChunkTable>> ReadChunkTables(const IndexObject& root, int version);
+// The checksum files of a version-3 or 4 index (none before), as numbers.
 Result<std::vector<uint32_t>> ReadChecksumFiles(const IndexObject& root, int version);
 // The checksum files of a parsed index name files in range, one per rank,
 // and no blob lies in one.
 Status CheckChecksumFiles(const CheckpointIndex& index);
-// Whether file `file` of `index` is one of its checksum files.
+// The parts of a parsed version-4 index name files in range that are no
+// checksum files and hold no blob; their names and sizes taken from them.
+Status CheckChunkTables(CheckpointIndex* index);
+// Whether file `file` of `index` is one of its checksum files, or one of
+// its chunk table's parts.
 bool IsChecksumFile(const CheckpointIndex& index, uint32_t file);
+bool IsChunkTableFile(const CheckpointIndex& index, uint32_t file);
 // A tensor's chunks: its "chunks" holder, or its "table" (into t->table)
-// for a version-2 index. Exactly one of them must be there.
+// for an index with a chunk table. Exactly one of them must be there.
 Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t);
-// Each tensor of a version-2 index names a part that lies in the table.
-Status CheckTableRefs(const CheckpointIndex& index);
+// Each tensor of an index with a chunk table names a part of it (4
+// numbers before version 4, 5 from it) and lies in that part.
+Status CheckTableRefs(CheckpointIndex* index);
 
 struct FileRead {
   IndexFile file;

@@ -223,8 +223,8 @@ void IndexBuilder::EndRoot(std::vector<FieldValue>& fields) {
   Result<int> version = CheckFormatVersion(root);
   if (version.ok()) {
     index_.version = *version;
-    Result<std::optional<IndexChunkTable>> table = ReadChunkTable(root, *version);
-    if (table.ok()) index_.chunk_table = std::move(*table);
+    Result<std::vector<IndexChunkTable>> table = ReadChunkTables(root, *version);
+    if (table.ok()) index_.chunk_tables = std::move(*table);
     Fail(kStageVersion, table.status());
     Result<std::vector<uint32_t>> checksums = ReadChecksumFiles(root, *version);
     if (checksums.ok()) index_.checksum_files = std::move(*checksums);
@@ -515,8 +515,9 @@ Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view sourc
   Result<CheckpointIndex> index = IndexBuilder().Read(text);
   if (!index.ok()) return index.status().WithContext(source);
   if (Status s = NoSharedBytes(*index); !s.ok()) return s.WithContext(source);
-  if (Status s = CheckTableRefs(*index); !s.ok()) return s.WithContext(source);
   if (Status s = CheckChecksumFiles(*index); !s.ok()) return s.WithContext(source);
+  if (Status s = CheckChunkTables(&*index); !s.ok()) return s.WithContext(source);
+  if (Status s = CheckTableRefs(&*index); !s.ok()) return s.WithContext(source);
   return index;
 }
 

@@ -144,10 +144,10 @@ TEST(IndexTest, AnIndexOverTheLimitIsNotSerializedToCommit) {
     t.chunks.push_back({Slice{Box{{i}, {1}}, std::nullopt}, 0, 8 + 4 * i, 4, 1});
   }
   const std::string text = SerializeIndex(index);
-  auto fits = SerializeIndexToCommit(index, std::nullopt, text.size());
+  auto fits = SerializeIndexToCommit(index, nullptr, text.size());
   ASSERT_TRUE(fits.ok());
   EXPECT_EQ(fits->text, text);
-  auto over = SerializeIndexToCommit(index, std::nullopt, text.size() - 1);
+  auto over = SerializeIndexToCommit(index, nullptr, text.size() - 1);
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(over.status().message(),
               ::testing::AllOf(::testing::HasSubstr("step-00000009"),
@@ -366,8 +366,8 @@ TEST(IndexTest, RejectsUnknownFormat) {
 }
 
 TEST(IndexTest, RejectsNewerVersionAsFailedPrecondition) {
-  EXPECT_INDEX_ERROR(ParseJson(With("/version", 4)), StatusCode::kFailedPrecondition,
-                     "format version 4 is newer");
+  EXPECT_INDEX_ERROR(ParseJson(With("/version", 5)), StatusCode::kFailedPrecondition,
+                     "format version 5 is newer");
 }
 
 TEST(IndexTest, RejectsVersionZero) {

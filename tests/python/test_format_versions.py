@@ -1,7 +1,8 @@
-"""Format versions (docs/format.md §3, §3a, §3b): checkpoints written by
-the version-1 and version-2 writers (tests/data/format-v1, format-v2,
-committed as those writers left them) keep loading and verifying; a save
-with a chunk table writes a version-3 index (the chunks' checksums in a
+"""Format versions (docs/format.md §3, §3a, §3b, §3c): checkpoints written
+by the version-1, 2 and 3 writers (tests/data/format-v1, format-v2,
+format-v3, committed as those writers left them) keep loading and
+verifying; a save with a chunk table writes a version-4 index (the table
+in parts, one per home rank of its tensors; the chunks' checksums in a
 checksum file per writing rank) that loads, verifies, inspects and imports
 like any other.
 """
@@ -21,6 +22,7 @@ from conftest import EXIT_OK, REPO_ROOT, describe
 
 V1 = REPO_ROOT / "tests" / "data" / "format-v1"
 V2 = REPO_ROOT / "tests" / "data" / "format-v2"
+V3 = REPO_ROOT / "tests" / "data" / "format-v3"
 
 
 def _index(ckpt: Path) -> dict:
@@ -59,32 +61,39 @@ def test_a_sharded_version_1_checkpoint_verifies_and_loads_every_chunk(run, tmp_
                                     for c in t["chunks"])
 
 
-def test_a_version_2_checkpoint_verifies_and_loads_every_chunk(run, tmp_path, monkeypatch):
+@pytest.mark.parametrize("fixture,version", [(V2, 2), (V3, 3)])
+def test_a_chunk_table_checkpoint_of_an_older_version_verifies_and_loads_as_a_fresh_save(
+        run, tmp_path, monkeypatch, fixture, version):
     root = tmp_path / "demo"
-    shutil.copytree(V2 / "demo", root)
+    shutil.copytree(fixture / "demo", root)
     proc = run("verify", root)
     assert proc.returncode == EXIT_OK, describe(proc)
     assert "109 checksums verified" in proc.stdout, describe(proc)
-    ckpt = root / "step-00000100"
-    index = _index(ckpt)
-    assert index["version"] == 2 and "checksum_files" not in index
+    index = _index(root / "step-00000100")
+    assert index["version"] == version and index["chunk_table"] == "shardsafe.chunks"
+    assert len(index.get("checksum_files", [])) == (4 if version == 3 else 0)
     dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
     got = {k: torch.zeros(t["shape"], dtype=dtypes[t["dtype"]])
            for k, t in index["tensors"].items()}
     result = shardsafe.load(got, root, strict=False)
     assert result.missing_keys == []
     assert result.values["step"] == 100
-    # The same tensors as a version-3 save of the same demo writes.
+    # The same demo saved now: version 4, the same tensors bit for bit.
     fresh = tmp_path / "fresh"
     monkeypatch.setenv("SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS", "1")
     proc = run("demo", "--dir", fresh, "--layers", "1", "--hidden", "8", "--ffn", "8",
                "--vocab", "8", "--save-tp", "2", "--save-dp", "2")
     assert proc.returncode == EXIT_OK, describe(proc)
-    assert _index(fresh / "step-00000100")["version"] == 3
+    assert _index(fresh / "step-00000100")["version"] == 4
     again = {k: torch.zeros_like(v) for k, v in got.items()}
     shardsafe.load(again, fresh, strict=False)
     for k in got:
         assert torch.equal(got[k], again[k]), k
+
+
+def _parts(ckpt: Path) -> list[dict]:
+    index = _index(ckpt)
+    return [index["files"][i] for i in index["chunk_tables"]]
 
 
 @pytest.fixture
@@ -98,13 +107,16 @@ def test_a_chunk_table_checkpoint_round_trips_and_the_tools_read_it(
              "h": torch.randn(3, 5).to(torch.bfloat16)}
     shardsafe.save(state, tmp_path / "ck")
     index = _index(tmp_path / "ck")
-    assert index["version"] == 3
-    assert index["chunk_table"] == "shardsafe.chunks"
+    assert index["version"] == 4
+    assert "chunk_table" not in index
     [checksums] = [index["files"][i] for i in index["checksum_files"]]
     assert checksums["name"] == "checksums-00000.crc32c" and checksums["rank"] == 0
     assert (tmp_path / "ck" / checksums["name"]).stat().st_size == checksums["bytes"]
-    assert (tmp_path / "ck" / "shardsafe.chunks").stat().st_size == index["chunk_table_bytes"]
+    [part] = _parts(tmp_path / "ck")  # one rank: every tensor's home is rank 0
+    assert part["name"] == "chunks-00000.chunks" and part["rank"] == 0
+    assert (tmp_path / "ck" / part["name"]).stat().st_size == part["bytes"]
     assert all("table" in t and "chunks" not in t for t in index["tensors"].values())
+    assert all(t["table"][0] == 0 for t in index["tensors"].values())
 
     got = {k: torch.zeros_like(v) for k, v in state.items()}
     shardsafe.load(got, tmp_path / "ck")
@@ -116,7 +128,7 @@ def test_a_chunk_table_checkpoint_round_trips_and_the_tools_read_it(
         proc = run(*command)
         assert proc.returncode == EXIT_OK, describe(proc)
     human = run("inspect", tmp_path / "ck").stdout
-    assert "format v3" in human and "chunks in shardsafe.chunks" in human
+    assert "format v4" in human and "chunks in chunks-00000.chunks" in human
     printed = json.loads(run("inspect", "--json", tmp_path / "ck").stdout)
     assert [c["crc32c"] for c in printed["tensors"]["w"]["chunks"]]  # every chunk, inline
     copied = {k: torch.zeros_like(v) for k, v in state.items()}
@@ -126,15 +138,16 @@ def test_a_chunk_table_checkpoint_round_trips_and_the_tools_read_it(
 
 def test_a_damaged_chunk_table_is_a_clear_error_naming_it(chunk_table_everywhere, run, tmp_path):
     shardsafe.save({"w": torch.randn(16, 16)}, tmp_path / "ck")
-    table = tmp_path / "ck" / "shardsafe.chunks"
+    [part] = _parts(tmp_path / "ck")
+    table = tmp_path / "ck" / part["name"]
     data = bytearray(table.read_bytes())
     data[-3] ^= 0x40  # in the last record
     table.write_bytes(bytes(data))
-    with pytest.raises(shardsafe.CorruptCheckpointError, match="shardsafe.chunks"):
+    with pytest.raises(shardsafe.CorruptCheckpointError, match=part["name"]):
         shardsafe.load({"w": torch.zeros(16, 16)}, tmp_path / "ck")
     proc = run("verify", tmp_path / "ck")
     assert proc.returncode != EXIT_OK
-    assert "shardsafe.chunks" in proc.stdout + proc.stderr
+    assert part["name"] in proc.stdout + proc.stderr
 
 
 def test_a_damaged_checksum_file_is_a_clear_error_naming_it(chunk_table_everywhere, run,

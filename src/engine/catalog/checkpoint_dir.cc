@@ -44,7 +44,9 @@ bool IndexNamesFileOfSave(FileSystem& fs, const std::string& dir, std::string_vi
   if (!text.ok()) return text.status().code() != StatusCode::kNotFound;
   auto index = ParseIndex(*text, path);
   if (!index.ok()) return true;
-  if (index->chunk_table && WrittenBySave(index->chunk_table->name, suffix)) return true;
+  for (const IndexChunkTable& t : index->chunk_tables) {
+    if (WrittenBySave(t.name, suffix)) return true;
+  }
   return std::any_of(index->files.begin(), index->files.end(),
                      [&](const IndexFile& f) { return WrittenBySave(f.name, suffix); });
 }
@@ -215,11 +217,8 @@ bool IsSavedFile(std::string_view name) {
 bool WrittenBySave(std::string_view name, std::string_view suffix) {
   const std::string data = std::string(suffix) + ".safetensors";
   const std::string checksums = std::string(suffix) + ".crc32c";
-  return name.ends_with(data) || name.ends_with(checksums) || name == ChunkTableObjectName(suffix);
-}
-
-std::string ChunkTableObjectName(std::string_view suffix) {
-  return "shardsafe" + std::string(suffix) + ".chunks";
+  const std::string table = std::string(suffix) + ".chunks";
+  return name.ends_with(data) || name.ends_with(checksums) || name.ends_with(table);
 }
 
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, FileSystem* fsp) {

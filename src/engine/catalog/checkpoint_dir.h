@@ -57,16 +57,14 @@ std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& 
 bool IsCommitted(FileSystem& fs, const std::string& dir);
 
 // A file a save writes beside the index: a data file (*.safetensors), a
-// chunk table (*.chunks, docs/format.md §3a) or a checksum file (*.crc32c,
-// §3b).
+// chunk table or a part of one (*.chunks, docs/format.md §3a, §3c) or a
+// checksum file (*.crc32c, §3b).
 bool IsSavedFile(std::string_view name);
 // In an object store, whether file `name` was written by the save whose
 // files end with `suffix` (".NONCE"): data-R-F.NONCE.safetensors,
-// checksums-R.NONCE.crc32c or shardsafe.NONCE.chunks.
+// checksums-R.NONCE.crc32c, chunks-R.NONCE.chunks (or, from version 3,
+// shardsafe.NONCE.chunks).
 bool WrittenBySave(std::string_view name, std::string_view suffix);
-// The chunk table's name for the object-store save whose files end with
-// `suffix`.
-std::string ChunkTableObjectName(std::string_view suffix);
 
 // ListCheckpoints without taking the root's lock: call with it held (either
 // mode), or the listing may miss a checkpoint being renamed meanwhile.

@@ -90,12 +90,16 @@ Result<std::shared_ptr<FileLock>> Pin(FileSystem& fs, const std::string& dir) {
   }
 }
 
-// Fills every tensor's chunks from the chunk table `index` names.
+// Fills every tensor's chunks from the chunk table `index` names (every
+// part of it).
 Status ReadWholeTable(FileSystem& fs, const std::string& dir, CheckpointIndex* index) {
-  const std::string path = JoinPath(dir, index->chunk_table->name);
-  SS_ASSIGN_OR_RETURN(std::string table,
-                      ReadFileToString(fs, path, index->chunk_table->bytes, Within(dir)));
-  SS_RETURN_IF_ERROR(FillChunksFromTable(table, path, index));
+  std::vector<std::string> tables, paths;
+  for (const IndexChunkTable& t : index->chunk_tables) {
+    paths.push_back(JoinPath(dir, t.name));
+    SS_ASSIGN_OR_RETURN(tables.emplace_back(),
+                        ReadFileToString(fs, paths.back(), t.bytes, Within(dir)));
+  }
+  SS_RETURN_IF_ERROR(FillChunksFromTables(tables, paths, index));
   return FillChecksums(fs, dir, Within(dir), index);
 }
 
@@ -109,8 +113,9 @@ Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std:
   SS_ASSIGN_OR_RETURN(std::string read,
                       ReadFileToString(fs, index_path, kMaxIndexBytes, Within(dir)));
   SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
-  const bool pending = index.chunk_table && !whole;
-  if (index.chunk_table && whole) SS_RETURN_IF_ERROR(ReadWholeTable(fs, dir, &index));
+  const bool table = !index.chunk_tables.empty();
+  const bool pending = table && !whole;
+  if (table && whole) SS_RETURN_IF_ERROR(ReadWholeTable(fs, dir, &index));
   if (!pending) SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
   SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, index_path));
   index.tag = BaseName(dir);
@@ -319,7 +324,7 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   SS_ASSIGN_OR_RETURN(std::string_view text, r.View());
   SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
   if (src.native) src.index.tag = BaseName(src.path);  // as OpenNative
-  src.chunks_pending = src.index.chunk_table.has_value();
+  src.chunks_pending = !src.index.chunk_tables.empty();
   return src;
 }
 

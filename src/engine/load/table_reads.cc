@@ -26,32 +26,53 @@ ReadShape ShapeFor(const FileSystem& fs) {
   return fs.IsObjectStore() ? ReadShape{kTableJoinGapObjectStore, 16} : ReadShape{kTableJoinGap, 4};
 }
 
-// Reads byte spans of one file; `views[i]` are span i's bytes (into
+// The parts of the table a load reads (by part; null: not needed) and
+// their paths.
+struct TableFiles {
+  std::vector<std::unique_ptr<RandomAccessFile>> files;
+  std::vector<std::string> paths;
+};
+
+// A byte span of one part.
+struct PartSpan {
+  uint32_t part = 0;
+  ByteSpan span;
+};
+
+// Reads byte spans of the parts; `views[i]` are span i's bytes (into
 // `buffers`).
 struct SpanReads {
   std::vector<std::string> buffers;
   std::vector<std::string_view> views;
 };
 
-Result<SpanReads> ReadSpans(const RandomAccessFile& file, const std::vector<ByteSpan>& spans,
-                            const std::string& path, ReadShape shape, TableReadStats* stats) {
+Result<SpanReads> ReadSpans(const TableFiles& table, const std::vector<PartSpan>& spans,
+                            ReadShape shape, TableReadStats* stats) {
   std::vector<size_t> order(spans.size());
   std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return spans[a].at < spans[b].at; });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::pair(spans[a].part, spans[a].span.at) < std::pair(spans[b].part, spans[b].span.at);
+  });
   struct Request {
+    uint32_t part = 0;
     uint64_t at = 0, end = 0;
     size_t first = 0, last = 0;  // into `order`
   };
   std::vector<Request> requests;
   for (size_t i = 0, j; i < order.size(); i = j) {
-    Request r{spans[order[i]].at, spans[order[i]].at + spans[order[i]].bytes, i, 0};
-    for (j = i + 1; j < order.size() && spans[order[j]].at <= r.end + shape.join_gap; ++j) {
-      r.end = std::max(r.end, spans[order[j]].at + spans[order[j]].bytes);
+    const PartSpan& head = spans[order[i]];
+    Request r{head.part, head.span.at, head.span.at + head.span.bytes, i, 0};
+    for (j = i + 1; j < order.size() && spans[order[j]].part == r.part &&
+                    spans[order[j]].span.at <= r.end + shape.join_gap;
+         ++j) {
+      r.end = std::max(r.end, spans[order[j]].span.at + spans[order[j]].span.bytes);
     }
     r.last = j;
+    const RandomAccessFile& file = *table.files[r.part];
     if (r.end > file.size()) {
-      return DataLossError(path + ": chunk table cut short: " + std::to_string(file.size()) +
-                           " bytes, the index needs " + std::to_string(r.end));
+      return DataLossError(table.paths[r.part] + ": chunk table cut short: " +
+                           std::to_string(file.size()) + " bytes, the index needs " +
+                           std::to_string(r.end));
     }
     requests.push_back(r);
   }
@@ -63,7 +84,7 @@ Result<SpanReads> ReadSpans(const RandomAccessFile& file, const std::vector<Byte
   for (size_t q = 0; q < requests.size(); ++q) {
     std::string& buffer = out.buffers[q];
     buffer.resize(requests[q].end - requests[q].at);
-    reads.Add([&file, &buffer, at = requests[q].at] {
+    reads.Add([&file = *table.files[requests[q].part], &buffer, at = requests[q].at] {
       return file.ReadAt(at, buffer.data(), buffer.size());
     });
   }
@@ -72,7 +93,7 @@ Result<SpanReads> ReadSpans(const RandomAccessFile& file, const std::vector<Byte
     stats->bytes += out.buffers[q].size();
     ++stats->requests;
     for (size_t k = requests[q].first; k < requests[q].last; ++k) {
-      const ByteSpan& s = spans[order[k]];
+      const ByteSpan& s = spans[order[k]].span;
       out.views[order[k]] = std::string_view(out.buffers[q]).substr(s.at - requests[q].at, s.bytes);
     }
   }
@@ -92,6 +113,7 @@ struct Wanted {
 
   size_t ndim() const { return tensor->shape.size(); }
   const IndexTableRef& ref() const { return *tensor->table; }
+  uint32_t part() const { return ref().part; }
 };
 
 std::vector<Wanted> WantedTensors(const CheckpointIndex& index, const LoadRequest& request) {
@@ -125,25 +147,26 @@ void KeepMeeting(Wanted& w, const std::vector<BlockEntry>& entries, uint64_t fir
 
 // One round: for each tensor still above level 0, the entries of the
 // level below that its meeting entries cover, read and decoded.
-Status DescendOneLevel(const RandomAccessFile& file, const std::string& path, ReadShape shape,
-                       std::vector<Wanted>& wanted, TableReadStats* stats) {
-  std::vector<ByteSpan> spans;
+Status DescendOneLevel(const TableFiles& table, ReadShape shape, std::vector<Wanted>& wanted,
+                       TableReadStats* stats) {
+  std::vector<PartSpan> spans;
   std::vector<std::pair<size_t, size_t>> parents;  // (wanted, its meeting entry)
   for (size_t i = 0; i < wanted.size(); ++i) {
     const Wanted& w = wanted[i];
     if (w.level == 0) continue;
     for (size_t m = 0; m < w.meeting.size(); ++m) {
-      spans.push_back(ChildBytes(w.ref(), w.ndim(), w.level, w.meeting[m].first));
+      spans.push_back({w.part(), ChildBytes(w.ref(), w.ndim(), w.level, w.meeting[m].first)});
       parents.emplace_back(i, m);
     }
   }
-  SS_ASSIGN_OR_RETURN(SpanReads read, ReadSpans(file, spans, path, shape, stats));
+  SS_ASSIGN_OR_RETURN(SpanReads read, ReadSpans(table, spans, shape, stats));
   std::vector<std::vector<std::pair<uint64_t, BlockEntry>>> below(wanted.size());
   for (size_t k = 0; k < parents.size(); ++k) {
     Wanted& w = wanted[parents[k].first];
     const auto& [index, entry] = w.meeting[parents[k].second];
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
-                        DecodeEntries(read.views[k], w.ndim(), entry.crc32c, *w.key, path));
+                        DecodeEntries(read.views[k], w.ndim(), entry.crc32c, *w.key,
+                                      table.paths[w.part()]));
     KeepMeeting(w, children, index * kChunksPerBlock, &below[parents[k].first]);
   }
   for (size_t i = 0; i < wanted.size(); ++i) {
@@ -154,6 +177,37 @@ Status DescendOneLevel(const RandomAccessFile& file, const std::string& path, Re
   return Status();
 }
 
+// Opens the parts that hold `wanted` tensors, several at once (in an
+// object store each open may cost a request), each checked against the
+// size the index records.
+Result<TableFiles> OpenParts(FileSystem& fs, const CheckpointSource& src,
+                             const std::vector<Wanted>& wanted, ReadShape shape) {
+  const std::vector<IndexChunkTable>& parts = src.index.chunk_tables;
+  TableFiles table;
+  table.files.resize(parts.size());
+  table.paths.resize(parts.size());
+  std::vector<uint32_t> needed;
+  for (const Wanted& w : wanted) {
+    if (table.paths[w.part()].empty()) needed.push_back(w.part());
+    table.paths[w.part()] = JoinPath(src.data_dir, parts[w.part()].name);
+  }
+  ThreadPool pool(needed.size() > 1 ? shape.parallel : 0);
+  TaskGroup opens(&pool);
+  for (uint32_t p : needed) {
+    opens.Add([&, p]() -> Status {
+      ReadOptions options = SourceReadOptions(src);
+      options.size = parts[p].bytes;
+      SS_ASSIGN_OR_RETURN(table.files[p], fs.NewRandomAccessFile(table.paths[p], options));
+      if (table.files[p]->size() == parts[p].bytes) return Status();
+      return DataLossError(table.paths[p] + ": chunk table is " +
+                           std::to_string(table.files[p]->size()) + " bytes, the index records " +
+                           std::to_string(parts[p].bytes));
+    });
+  }
+  SS_RETURN_IF_ERROR(opens.Wait());
+  return table;
+}
+
 }  // namespace
 
 Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& src,
@@ -161,49 +215,45 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   TableReadStats ignored;
   if (stats == nullptr) stats = &ignored;
   const CheckpointIndex& index = src.index;
-  const std::string path = JoinPath(src.data_dir, index.chunk_table->name);
   const ReadShape shape = ShapeFor(fs);
   std::vector<Wanted> wanted = WantedTensors(index, request);
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, SourceReadOptions(src)));
-  if (file->size() != index.chunk_table->bytes) {
-    return DataLossError(path + ": chunk table is " + std::to_string(file->size()) +
-                         " bytes, the index records " + std::to_string(index.chunk_table->bytes));
-  }
+  SS_ASSIGN_OR_RETURN(TableFiles table, OpenParts(fs, src, wanted, shape));
   // Round 1: the top level of every directory.
-  std::vector<ByteSpan> spans;
+  std::vector<PartSpan> spans;
   for (Wanted& w : wanted) {
     w.level = LevelSizes(w.ref().count).size() - 1;
-    spans.push_back(TopBytes(w.ref(), w.ndim()));
+    spans.push_back({w.part(), TopBytes(w.ref(), w.ndim())});
   }
-  SS_ASSIGN_OR_RETURN(SpanReads tops, ReadSpans(*file, spans, path, shape, stats));
+  SS_ASSIGN_OR_RETURN(SpanReads tops, ReadSpans(table, spans, shape, stats));
   size_t depth = 0;
   for (size_t i = 0; i < wanted.size(); ++i) {
     Wanted& w = wanted[i];
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> entries,
                         DecodeEntries(tops.views[i], w.ndim(), w.ref().directory_crc32c, *w.key,
-                                      path));
+                                      table.paths[w.part()]));
     KeepMeeting(w, entries, 0, &w.meeting);
     depth = std::max(depth, w.level);
   }
   // A round per level below the top, then the blocks the meeting level-0
   // entries cover.
   for (; depth > 0; --depth) {
-    SS_RETURN_IF_ERROR(DescendOneLevel(*file, path, shape, wanted, stats));
+    SS_RETURN_IF_ERROR(DescendOneLevel(table, shape, wanted, stats));
   }
   spans.clear();
   std::vector<std::pair<size_t, size_t>> blocks;  // (wanted, its meeting entry)
   for (size_t i = 0; i < wanted.size(); ++i) {
     for (size_t m = 0; m < wanted[i].meeting.size(); ++m) {
-      spans.push_back(BlockBytes(wanted[i].ref(), wanted[i].ndim(), wanted[i].meeting[m].first));
+      const Wanted& w = wanted[i];
+      spans.push_back({w.part(), BlockBytes(w.ref(), w.ndim(), w.meeting[m].first)});
       blocks.emplace_back(i, m);
     }
   }
-  SS_ASSIGN_OR_RETURN(SpanReads records, ReadSpans(*file, spans, path, shape, stats));
+  SS_ASSIGN_OR_RETURN(SpanReads records, ReadSpans(table, spans, shape, stats));
   for (size_t k = 0; k < blocks.size(); ++k) {
     Wanted& w = wanted[blocks[k].first];
     const auto& [block, entry] = w.meeting[blocks[k].second];
     SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], block, entry, *w.tensor, *w.key,
-                                   index, path, &w.chunks));
+                                   index, table.paths[w.part()], &w.chunks));
   }
   CheckpointSource out = src;
   out.chunks_pending = false;
@@ -212,7 +262,7 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
     slices.clear();
     for (const IndexChunk& c : w.chunks) slices.push_back(c.slice);
     Status s = CheckNoOverlap(*w.key, slices);
-    if (!s.ok()) return DataLossError(path + ": " + s.message());
+    if (!s.ok()) return DataLossError(table.paths[w.part()] + ": " + s.message());
     stats->chunks += w.chunks.size();
     out.index.tensors.find(*w.key)->second.chunks = std::move(w.chunks);
   }

@@ -4,13 +4,18 @@
 #include <map>
 
 #include "base/env.h"
+#include "base/thread_pool.h"
 #include "engine/catalog/checkpoint_dir.h"
+#include "engine/save/distributed_plan.h"
 #include "engine/save/object_store_commit.h"
 #include "format/checksum_file.h"
 #include "format/chunk_table.h"
 
 namespace shardsafe {
 namespace {
+
+// Parts of a chunk table written at once.
+constexpr size_t kParallelTableWrites = 8;
 
 // Writes `text` as the file `path`, fdatasync'ed.
 Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& text) {
@@ -173,11 +178,35 @@ Result<bool> WritesChunkTable(uint64_t chunks, uint64_t min_chunks) {
   return chunks >= min_chunks;
 }
 
-Result<CommitIndex> IndexToCommit(const CheckpointIndex& index,
-                                  std::optional<std::string> table_name,
+Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
+                                  const std::string& file_suffix,
                                   std::shared_ptr<const EncodedChunkTable> table) {
-  if (table_name && table) return SerializeIndexWithTable(index, std::move(table), *table_name);
-  return SerializeIndexToCommit(index, std::move(table_name));
+  if (!chunk_table) return SerializeIndexToCommit(*index, nullptr);
+  if (!table) {
+    std::vector<int> homes;
+    homes.reserve(index->tensors.size());
+    for (const auto& [key, tensor] : index->tensors) {
+      homes.push_back(HomeOf(key, index->world_size));
+    }
+    table = std::make_shared<const EncodedChunkTable>(EncodeChunkTable(
+        *index, homes, [&](int rank) { return ChunkTableFileName(rank, file_suffix); }));
+  }
+  SS_RETURN_IF_ERROR(SetChunkTable(*table, index));
+  return SerializeIndexToCommit(*index, std::move(table));
+}
+
+Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table) {
+  const size_t parts = table.parts.size();
+  ThreadPool pool(parts > 1 ? std::min<size_t>(kParallelTableWrites, parts) : 0);
+  TaskGroup writes(&pool);
+  for (size_t p = 0; p < parts; ++p) {
+    writes.Add([&fs, &bytes = table.bytes[p], path = JoinPath(dir, table.parts[p].name)] {
+      // In an object store one PUT, under a private name as the data's.
+      return fs.IsObjectStore() ? WriteFileAtomically(fs, path, bytes)
+                                : WriteSynced(fs, path, bytes);
+    });
+  }
+  return writes.Wait();
 }
 
 Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
@@ -188,10 +217,7 @@ Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
   }
   const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
-  if (written.table) {
-    SS_RETURN_IF_ERROR(
-        WriteSynced(fs, JoinPath(tmp_dir, written.table_name), written.table->bytes));
-  }
+  if (written.table) SS_RETURN_IF_ERROR(WriteChunkTable(fs, tmp_dir, *written.table));
   SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), written.text));
   std::vector<ClaimedDir> replaced, pruned;
   {

@@ -121,11 +121,17 @@ struct CommitOptions {
 Result<bool> WritesChunkTable(uint64_t chunks, uint64_t min_chunks);
 
 // What a commit writes for `index` (format/index.h): version 1, or with
-// `table_name` a chunk table (version 3 when the index lists checksum
-// files), `table` when it was made before (FileLayouts::table).
-Result<CommitIndex> IndexToCommit(const CheckpointIndex& index,
-                                  std::optional<std::string> table_name,
+// `chunk_table` version 4, its chunk table in parts, each tensor in the
+// part of its home rank (HomeOf), the part of rank R named
+// ChunkTableFileName(R, file_suffix); `table` when it was made before
+// (FileLayouts::table). The table is set in *index (SetChunkTable).
+Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
+                                  const std::string& file_suffix,
                                   std::shared_ptr<const EncodedChunkTable> table = nullptr);
+
+// Writes the parts of `table` into `dir`, each synced (in an object store
+// each one PUT), several at once.
+Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table);
 
 // Steps 4-7: the commit record (its sequence read from the root's committed
 // checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit

@@ -132,7 +132,6 @@ Status MoveLatestForward(FileSystem& fs, const std::string& root, const std::str
 Status RemoveReplacedData(FileSystem& fs, const std::string& dir, const CheckpointIndex& index) {
   std::set<std::string> named;
   for (const IndexFile& f : index.files) named.insert(f.name);
-  if (index.chunk_table) named.insert(index.chunk_table->name);
   SS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs.ListDir(dir));
   Status first;
   for (const DirEntry& e : entries) {
@@ -163,11 +162,8 @@ Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::stri
                            const CheckpointIndex& index, const CommitIndex& written,
                            const CommitOptions& commit, std::vector<std::string>* warnings) {
   const std::string& text = written.text;
+  if (written.table) SS_RETURN_IF_ERROR(WriteChunkTable(fs, dirs.data, *written.table));
   SS_RETURN_IF_ERROR(CheckDataObjects(fs, dirs.data, index));
-  if (written.table) {  // a private name, as the data objects'
-    SS_RETURN_IF_ERROR(
-        WriteFileAtomically(fs, JoinPath(dirs.data, written.table_name), written.table->bytes));
-  }
   SS_ASSIGN_OR_RETURN(CommitRecord record,
                       NextCommitRecord(fs, root, commit.step, commit.update_latest));
   SS_RETURN_IF_ERROR(ClaimTag(fs, dirs.data, SerializeCommitRecord(record), commit.overwrite));

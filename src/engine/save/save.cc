@@ -269,9 +269,8 @@ Result<LeaderCommit> MakeIndex(const SavePlan& plan,
   LeaderCommit out;
   SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, written, json, tag, world_size,
                                             dirs.file_suffix, {how.chunk_table, !table}));
-  std::optional<std::string> table_name;
-  if (how.chunk_table) table_name = ChunkTableObjectName(dirs.file_suffix);
-  SS_ASSIGN_OR_RETURN(out.written, IndexToCommit(out.index, std::move(table_name), table));
+  SS_ASSIGN_OR_RETURN(out.written,
+                      IndexToCommit(&out.index, how.chunk_table, dirs.file_suffix, table));
   if (how.chunk_table && layouts && !table) layouts->KeepTable(out.written.table);
   return out;
 }

@@ -115,6 +115,12 @@ std::string ChecksumFileName(int rank, std::string_view suffix) {
   return std::string(buf) + std::string(suffix) + std::string(kChecksumFileExtension);
 }
 
+std::string ChunkTableFileName(int rank, std::string_view suffix) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "chunks-%05d", rank);
+  return std::string(buf) + std::string(suffix) + ".chunks";
+}
+
 Status WriteChecksumFile(const SavePlan& plan, int rank, const std::vector<WrittenFile>& written,
                          const SaveDirs& dirs, FileSystem& fs) {
   std::vector<ChunkChecksum> entries;

@@ -37,6 +37,10 @@ std::string DataFileName(int rank, uint32_t number, std::string_view suffix);
 inline constexpr std::string_view kChecksumFileExtension = ".crc32c";
 std::string ChecksumFileName(int rank, std::string_view suffix);
 
+// "chunks-00003.chunks", or with a suffix "chunks-00003.1a2b3c4d5e6f7a8b.chunks":
+// the part of the chunk table rank 3 is home to (docs/format.md §3c).
+std::string ChunkTableFileName(int rank, std::string_view suffix);
+
 // Where a save writes (defined in commit.h).
 struct SaveDirs;
 

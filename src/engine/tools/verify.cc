@@ -162,18 +162,18 @@ VerifyReport VerifyCheckpoint(const std::string& path, FileSystem* fsp, int io_t
   }
   report.path = src->path;
   report.native = src->native;
-  report.files = src->index.files.size() - src->index.checksum_files.size();
+  report.files = 0;
+  for (uint32_t f = 0; f < src->index.files.size(); ++f) report.files += IsDataFile(src->index, f);
   report.tensors = src->index.tensors.size();
   const auto expected = ExpectedByFile(src->index);
   Collector faults;
   std::atomic<uint64_t> chunks{0}, bytes{0};
   ThreadPool pool(std::max(1, io_threads));
   TaskGroup group(&pool);
-  const std::vector<uint32_t>& checksum_files = src->index.checksum_files;
   for (uint32_t f = 0; f < expected.size(); ++f) {
-    // A checksum file is no safetensors file: OpenSource read it whole and
-    // checked it against its own checksum.
-    if (std::binary_search(checksum_files.begin(), checksum_files.end(), f)) continue;
+    // A checksum file or chunk table part is no safetensors file:
+    // OpenSource read it whole and checked it.
+    if (!IsDataFile(src->index, f)) continue;
     group.Add([&, f] {
       VerifyFile(fs, *src, f, expected[f], &faults, &chunks, &bytes);
       return Status();
