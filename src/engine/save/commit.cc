@@ -112,20 +112,24 @@ void AddChecksumFiles(const SavePlan& plan, const std::string& file_suffix,
 
 }  // namespace
 
+void StampIndex(const UserJson& json, const std::string& tag, CheckpointIndex* index) {
+  index->tag = tag;
+  index->created_unix = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+  if (!json.layout.empty()) index->layout = json.layout;
+  if (!json.metadata.empty()) index->metadata = json.metadata;
+  index->values = json.values;
+}
+
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    const std::vector<std::vector<WrittenFile>>& written,
                                    const UserJson& json, const std::string& tag,
                                    int world_size, const std::string& file_suffix,
                                    IndexForm form) {
   CheckpointIndex index;
-  index.tag = tag;
-  index.created_unix = std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count();
   index.world_size = world_size;
-  if (!json.layout.empty()) index.layout = json.layout;
-  if (!json.metadata.empty()) index.metadata = json.metadata;
-  index.values = json.values;
+  StampIndex(json, tag, &index);
   index.files.resize(plan.files.size());
   // Each chunk goes straight to its place: its tensor's chunks, in plan
   // order, filled from what the writers reported.

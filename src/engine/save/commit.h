@@ -98,6 +98,9 @@ struct IndexForm {
   bool chunks = true;
 };
 
+// Sets what an index says of one save: `tag`, the time, the user's JSON.
+void StampIndex(const UserJson& json, const std::string& tag, CheckpointIndex* index);
+
 // The index of a save from its plan and what each rank wrote (by rank),
 // its data files named with `file_suffix` (SaveDirs).
 Result<CheckpointIndex> BuildIndex(const SavePlan& plan,

@@ -246,8 +246,11 @@ Result<SavePlan> RankPlanner::Finish(const std::vector<std::string>& packed) {
   return std::move(part_);
 }
 
+std::unique_ptr<KeyHome> RankPlanner::TakeHome() { return std::move(home_); }
+
 Result<SavePlan> PlanOverComm(Comm& comm, const RankHoldings& holdings,
-                              const SavePlanOptions& options, PlanTraffic* traffic) {
+                              const SavePlanOptions& options, PlanTraffic* traffic,
+                              std::unique_ptr<KeyHome>* home) {
   PlanTraffic counted;
   const auto count_parts = [&](const std::vector<std::string>& parts, uint64_t* into) {
     for (const std::string& p : parts) *into += p.size();
@@ -281,7 +284,9 @@ Result<SavePlan> PlanOverComm(Comm& comm, const RankHoldings& holdings,
   SS_ASSIGN_OR_RETURN(in, comm.AllGather(packed));
   count_parts(in, &counted.received);
   if (traffic) *traffic = counted;
-  return planner.Finish(in);
+  Result<SavePlan> part = planner.Finish(in);
+  if (home) *home = planner.TakeHome();
+  return part;
 }
 
 }  // namespace shardsafe

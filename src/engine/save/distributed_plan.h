@@ -98,6 +98,9 @@ class RankPlanner {
   // This rank's part of the plan, from every rank's round-6 message; the
   // lowest failing rank's error on every rank.
   Result<SavePlan> Finish(const std::vector<std::string>& packed);
+  // After Finish: this rank's side as a home (its keys' chunks, for the
+  // index: distributed_index.h).
+  std::unique_ptr<KeyHome> TakeHome();
 
  private:
   void Fail(Status s);
@@ -128,7 +131,9 @@ struct PlanTraffic {
 
 // Runs the six rounds over `comm`: this rank's part of the plan of every
 // rank's `holdings`, or the error every rank returns.
+// `home` (when set) receives RankPlanner::TakeHome.
 Result<SavePlan> PlanOverComm(Comm& comm, const RankHoldings& holdings,
-                              const SavePlanOptions& options, PlanTraffic* traffic = nullptr);
+                              const SavePlanOptions& options, PlanTraffic* traffic = nullptr,
+                              std::unique_ptr<KeyHome>* home = nullptr);
 
 }  // namespace shardsafe

@@ -14,6 +14,7 @@
 
 #include "engine/save/plan_home.h"
 #include "engine/save/plan_simulation.h"
+#include "engine/save/plan_testing.h"
 #include "engine/save/plan_wire.h"
 #include "layout/layout_testing.h"
 #include "layout/plan_part.h"
@@ -23,7 +24,9 @@ namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::RandomHoldings;
 using testing::Rng;
+using testing::Shard;
 using testing::Uniform;
 
 // Every rank's part, planned by simulated ranks in one process.
@@ -50,35 +53,6 @@ void ExpectSameParts(const std::vector<RankHoldings>& holdings, const SavePlanOp
     const std::string expected = EncodePlanMessage(PartOfPlan(*whole, r, totals), Digest{});
     ASSERT_EQ(EncodePlanMessage(*parts[r], Digest{}), expected) << "rank " << r;
   }
-}
-
-ShardInfo Shard(std::string key, const Shape& shape, Slice slice, DType dtype = DType::kF32) {
-  return ShardInfo{std::move(key), dtype, shape, std::move(slice)};
-}
-
-// Random tensors tiled at random, each slice held by a random set of ranks;
-// random per-rank and global blobs.
-std::vector<RankHoldings> RandomHoldings(Rng& rng) {
-  const int world = static_cast<int>(Uniform(rng, 1, 9));
-  std::vector<RankHoldings> h(world);
-  const int tensors = static_cast<int>(Uniform(rng, 1, 12));
-  for (int t = 0; t < tensors; ++t) {
-    const DType dtype = testing::RandomDType(rng);
-    const Shape shape = testing::RandomShape(rng, dtype);
-    for (const Slice& s : testing::RandomTiling(rng, shape, dtype)) {
-      std::vector<int> ranks(world);
-      std::iota(ranks.begin(), ranks.end(), 0);
-      std::shuffle(ranks.begin(), ranks.end(), rng);
-      ranks.resize(Uniform(rng, 1, world));
-      for (int r : ranks) h[r].shards.push_back(Shard("t" + std::to_string(t), shape, s, dtype));
-    }
-  }
-  for (RankHoldings& rank : h) {
-    std::shuffle(rank.shards.begin(), rank.shards.end(), rng);
-    if (testing::Chance(rng, 0.5)) rank.blobs.push_back({"rng", Uniform(rng, 0, 50), true});
-    if (testing::Chance(rng, 0.5)) rank.blobs.push_back({"config", 17, false});
-  }
-  return h;
 }
 
 TEST(DistributedPlanTest, RandomLayoutsGiveEveryRankThePartPlanSaveGives) {

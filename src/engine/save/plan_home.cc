@@ -28,6 +28,11 @@ Result<DType> GetDType(wire::Reader& r) {
 
 }  // namespace
 
+Slice PieceSlice(const Slice& chunk, uint64_t lo, uint64_t hi) {
+  const uint64_t base = chunk.flat ? chunk.flat->begin : 0;
+  return Slice{chunk.box, FlatRange{base + lo, base + hi}};
+}
+
 uint64_t BytesOf(DType dtype, uint64_t n) {
   const Result<uint64_t> bytes = NumBytes(dtype, n);
   return bytes.ok() ? *bytes : 0;
@@ -280,7 +285,6 @@ std::vector<std::string> KeyHome::AssignmentMessages() const {
         continue;
       }
       const uint64_t per = cut.per;
-      const uint64_t base = c.slice.flat ? c.slice.flat->begin : 0;
       const auto held_by = [&](int rank) {
         return std::lower_bound(key.holders.begin() + c.begin, key.holders.begin() + c.end, rank,
                                 [](const Holder& h, int r) { return h.rank < r; })
@@ -288,8 +292,7 @@ std::vector<std::string> KeyHome::AssignmentMessages() const {
       };
       for (uint64_t k = 0; k < by.size(); ++k) {
         const uint64_t lo = k * per, hi = std::min(c.elements, lo + per);
-        groups[by[k]].writes.push_back({held_by(by[k]),
-                                        Slice{c.slice.box, FlatRange{base + lo, base + hi}},
+        groups[by[k]].writes.push_back({held_by(by[k]), PieceSlice(c.slice, lo, hi),
                                         BytesOf(key.dtype, hi - lo), BytesOf(key.dtype, lo),
                                         holders, static_cast<uint32_t>(number + k)});
       }
@@ -311,6 +314,32 @@ std::vector<std::string> KeyHome::AssignmentMessages() const {
     if (!used[r]) continue;
     writers[r].U8(0);
     out[r] = writers[r].Take();
+  }
+  return out;
+}
+
+std::vector<HomeTensor> KeyHome::IndexTensors() const {
+  std::vector<HomeTensor> out;
+  out.reserve(keys_.size());
+  for (const auto& [name, key] : keys_) {
+    HomeTensor& t = out.emplace_back();
+    t.key = name;
+    t.first_number = key.first_number;
+    t.tensor.dtype = key.dtype;
+    t.tensor.shape = key.shape;
+    for (const Chunk& c : key.chunks) {
+      const uint64_t count = c.item < 0 ? 1 : items_[c.item].writers.size();
+      const PieceCut cut = CutInto(c.elements, PieceCount(c.bytes, c.end - c.begin, split_bytes_));
+      if (c.item < 0 || !cut.cut) {
+        t.tensor.chunks.push_back({c.slice, 0, 0, c.bytes, std::nullopt});
+        continue;
+      }
+      for (uint64_t k = 0; k < count; ++k) {
+        const uint64_t lo = k * cut.per, hi = std::min(c.elements, lo + cut.per);
+        t.tensor.chunks.push_back(
+            {PieceSlice(c.slice, lo, hi), 0, 0, BytesOf(key.dtype, hi - lo), std::nullopt});
+      }
+    }
   }
   return out;
 }

@@ -36,8 +36,18 @@
 
 #include "comm/wire.h"
 #include "layout/save_planner.h"
+#include "shardsafe/index.h"
 
 namespace shardsafe {
+
+// One of a home's keys as the index lists it: its chunks (pieces cut, in
+// the whole plan's order from `first_number`) with their slices and bytes
+// (file and offset unset).
+struct HomeTensor {
+  std::string key;
+  uint64_t first_number = 0;
+  IndexTensor tensor;
+};
 
 class KeyHome {
  public:
@@ -55,6 +65,8 @@ class KeyHome {
   Status ReadDecision(wire::Reader& r);
   // Round 5: one message per rank.
   std::vector<std::string> AssignmentMessages() const;
+  // After round 4: the home's keys, in key order (distributed_index.h).
+  std::vector<HomeTensor> IndexTensors() const;
 
  private:
   struct Holder {
@@ -123,6 +135,9 @@ struct ReceivedChunk {
 Status ReadAssignment(std::string_view msg, int rank, std::vector<ReceivedChunk>* chunks,
                       std::map<std::string, PlannedTensor>* tensors,
                       std::vector<std::pair<HeldCopy, CopyShape>>* copies);
+
+// Piece [lo, hi) of the elements of replicated chunk `chunk`: a flat range.
+Slice PieceSlice(const Slice& chunk, uint64_t lo, uint64_t hi);
 
 // Bytes of `n` elements of a chunk whose bytes are known to fit.
 uint64_t BytesOf(DType dtype, uint64_t n);

@@ -58,28 +58,38 @@ Result<WrittenFile> WriteFile(const SavePlan& plan, uint32_t file_index, const S
 
 }  // namespace
 
-Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state,
-                               DeviceMemory* device) {
+Result<SafetensorsLayout> LayOutFile(const SavePlan& plan, uint32_t file) {
   const PlannedFile& planned = plan.files[file];
   std::vector<EntrySpec> specs;
-  FileImage image;
   for (uint32_t c : planned.chunks) {
     const PlannedChunk& chunk = plan.chunks[c];
     const PlannedTensor& tensor = plan.tensors[chunk.tensor];
     specs.push_back({ChunkEntryName(tensor.key, chunk.slice, tensor.shape), tensor.dtype,
                      EntryShape(chunk.slice), chunk.bytes});
+  }
+  for (uint32_t b : planned.blobs) {
+    const PlannedBlob& blob = plan.blobs[b];
+    const auto rank = blob.per_rank ? std::optional<int>(blob.rank) : std::nullopt;
+    specs.push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
+  }
+  return BuildSafetensorsHeader(specs, kHfMetadata, kDataFileAlignment);
+}
+
+Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state,
+                               DeviceMemory* device) {
+  const PlannedFile& planned = plan.files[file];
+  FileImage image;
+  for (uint32_t c : planned.chunks) {
+    const PlannedChunk& chunk = plan.chunks[c];
     const TensorShard& shard = state.tensors[chunk.writer_shard];
     image.payloads.push_back({static_cast<const char*>(shard.data) + chunk.shard_offset,
                               chunk.bytes, shard.on_device ? device : nullptr, &shard.key});
   }
   for (uint32_t b : planned.blobs) {
     const PlannedBlob& blob = plan.blobs[b];
-    const auto rank = blob.per_rank ? std::optional<int>(blob.rank) : std::nullopt;
-    specs.push_back({BlobEntryName(blob.name, rank), DType::kU8, {blob.bytes}, blob.bytes});
     image.payloads.push_back({state.blobs[blob.writer_blob].data, blob.bytes});
   }
-  SS_ASSIGN_OR_RETURN(image.layout,
-                      BuildSafetensorsHeader(specs, kHfMetadata, kDataFileAlignment));
+  SS_ASSIGN_OR_RETURN(image.layout, LayOutFile(plan, file));
   return image;
 }
 

@@ -60,6 +60,10 @@ struct FileImage {
   std::vector<Payload> payloads;  // chunks first, then blobs (PlannedFile order)
 };
 
+// The header and entry offsets of planned file `file`: they follow from
+// the plan alone.
+Result<SafetensorsLayout> LayOutFile(const SavePlan& plan, uint32_t file);
+
 // The image of planned file `file`; shards on_device read through `device`.
 Result<FileImage> DescribeFile(const SavePlan& plan, uint32_t file, const SaveState& state,
                                DeviceMemory* device);
