@@ -282,31 +282,36 @@ void Run(const std::string& root) {
           "pruned step 10 is NotFound", gone.status().ToString());
   }
 
-  // 4. Saves with a chunk table (format version 3: each rank's checksums in
-  // its own file): the layout, the same layout again (its plan reused), a
-  // layout change (ranks of one TP shard swap their ZeRO and flat pieces;
-  // each keeps its own per-rank blob), and back; each loads bit-exact in
-  // the TP=4 / flat / replica layout.
-  for (int save = 0; save < 4; ++save) {
-    const bool swapped = save == 2;
-    auto rs = TrainingState(swapped ? g_rank ^ 2 : g_rank, 40);
-    rs->rng = RngBlob(g_rank, 40);
-    rs->state.blobs[0] = {"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true};
-    SaveOptions opts;
-    opts.chunk_table_min_chunks = 1;
-    const std::string path = root + "/table" + std::to_string(save);
-    auto saved = Save(rs->state, path, *comm, opts);
-    const std::string name = "chunk-table save " + std::to_string(save);
-    Check(saved.ok(), name, saved.status().ToString());
-    if (saved.ok()) {
-      Check(saved->plan_reused == (save == 1), name + ": plan reused only for the same layout");
+  // 4. Saves with a chunk table (each rank's checksums in its own file),
+  // planned on rank 0 and then by all ranks together (format version 4:
+  // each home writes its part of the table): the layout, the same layout
+  // again (its plan reused), a layout change (ranks of one TP shard swap
+  // their ZeRO and flat pieces; each keeps its own per-rank blob), and
+  // back; each loads bit-exact in the TP=4 / flat / replica layout.
+  for (const bool together : {false, true}) {
+    for (int save = 0; save < 4; ++save) {
+      const bool swapped = save == 2;
+      auto rs = TrainingState(swapped ? g_rank ^ 2 : g_rank, 40);
+      rs->rng = RngBlob(g_rank, 40);
+      rs->state.blobs[0] = {"rng", rs->rng.data(), rs->rng.size(), /*per_rank=*/true};
+      SaveOptions opts;
+      opts.chunk_table_min_chunks = 1;
+      opts.distributed_plan_min_ranks = together ? 1 : uint64_t{1} << 40;
+      const std::string kind = together ? "together" : "table";
+      const std::string path = root + "/" + kind + std::to_string(save);
+      auto saved = Save(rs->state, path, *comm, opts);
+      const std::string name = kind + " save " + std::to_string(save);
+      Check(saved.ok(), name, saved.status().ToString());
+      if (saved.ok()) {
+        Check(saved->plan_reused == (save == 1), name + ": plan reused only for the same layout");
+      }
+      Check(Exists(path + "/checksums-0000" + std::to_string(g_rank) + ".crc32c"),
+            name + ": every rank wrote its checksum file");
+      auto targets = OtherLayout(g_rank);
+      auto res = Load(RequestFor(targets), path, *comm, {});
+      const std::string err = CheckLoaded(res, targets, 40);
+      Check(err.empty(), name + ": loads in the TP=4 / flat / replica layout", err);
     }
-    Check(Exists(path + "/checksums-0000" + std::to_string(g_rank) + ".crc32c"),
-          name + ": every rank wrote its checksum file");
-    auto targets = OtherLayout(g_rank);
-    auto res = Load(RequestFor(targets), path, *comm, {});
-    const std::string err = CheckLoaded(res, targets, 40);
-    Check(err.empty(), name + ": loads in the TP=4 / flat / replica layout", err);
   }
 
   // 5. A plan made by all ranks over MPI_Alltoallv: each rank's part is

@@ -1,7 +1,8 @@
 // Randomized end-to-end round trips: random dtypes and shapes, random save
 // layouts (replicated, uneven box splits, ZeRO flat shards, split-then-flat)
-// on 1-4 thread ranks, loaded into random other layouts on 1-4 ranks, every
-// byte checked against the element-by-element oracle.
+// on 1-4 thread ranks (planned on rank 0 or by all ranks together, with a
+// JSON index or a chunk table), loaded into random other layouts on 1-4
+// ranks, every byte checked against the element-by-element oracle.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -150,6 +151,10 @@ TEST_P(RandomRoundTripTest, LoadMatchesOracle) {
     SaveOptions sopts;
     sopts.max_file_bytes = Uniform(rng, 0, 1) ? 64 : (1 << 20);  // many files or one
     sopts.direct_io = Uniform(rng, 0, 1);
+    // Half planned by all ranks together (a chunk table always), half on
+    // rank 0 (a JSON index, or a table from one chunk on).
+    sopts.distributed_plan_min_ranks = Uniform(rng, 0, 1) ? 1 : uint64_t{1} << 40;
+    sopts.chunk_table_min_chunks = Uniform(rng, 0, 1) ? 1 : uint64_t{1} << 40;
     const std::string path = root + "/ck" + std::to_string(iter);
     testing::RunRanks(save_world, [&](int r, Comm& comm) {
       SaveState state;

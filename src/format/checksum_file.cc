@@ -51,15 +51,25 @@ Result<std::vector<ChunkChecksum>> DecodeChecksumFile(std::string_view bytes,
   const size_t body = bytes.size() - sizeof(uint32_t);
   const char* tail = bytes.data() + body;
   if (Get<uint32_t>(tail) != Crc32c(bytes.data(), body)) return loss("checksum mismatch");
-  std::vector<ChunkChecksum> entries(count);
+  std::vector<ChunkChecksum> entries;
+  entries.reserve(count);
   for (uint64_t i = 0; i < count; ++i) {
-    ChunkChecksum& e = entries[i];
+    ChunkChecksum e;
     e.file = Get<uint32_t>(p);
     e.crc32c = Get<uint32_t>(p);
     e.at = Get<uint64_t>(p);
-    if (i > 0 && !Before(entries[i - 1], e)) {
-      return loss("entry " + std::to_string(i) + " is out of order or repeats one");
+    if (entries.empty() || Before(entries.back(), e)) {
+      entries.push_back(e);
+      continue;
     }
+    // An earlier writer listed empty chunks too, with checksum 0, at the
+    // place of the entry that follows them: such a repeat keeps the other
+    // entry's checksum. Any other repeat, or an entry out of order, is loss.
+    ChunkChecksum& before = entries.back();
+    const bool empty_one = before.file == e.file && before.at == e.at &&
+                           (before.crc32c == 0 || e.crc32c == 0 || before.crc32c == e.crc32c);
+    if (!empty_one) return loss("entry " + std::to_string(i) + " is out of order or repeats one");
+    before.crc32c |= e.crc32c;  // one of them is 0, or both are equal
   }
   return entries;
 }

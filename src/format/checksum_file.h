@@ -36,13 +36,15 @@ struct ChunkChecksum {
 // Bytes of a checksum file of `count` entries.
 constexpr uint64_t ChecksumFileBytes(uint64_t count) { return 8 + 8 + 16 * count + 4; }
 
-// The file of `entries` (in any order; sorted here). Entries must not
-// repeat a (file, at).
+// The file of `entries` (in any order; sorted here): the chunks a rank
+// wrote but the empty ones, whose (file, at) are unique.
 std::string EncodeChecksumFile(std::vector<ChunkChecksum> entries);
 
-// The entries of a checksum file, sorted. DataLoss naming `source` when
-// the bytes are cut short, longer than their count says, out of order or
-// repeated, or fail their checksum.
+// The entries of a checksum file, sorted, one per (file, at). DataLoss
+// naming `source` when the bytes are cut short, longer than their count
+// says, out of order or repeated, or fail their checksum; a repeat of
+// which one has checksum 0 (an empty chunk, which earlier writers listed)
+// is read as the other.
 Result<std::vector<ChunkChecksum>> DecodeChecksumFile(std::string_view bytes,
                                                       std::string_view source);
 

@@ -60,7 +60,7 @@ Result<IndexChunk> DecodeRecord(const char* p, size_t index, const IndexTensor& 
     return Loss(where, "record has flags " + std::to_string(flags) + " and reserved word " +
                            std::to_string(zero) + " (only flag bit 0 is defined)");
   }
-  if (!checkpoint.checksum_files.empty()) {  // version 3: in the writer's checksum file
+  if (checkpoint.version >= 3) {  // in the writer's checksum file
     if (*read.chunk.crc32c != 0) {
       return Loss(where, "record holds a checksum in a version-3 table");
     }

@@ -163,10 +163,13 @@ namespace {
 // A 4-number `table` (before version 4) until CheckTableRefs checks it.
 constexpr uint32_t kNoPart = UINT32_MAX;
 
-// Ascending numbers of 32 bits in field `field`, not empty.
-Result<std::vector<uint32_t>> FileNumbers(const IndexObject& root, int field, const char* what) {
+// Ascending numbers of 32 bits in field `field`, not empty unless `may_be_empty`.
+Result<std::vector<uint32_t>> FileNumbers(const IndexObject& root, int field, const char* what,
+                                          bool may_be_empty = false) {
   SS_ASSIGN_OR_RETURN(std::vector<uint64_t> n, Numbers(root, field));
-  if (n.empty()) return Loss(root.At(field), std::string("an index of this version lists ") + what);
+  if (n.empty() && !may_be_empty) {
+    return Loss(root.At(field), std::string("an index of this version lists ") + what);
+  }
   std::vector<uint32_t> files;
   for (uint64_t i : n) {
     if (i > UINT32_MAX || (!files.empty() && i <= files.back())) {
@@ -202,7 +205,9 @@ Result<std::vector<IndexChunkTable>> ReadChunkTables(const IndexObject& root, in
 
 Result<std::vector<uint32_t>> ReadChecksumFiles(const IndexObject& root, int version) {
   if (version < 3) return std::vector<uint32_t>();  // an unknown field there: ignored
-  return FileNumbers(root, kChecksumFiles, "checksum files");
+  // From version 4 none when every chunk is empty (an empty chunk has no
+  // entry in a checksum file).
+  return FileNumbers(root, kChecksumFiles, "checksum files", version >= 4);
 }
 
 Status CheckChecksumFiles(const CheckpointIndex& index) {

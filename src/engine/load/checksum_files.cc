@@ -23,8 +23,9 @@ Status FillChecksums(FileSystem& fs, const std::string& dir, const ReadOptions& 
   for (uint32_t f : index->checksum_files) file_of_rank[index->files[f].rank] = f;
   // The checksum files the chunks without a checksum need.
   std::map<uint32_t, std::vector<ChunkChecksum>> needed;
-  for (const auto& [key, tensor] : index->tensors) {
-    for (const IndexChunk& c : tensor.chunks) {
+  for (auto& [key, tensor] : index->tensors) {
+    for (IndexChunk& c : tensor.chunks) {
+      if (c.bytes == 0) c.crc32c = 0;  // the CRC-32C of no byte; listed in no file
       if (c.crc32c) continue;
       auto it = file_of_rank.find(index->files[c.file].rank);
       if (it == file_of_rank.end()) {

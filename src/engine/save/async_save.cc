@@ -337,7 +337,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   // a. The previous save's failure fails this call on every rank. b.
   WaitForPrevious();
   SS_ASSIGN_OR_RETURN(PreparedSave prepared,
-                      PlanAndPrepare(state, root, tag, comm, options));
+                      PlanAndPrepare(state, root, tag, comm, options, /*async=*/true));
   // The job is shared: the foreground stages and checksums (c) while the
   // background writes (d), whichever ends first.
   auto job = std::make_shared<Job>();

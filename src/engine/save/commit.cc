@@ -97,16 +97,17 @@ Result<TmpDir> PrepareSave(FileSystem& fs, const std::string& root, const std::s
 namespace {
 
 // Version 3: after the data files, the checksum file of each rank that
-// writes chunks (in rank order), as WriteChecksumFile writes it.
-void AddChecksumFiles(const SavePlan& plan, const std::string& file_suffix,
-                      CheckpointIndex* index) {
-  std::map<int, uint64_t> chunks;  // by rank
-  for (const PlannedFile& f : plan.files) {
-    if (!f.chunks.empty()) chunks[f.rank] += f.chunks.size();
-  }
-  for (const auto& [rank, n] : chunks) {
+// writes chunks (`written`, by rank), as WriteChecksumFile writes it.
+void AddChecksumFiles(const SavePlan& plan, const std::vector<std::vector<WrittenFile>>& written,
+                      const std::string& file_suffix, CheckpointIndex* index) {
+  for (int rank = 0; rank < static_cast<int>(written.size()); ++rank) {
+    uint64_t entries = 0;
+    for (const WrittenFile& f : written[rank]) {
+      for (uint32_t c : plan.files[f.plan_file].chunks) entries += plan.chunks[c].bytes > 0;
+    }
+    if (entries == 0) continue;
     index->checksum_files.push_back(static_cast<uint32_t>(index->files.size()));
-    index->files.push_back({ChecksumFileName(rank, file_suffix), ChecksumFileBytes(n), rank});
+    index->files.push_back({ChecksumFileName(rank, file_suffix), ChecksumFileBytes(entries), rank});
   }
 }
 
@@ -168,7 +169,7 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
     blob.per_rank = plan.blobs[i].per_rank;
     blob.chunks.push_back(blobs[i]);
   }
-  if (form.checksum_files) AddChecksumFiles(plan, file_suffix, &index);
+  if (form.checksum_files) AddChecksumFiles(plan, written, file_suffix, &index);
   return index;
 }
 
@@ -199,15 +200,18 @@ Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
   return SerializeIndexToCommit(*index, std::move(table));
 }
 
+Status WriteSaveFile(FileSystem& fs, const std::string& path, const std::string& bytes) {
+  // In an object store one PUT, under a private name as the data's.
+  return fs.IsObjectStore() ? WriteFileAtomically(fs, path, bytes) : WriteSynced(fs, path, bytes);
+}
+
 Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table) {
   const size_t parts = table.parts.size();
   ThreadPool pool(parts > 1 ? std::min<size_t>(kParallelTableWrites, parts) : 0);
   TaskGroup writes(&pool);
   for (size_t p = 0; p < parts; ++p) {
     writes.Add([&fs, &bytes = table.bytes[p], path = JoinPath(dir, table.parts[p].name)] {
-      // In an object store one PUT, under a private name as the data's.
-      return fs.IsObjectStore() ? WriteFileAtomically(fs, path, bytes)
-                                : WriteSynced(fs, path, bytes);
+      return WriteSaveFile(fs, path, bytes);
     });
   }
   return writes.Wait();

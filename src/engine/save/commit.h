@@ -132,8 +132,11 @@ Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
                                   const std::string& file_suffix,
                                   std::shared_ptr<const EncodedChunkTable> table = nullptr);
 
-// Writes the parts of `table` into `dir`, each synced (in an object store
-// each one PUT), several at once.
+// Writes a file of a save beside its data files: synced (in an object
+// store one PUT).
+Status WriteSaveFile(FileSystem& fs, const std::string& path, const std::string& bytes);
+
+// Writes the parts of `table` into `dir` (WriteSaveFile), several at once.
 Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table);
 
 // Steps 4-7: the commit record (its sequence read from the root's committed

@@ -16,12 +16,6 @@ Status Bad(const std::string& what) {
   return InternalError("bad distributed save index message: " + what);
 }
 
-Result<DType> GetDType(wire::Reader& r) {
-  SS_ASSIGN_OR_RETURN(uint8_t dtype, r.U8());
-  if (dtype >= kNumDTypes) return Bad("a dtype out of range");
-  return static_cast<DType>(dtype);
-}
-
 // A rank's summary as rank 0 reads it into the skeleton.
 class SkeletonBuilder {
  public:
@@ -184,13 +178,13 @@ std::string IndexRounds::Summary(const std::vector<std::string>& from_writers) {
   w.Status(error_);
   if (!error_.ok()) return w.Take();
   w.U64(part_.files.size());
-  uint64_t chunks = 0, blobs = 0;
+  uint64_t checksums = 0, blobs = 0;
   for (uint32_t f = 0; f < part_.files.size(); ++f) {
     w.U64(layouts_[f].file_size);
-    chunks += part_.files[f].chunks.size();
+    for (uint32_t c : part_.files[f].chunks) checksums += part_.chunks[c].bytes > 0;
     blobs += part_.files[f].blobs.size();
   }
-  w.U64(chunks);
+  w.U64(checksums);
   w.U64(blobs);
   for (uint32_t f = 0; f < part_.files.size(); ++f) {
     const PlannedFile& file = part_.files[f];
@@ -267,11 +261,10 @@ Result<IndexSkeleton> IndexOverComm(Comm& comm, const SavePlan& part, const KeyH
   SS_ASSIGN_OR_RETURN(std::vector<std::string> in, comm.AllToAll(rounds.ToHomes()));
   SS_ASSIGN_OR_RETURN(in, comm.Gather(rounds.Summary(in), 0));
   Result<IndexSkeleton> skeleton = IndexSkeleton();
+  Result<std::string> outcome = std::string();
   if (comm.rank() == 0) skeleton = IndexRounds::Assemble(in);
-  SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, skeleton.status().ok()
-                                                  ? Result<std::string>(std::string())
-                                                  : Result<std::string>(skeleton.status()))
-                         .status());
+  if (!skeleton.ok()) outcome = skeleton.status();
+  SS_RETURN_IF_ERROR(BroadcastOrFail(comm, 0, outcome).status());
   *table_part = rounds.table_part();
   return skeleton;
 }

@@ -19,7 +19,7 @@
 //      table (EncodeTablePart, keys in order).
 //   8. gather to rank 0: Status; if OK: U64 files, each U64 bytes (the
 //      rank's files in order: the whole plan numbers them by rank); U64
-//      chunks it writes (its checksum file's entries); U64 blobs it
+//      its checksum file's entries (its non-empty chunks); U64 blobs it
 //      writes, each U32 file (among the rank's), Str name, U8 per-rank,
 //      U32 rank, U64 offset, U64 bytes (in file order, each file's in
 //      entry order); as a home: U64 part bytes, U64 keys, each Str key, U8

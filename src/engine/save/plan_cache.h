@@ -53,12 +53,20 @@ using Digest = std::array<uint64_t, 2>;
 Digest DigestOf(const std::vector<std::string_view>& parts);
 
 class FileLayouts;  // save_messages.h
+struct IndexSkeleton;  // distributed_index.h
 
 struct CachedPlan {
   std::string layout;       // this rank's, as EncodeLayout gave it
   SavePlanOptions options;  // the planner's
-  Digest digest{};          // of every rank's layout, the world size and the options
+  // Planned on rank 0: a digest of every rank's layout, the world size and
+  // the options. Planned together (distributed_save.h): the planning's id.
+  Digest digest{};
+  bool together = false;
   std::shared_ptr<const SavePlan> plan;
+  // Planned together: rank 0's skeleton of the index, a home's part of the
+  // chunk table.
+  std::shared_ptr<const IndexSkeleton> skeleton;
+  std::shared_ptr<const std::string> table_part;
   // Rank 0: where the plan's files put their entries, once a save of it
   // reported them in full (then later ones report compactly).
   std::shared_ptr<FileLayouts> layouts;

@@ -20,13 +20,13 @@ std::string DescribeType(DType dtype, const Shape& shape) {
   return std::string(DTypeName(dtype)) + " " + ShapeToString(shape);
 }
 
+}  // namespace
+
 Result<DType> GetDType(wire::Reader& r) {
   SS_ASSIGN_OR_RETURN(uint8_t dtype, r.U8());
   if (dtype >= kNumDTypes) return Bad("a dtype out of range");
   return static_cast<DType>(dtype);
 }
-
-}  // namespace
 
 Slice PieceSlice(const Slice& chunk, uint64_t lo, uint64_t hi) {
   const uint64_t base = chunk.flat ? chunk.flat->begin : 0;

@@ -139,6 +139,9 @@ Status ReadAssignment(std::string_view msg, int rank, std::vector<ReceivedChunk>
 // Piece [lo, hi) of the elements of replicated chunk `chunk`: a flat range.
 Slice PieceSlice(const Slice& chunk, uint64_t lo, uint64_t hi);
 
+// A dtype as the messages write it (U8), checked (Internal when unknown).
+Result<DType> GetDType(wire::Reader& r);
+
 // Bytes of `n` elements of a chunk whose bytes are known to fit.
 uint64_t BytesOf(DType dtype, uint64_t n);
 

@@ -1,11 +1,13 @@
 #include "engine/save/replica_check.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
 
 #include "base/crc32c.h"
+#include "comm/wire.h"
 #include "layout/plan_part.h"
 
 namespace shardsafe {
@@ -58,26 +60,36 @@ std::pair<size_t, size_t> CopiesOf(const SavePlan& plan, int rank) {
   return {first - plan.copies.begin(), end - plan.copies.begin()};
 }
 
-// The copy of `rank` differs from what was written for chunks [first,
-// first + count): the writer of a chunk, or of the pieces it was cut into.
-Status ReplicaMismatch(const SavePlan& plan, uint32_t first, uint32_t count, int rank) {
-  const PlannedChunk& chunk = plan.chunks[first];
-  std::string slice = SliceToString(chunk.slice), writers;
-  if (count == 1) {
-    writers = "ranks " + std::to_string(std::min(chunk.writer, rank)) + " and " +
-              std::to_string(std::max(chunk.writer, rank));
+// The copy `rank` holds of `slice` of tensor `key` differs from what
+// `writers` wrote: one writer, or with `pieces` the writers of the pieces
+// its chunk was cut into (`slice` the first's).
+Status ReplicaMismatch(std::string_view key, const Slice& slice, const std::set<int>& writers,
+                       bool pieces, int rank) {
+  std::string named, shown = SliceToString(slice);
+  if (!pieces) {
+    const int writer = *writers.begin();
+    named = "ranks " + std::to_string(std::min(writer, rank)) + " and " +
+            std::to_string(std::max(writer, rank));
   } else {
     // Pieces: flat ranges of one slice; name the slice without them.
-    slice = SliceToString(Slice{chunk.slice.box, std::nullopt});
-    std::set<int> ranks{rank};
-    for (uint32_t p = first; p < first + count; ++p) ranks.insert(plan.chunks[p].writer);
-    for (int r : ranks) writers += (writers.empty() ? "ranks " : ", ") + std::to_string(r);
+    shown = SliceToString(Slice{slice.box, std::nullopt});
+    std::set<int> ranks = writers;
+    ranks.insert(rank);
+    for (int r : ranks) named += (named.empty() ? "ranks " : ", ") + std::to_string(r);
   }
   return InvalidArgumentError(
-      "tensor \"" + plan.tensors[chunk.tensor].key + "\": " + writers +
-      " hold different bytes for the same slice " + slice +
+      "tensor \"" + std::string(key) + "\": " + named +
+      " hold different bytes for the same slice " + shown +
       " (ranks that pass one key and slice must hold identical replicas: declare each "
       "rank's part of the global tensor, or save the data per rank)");
+}
+
+// The same for chunks [first, first + count) of a whole plan.
+Status ReplicaMismatch(const SavePlan& plan, uint32_t first, uint32_t count, int rank) {
+  const PlannedChunk& chunk = plan.chunks[first];
+  std::set<int> writers;
+  for (uint32_t p = first; p < first + count; ++p) writers.insert(plan.chunks[p].writer);
+  return ReplicaMismatch(plan.tensors[chunk.tensor].key, chunk.slice, writers, count > 1, rank);
 }
 
 }  // namespace
@@ -157,6 +169,105 @@ Status CheckReplicas(const SavePlan& plan, const std::vector<std::vector<Written
       if (c.crc32c == written) continue;
       return ReplicaMismatch(plan, c.chunk, span[c.chunk], static_cast<int>(rank));
     }
+  }
+  return Status();
+}
+
+namespace {
+
+Status BadRound(const std::string& what) {
+  return InternalError("bad replica check message: " + what);
+}
+
+// A replicated chunk as its writer reported it in the second round.
+struct WrittenReplica {
+  uint32_t crc32c = 0;
+  uint64_t bytes = 0;
+  int writer = -1;  // -1: not reported
+  std::string key;
+  Slice slice;
+};
+
+}  // namespace
+
+std::string EncodeReplicaRound(const SavePlan& part, int rank,
+                               const std::vector<CopyChecksum>& copies,
+                               const std::vector<WrittenFile>& written) {
+  wire::Writer w;
+  const auto [first, end] = CopiesOf(part, rank);
+  w.U64(std::min(copies.size(), end - first));
+  for (size_t i = 0; i < copies.size() && first + i < end; ++i) {
+    w.U32(copies[i].chunk);
+    w.U32(part.copies[first + i].chunks);
+    w.Fixed32(copies[i].crc32c);
+  }
+  // A rank's files are numbered consecutively in the whole plan.
+  const uint32_t base = part.files.empty() ? 0 : WholeFileNumber(part, 0);
+  wire::Writer chunks;
+  uint64_t n = 0;
+  for (const WrittenFile& f : written) {
+    if (f.plan_file < base || f.plan_file - base >= part.files.size()) continue;
+    const PlannedFile& pf = part.files[f.plan_file - base];
+    for (size_t i = 0; i < pf.chunks.size() && i < f.chunks.size(); ++i) {
+      const PlannedChunk& c = part.chunks[pf.chunks[i]];
+      if (c.holders < 2) continue;
+      chunks.U32(WholeChunkNumber(part, pf.chunks[i]));
+      chunks.Fixed32(f.chunks[i].crc32c);
+      chunks.U64(c.bytes);
+      chunks.Str(part.tensors[c.tensor].key);
+      chunks.Slice(c.slice);
+      ++n;
+    }
+  }
+  w.U64(n);
+  std::string out = w.Take();
+  return out + chunks.Take();
+}
+
+Status CheckReplicaRounds(const std::vector<std::string>& msgs) {
+  std::map<uint32_t, WrittenReplica> written;
+  struct Copy {
+    uint32_t first, pieces, crc32c;
+    int rank;
+  };
+  std::vector<Copy> copies;
+  for (int r = 0; r < static_cast<int>(msgs.size()); ++r) {
+    wire::Reader in(msgs[r]);
+    SS_ASSIGN_OR_RETURN(uint64_t n, in.U64());
+    for (uint64_t i = 0; i < n; ++i) {
+      Copy c{0, 0, 0, r};
+      SS_ASSIGN_OR_RETURN(c.first, in.U32());
+      SS_ASSIGN_OR_RETURN(c.pieces, in.U32());
+      SS_ASSIGN_OR_RETURN(c.crc32c, in.Fixed32());
+      if (c.pieces == 0) return BadRound("a copy of no chunk");
+      copies.push_back(c);
+    }
+    SS_ASSIGN_OR_RETURN(n, in.U64());
+    for (uint64_t i = 0; i < n; ++i) {
+      SS_ASSIGN_OR_RETURN(uint32_t number, in.U32());
+      WrittenReplica& w = written[number];
+      if (w.writer >= 0) return BadRound("a chunk written twice");
+      w.writer = r;
+      SS_ASSIGN_OR_RETURN(w.crc32c, in.Fixed32());
+      SS_ASSIGN_OR_RETURN(w.bytes, in.U64());
+      SS_ASSIGN_OR_RETURN(w.key, in.Str());
+      SS_ASSIGN_OR_RETURN(w.slice, in.Slice());
+    }
+    if (!in.done()) return BadRound("trailing bytes");
+  }
+  for (const Copy& c : copies) {
+    uint32_t crc = 0;
+    std::set<int> writers;
+    for (uint32_t p = c.first; p < c.first + c.pieces; ++p) {
+      const auto it = written.find(p);
+      if (it == written.end()) return BadRound("a copy of a chunk no rank wrote");
+      crc = p == c.first ? it->second.crc32c
+                         : Crc32cCombine(crc, it->second.crc32c, it->second.bytes);
+      writers.insert(it->second.writer);
+    }
+    if (crc == c.crc32c) continue;
+    const WrittenReplica& head = written.at(c.first);
+    return ReplicaMismatch(head.key, head.slice, writers, c.pieces > 1, c.rank);
   }
   return Status();
 }

@@ -66,4 +66,18 @@ uint64_t ReplicaDigest(const SavePlan& plan, int rank, const HeldChecksums& held
 Status CheckReplicas(const SavePlan& plan, const std::vector<std::vector<WrittenFile>>& written,
                      const std::vector<std::vector<CopyChecksum>>& copies);
 
+// A save planned together (distributed_save.h) leaves no whole plan on
+// rank 0, so its second round's messages carry what rank 0 compares: each
+// copy the rank holds (U64 copies, each U32 first chunk, U32 pieces,
+// Fixed32 checksum) and each replicated chunk it wrote (U64 chunks, each
+// U32 chunk, Fixed32 checksum, U64 bytes, Str key, Slice), in whole-plan
+// numbers. `copies` as ChecksumCopies gives them for `part`, `written` as
+// WriteRankFiles does, numbered as the whole plan (NumberAsWhole).
+std::string EncodeReplicaRound(const SavePlan& part, int rank,
+                               const std::vector<CopyChecksum>& copies,
+                               const std::vector<WrittenFile>& written);
+// Rank 0: every rank's second-round message (by rank), each copy compared
+// with its chunk's writers' checksums, as CheckReplicas does.
+Status CheckReplicaRounds(const std::vector<std::string>& msgs);
+
 }  // namespace shardsafe

@@ -10,6 +10,7 @@
 #include "comm/wire.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/commit.h"
+#include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
 #include "engine/save/plan_wire.h"
 #include "engine/save/save_internal.h"
@@ -48,36 +49,6 @@ Status CheckShards(const SaveState& state, const SaveOptions& options) {
   return Status();
 }
 
-// Every rank saves to the same place, and every global value a rank passes
-// is rank 0's (values are saved once, from rank 0: a value that differs, or
-// that rank 0 lacks, would be lost).
-Status CheckAgreement(const std::vector<Announcement>& announced) {
-  const Announcement& first = announced[0];
-  std::map<std::string_view, uint64_t> values(first.values.begin(), first.values.end());
-  for (size_t r = 1; r < announced.size(); ++r) {
-    const std::string rank = std::to_string(r);
-    if (announced[r].destination != first.destination) {
-      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves to \"" +
-                                  first.destination + "\", rank " + rank + " to \"" +
-                                  announced[r].destination + "\"");
-    }
-    for (const auto& [key, fingerprint] : announced[r].values) {
-      auto it = values.find(key);
-      if (it == values.end()) {
-        return InvalidArgumentError("value \"" + key + "\" is passed by rank " + rank +
-                                    " but not by rank 0 (global values are saved once, from "
-                                    "rank 0; save values that differ by rank per rank)");
-      }
-      if (it->second != fingerprint) {
-        return InvalidArgumentError("value \"" + key + "\" differs between ranks 0 and " + rank +
-                                    " (global values are saved once, from rank 0; save values "
-                                    "that differ by rank per rank)");
-      }
-    }
-  }
-  return Status();
-}
-
 }  // namespace
 
 Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJson* json) {
@@ -91,22 +62,29 @@ namespace {
 
 // The first round of GatherAndPlan (plan_cache.h), one AllReduceMax:
 // whether this rank's layout is the one its cached plan was made with, that
-// plan's digest and a digest of what the ranks must agree on, each digest
-// also complemented, so that the maximum of both tells whether all ranks
-// sent the same.
+// plan's digest, a digest of what the ranks must agree on and whether the
+// rank plans together, each but the first also complemented, so that the
+// maximum of both tells whether all ranks sent the same.
 std::vector<uint64_t> QuickCheck(const std::optional<CachedPlan>& cached,
-                                 const Digest& agreement) {
+                                 const Digest& agreement, bool together) {
   const Digest plan = cached ? cached->digest : Digest{};
-  return {cached ? 0u : 1u, plan[0],  plan[1],  agreement[0],  agreement[1],
-          ~plan[0],         ~plan[1], ~agreement[0], ~agreement[1]};
+  const uint64_t t = together ? 1 : 0;
+  return {cached ? 0u : 1u, plan[0],  plan[1],  agreement[0],  agreement[1],  t,
+          ~plan[0],         ~plan[1], ~agreement[0], ~agreement[1], ~t};
+}
+constexpr size_t kQuickWords = 5;  // after the first, each complemented after them
+
+// Whether every rank sent the same word `i` of QuickCheck.
+bool AllSent(const std::vector<uint64_t>& max, size_t i) {
+  return max[i] == ~max[i + kQuickWords];
 }
 
 // True when every rank's layout is unchanged and the digests agree, from
 // the maximum of every rank's QuickCheck.
 bool AllUnchanged(const std::vector<uint64_t>& max) {
-  if (max.size() != 9 || max[0] != 0) return false;
-  for (size_t i = 1; i < 5; ++i) {
-    if (max[i] != ~max[i + 4]) return false;
+  if (max.size() != 1 + 2 * kQuickWords || max[0] != 0) return false;
+  for (size_t i = 1; i <= kQuickWords; ++i) {
+    if (!AllSent(max, i)) return false;
   }
   return true;
 }
@@ -156,19 +134,36 @@ std::vector<std::string> PartMessages(const SavePlan& whole, const Digest& diges
 
 Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& destination,
                                  Comm& comm, const SaveOptions& options, const Status& local,
-                                 const UserJson& json) {
+                                 const UserJson& json, bool together) {
   const SavePlanOptions plan_options{options.max_file_bytes};
   std::string layout = EncodeLayout(state);
   const std::string agreement = EncodeAgreement(destination, json.fingerprints);
   std::optional<CachedPlan> cached = LookUpPlan(comm);
-  if (cached && (cached->layout != layout ||
+  if (cached && (cached->layout != layout || cached->together != together ||
                  cached->options.max_file_bytes != plan_options.max_file_bytes ||
                  cached->options.min_split_bytes != plan_options.min_split_bytes)) {
     cached.reset();
   }
-  SS_ASSIGN_OR_RETURN(auto checks,
-                      ReduceMaxOrFail(comm, local, QuickCheck(cached, DigestOf({agreement}))));
-  if (AllUnchanged(checks)) return AgreedPlan{cached->plan, true, cached->layouts};
+  SS_ASSIGN_OR_RETURN(
+      auto checks,
+      ReduceMaxOrFail(comm, local, QuickCheck(cached, DigestOf({agreement}), together)));
+  if (!AllSent(checks, kQuickWords)) {
+    return InvalidArgumentError(
+        "ranks disagree on whether the save is planned by all ranks together (every rank "
+        "must pass the same SaveOptions::distributed_plan_min_ranks and see the same "
+        "SHARDSAFE_DISTRIBUTED_PLAN_MIN_RANKS)");
+  }
+  if (AllUnchanged(checks)) {
+    return AgreedPlan{cached->plan,     true, cached->layouts, cached->together,
+                      cached->skeleton, cached->table_part};
+  }
+  if (together) {
+    SS_ASSIGN_OR_RETURN(TogetherPlan made,
+                        PlanTogether(comm, layout, agreement, Status(), plan_options));
+    StorePlan(comm, CachedPlan{std::move(layout), plan_options, made.id, true, made.part,
+                               made.skeleton, made.table_part, nullptr});
+    return AgreedPlan{made.part, false, nullptr, true, made.skeleton, made.table_part};
+  }
 
   // Rank 0 gathers every rank's layout, plans and sends each rank its part
   // of the plan; a rank's cost is its own part, rank 0's the whole job's.
@@ -191,33 +186,42 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
     digest = received.digest;
   }
   auto layouts = std::make_shared<FileLayouts>();
-  StorePlan(comm, CachedPlan{std::move(layout), plan_options, digest, plan, layouts});
+  StorePlan(comm, CachedPlan{std::move(layout), plan_options, digest, false, plan, nullptr,
+                             nullptr, layouts});
   return AgreedPlan{std::move(plan), false, std::move(layouts)};
 }
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options) {
+                                    const SaveOptions& options, bool async) {
   Result<FileSystem*> fs = FileSystemFor(root, options.fs);
   PreparedSave prepared;
   Status local = fs.status();
   if (local.ok()) local = ValidateTag(tag);
   if (local.ok()) local = CheckLocalState(state, options, &prepared.json);
-  SS_ASSIGN_OR_RETURN(AgreedPlan agreed, GatherAndPlan(state, JoinPath(root, tag), comm, options,
-                                                       local, prepared.json));
+  Result<bool> together = PlansTogether(comm.size(), options.distributed_plan_min_ranks, async);
+  if (local.ok()) local = together.status();
+  SS_ASSIGN_OR_RETURN(AgreedPlan agreed,
+                      GatherAndPlan(state, JoinPath(root, tag), comm, options, local,
+                                    prepared.json, together.ok() && *together));
   prepared.plan = std::move(agreed.plan);
   prepared.plan_reused = agreed.reused;
   prepared.layouts = std::move(agreed.layouts);
+  prepared.together = agreed.together;
+  prepared.skeleton = std::move(agreed.skeleton);
+  prepared.table_part = std::move(agreed.table_part);
   // Step 1, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
-    Result<bool> table = WritesChunkTable(prepared.plan->chunks.size(),
-                                          options.chunk_table_min_chunks);
+    Result<bool> table = prepared.together ? Result<bool>(true)
+                                           : WritesChunkTable(prepared.plan->chunks.size(),
+                                                              options.chunk_table_min_chunks);
     Result<TmpDir> made = table.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
                                      : Result<TmpDir>(table.status());
-    dirs = made.ok() ? Result<std::string>(EncodeSaveStart(
-                           {made->dirs, prepared.layouts && prepared.layouts->ready(), *table}))
+    const bool compact =
+        prepared.together || (prepared.layouts && prepared.layouts->ready());
+    dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, compact, *table}))
                      : Result<std::string>(made.status());
     if (made.ok()) prepared.lock = std::move(made->lock);
   }
@@ -349,7 +353,9 @@ class LeaderAnswer {
       AbandonSave(fs_, prepared_.dirs);
       return msgs.status().WithContext("saving " + JoinPath(root_, tag_));
     }
-    auto read = ReadReports(*msgs, plan_, prepared_.layouts.get(), &layouts_match_);
+    auto read = prepared_.together
+                    ? DecodeCompactReports(*msgs)
+                    : ReadReports(*msgs, plan_, prepared_.layouts.get(), &layouts_match_);
     if (!read.ok()) return Fail(read.status());
     reports_ = std::move(*read);
     if (!DigestsAddUp(reports_)) return std::string(1, kSendCopies);
@@ -360,6 +366,10 @@ class LeaderAnswer {
   // a version-3 save, its chunks' checksums), then steps 4-6.
   Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) return Fail(msgs.status());
+    if (prepared_.together) {
+      Status s = CheckReplicaRounds(*msgs);
+      return s.ok() ? Commit() : Fail(s);
+    }
     for (size_t r = 0; r < msgs->size() && r < reports_.size(); ++r) {
       ReportForm form;
       auto more = DecodeReport((*msgs)[r], &form);
@@ -374,9 +384,12 @@ class LeaderAnswer {
  private:
   Result<std::string> Commit() {
     auto committed =
-        CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
-                       prepared_.dirs, comm_.size(), commit_,
-                       {prepared_.chunk_table, prepared_.layouts.get(), layouts_match_});
+        prepared_.together
+            ? CommitTogether(fs_, *prepared_.skeleton, std::move(reports_), prepared_.json,
+                             root_, tag_, prepared_.dirs, commit_)
+            : CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
+                             prepared_.dirs, comm_.size(), commit_,
+                             {prepared_.chunk_table, prepared_.layouts.get(), layouts_match_});
     if (!committed.ok()) return Fail(committed.status());
     return kCommitted + *committed;
   }
@@ -425,6 +438,10 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     Status s = WriteChecksumFile(plan, comm.rank(), *written, prepared.dirs, fs);
     if (!s.ok()) written = s;
   }
+  if (written.ok() && prepared.together && !prepared.table_part->empty()) {
+    Status s = WriteTablePart(*prepared.table_part, comm.rank(), prepared.dirs, fs);
+    if (!s.ok()) written = s;
+  }
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
@@ -452,8 +469,10 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
     if (prepared.chunk_table) own_copies.files = own.files;  // with their chunks' checksums
-    auto more = GatherToRootOrFail(comm, 0, Status(),
-                                   EncodeReport(own_copies, ReportForm{.compact = true}));
+    auto more = GatherToRootOrFail(
+        comm, 0, Status(),
+        prepared.together ? EncodeReplicaRound(plan, comm.rank(), own_copies.copies, own.files)
+                          : EncodeReport(own_copies, ReportForm{.compact = true}));
     if (leader) answer = leader_answer.ToCopies(more);
     outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }

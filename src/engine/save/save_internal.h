@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/save/commit.h"
+#include "engine/save/distributed_index.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/user_json.h"
 #include "layout/save_planner.h"
@@ -13,8 +14,14 @@
 namespace shardsafe {
 
 struct PreparedSave {
-  std::shared_ptr<const SavePlan> plan;
+  std::shared_ptr<const SavePlan> plan;  // this rank's part, or on rank 0 the whole plan
   bool plan_reused = false;  // the cached plan of an unchanged layout
+  // Planned together (distributed_save.h): rank 0's skeleton of the index,
+  // a home's part of the chunk table; reports always compact, a chunk
+  // table always written.
+  bool together = false;
+  std::shared_ptr<const IndexSkeleton> skeleton;
+  std::shared_ptr<const std::string> table_part;
   std::shared_ptr<FileLayouts> layouts;  // the plan's (CachedPlan::layouts)
   bool compact_reports = false;          // step 3 (SaveStart)
   bool chunk_table = false;              // version 3: checksum files (SaveStart)
@@ -32,24 +39,29 @@ struct AgreedPlan {
   std::shared_ptr<const SavePlan> plan;
   bool reused = false;  // the cached plan of an unchanged layout (plan_cache.h)
   std::shared_ptr<FileLayouts> layouts;
+  bool together = false;  // as CachedPlan
+  std::shared_ptr<const IndexSkeleton> skeleton;
+  std::shared_ptr<const std::string> table_part;
 };
 
 // Protocol steps 0-2 (collective): agree that every rank's layout is
-// unchanged and reuse the cached plan (plan_cache.h), or gather every
-// rank's holdings on rank 0, which plans and sends each rank its part
-// (layout/plan_part.h; rank 0 keeps the whole plan); `local` (this rank's
-// failure so far) fails it on every rank. Every rank must save to the same
-// `destination` (the checkpoint's path) and pass only global values equal
-// to rank 0's. Touches no file.
+// unchanged and reuse the cached plan (plan_cache.h), or, with `together`,
+// plan together (distributed_save.h), else gather every rank's holdings on
+// rank 0, which plans and sends each rank its part (layout/plan_part.h;
+// rank 0 keeps the whole plan); `local` (this rank's failure so far) fails
+// it on every rank, as does a rank whose `together` differs. Every rank
+// must save to the same `destination` (the checkpoint's path) and pass
+// only global values equal to rank 0's. Touches no file.
 Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& destination,
                                  Comm& comm, const SaveOptions& options, const Status& local,
-                                 const UserJson& json);
+                                 const UserJson& json, bool together = false);
 
-// Protocol steps 0-3, shared by Save and AsyncSave (collective):
-// GatherAndPlan, then rank 0 creates the temporary directory.
+// Protocol steps 0-3, shared by Save and AsyncSave (`async`) (collective):
+// GatherAndPlan (together as PlansTogether says), then rank 0 creates the
+// temporary directory.
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options);
+                                    const SaveOptions& options, bool async = false);
 
 // Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
 // in whole-plan numbers; compact ones completed from `layouts`, which keeps

@@ -1,6 +1,7 @@
 #include "engine/save/save_messages.h"
 
 #include <algorithm>
+#include <map>
 
 #include "comm/wire.h"
 #include "layout/plan_part.h"
@@ -138,6 +139,33 @@ Result<Announcement> DecodeHoldings(std::string_view msg) {
   SS_RETURN_IF_ERROR(DecodeLayout(layout, &a.holdings));
   SS_RETURN_IF_ERROR(DecodeAgreement(agreement, &a));
   return a;
+}
+
+Status CheckAgreement(const std::vector<Announcement>& announced) {
+  const Announcement& first = announced[0];
+  std::map<std::string_view, uint64_t> values(first.values.begin(), first.values.end());
+  for (size_t r = 1; r < announced.size(); ++r) {
+    const std::string rank = std::to_string(r);
+    if (announced[r].destination != first.destination) {
+      return InvalidArgumentError("ranks disagree on the checkpoint: rank 0 saves to \"" +
+                                  first.destination + "\", rank " + rank + " to \"" +
+                                  announced[r].destination + "\"");
+    }
+    for (const auto& [key, fingerprint] : announced[r].values) {
+      auto it = values.find(key);
+      if (it == values.end()) {
+        return InvalidArgumentError("value \"" + key + "\" is passed by rank " + rank +
+                                    " but not by rank 0 (global values are saved once, from "
+                                    "rank 0; save values that differ by rank per rank)");
+      }
+      if (it->second != fingerprint) {
+        return InvalidArgumentError("value \"" + key + "\" differs between ranks 0 and " + rank +
+                                    " (global values are saved once, from rank 0; save values "
+                                    "that differ by rank per rank)");
+      }
+    }
+  }
+  return Status();
 }
 
 namespace {

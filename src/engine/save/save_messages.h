@@ -37,6 +37,10 @@ std::string EncodeHoldings(std::string_view layout, std::string_view agreement);
 Result<Announcement> DecodeHoldings(std::string_view msg);
 // The layout part of an encoded announcement.
 Result<std::string_view> LayoutOf(std::string_view msg);
+// Every rank saves to the same place, and every global value a rank passes
+// is rank 0's (values are saved once, from rank 0: a value that differs, or
+// that rank 0 lacks, would be lost). InvalidArgument naming the rank.
+Status CheckAgreement(const std::vector<Announcement>& announced);
 
 // What a rank reports in step 3: the files it wrote and its replica digest
 // (replica_check.h); the checksums of the replicated chunks it holds but

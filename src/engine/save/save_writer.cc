@@ -136,7 +136,11 @@ Status WriteChecksumFile(const SavePlan& plan, int rank, const std::vector<Writt
   std::vector<ChunkChecksum> entries;
   for (const WrittenFile& f : written) {
     const uint32_t whole = WholeFileNumber(plan, f.plan_file);
-    for (const WrittenEntry& e : f.chunks) entries.push_back({whole, e.at, e.crc32c});
+    const PlannedFile& planned = plan.files[f.plan_file];
+    for (size_t i = 0; i < f.chunks.size(); ++i) {
+      if (plan.chunks[planned.chunks[i]].bytes == 0) continue;  // no checksum to keep
+      entries.push_back({whole, f.chunks[i].at, f.chunks[i].crc32c});
+    }
   }
   if (entries.empty()) return Status();
   const std::string path = JoinPath(dirs.data, ChecksumFileName(rank, dirs.file_suffix));
