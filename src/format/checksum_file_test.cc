@@ -54,5 +54,22 @@ TEST(ChecksumFileTest, DamageIsDataLossNamingTheFile) {
   loss(huge, "a count larger than the file");
 }
 
+// Earlier writers listed empty chunks too (checksum 0), at the place of the
+// chunk after them: a repeat of which one entry is 0 reads as the other;
+// two different checksums at one place are loss.
+TEST(ChecksumFileTest, AnEmptyChunksEntryAtTheSamePlaceReadsAsTheOther) {
+  const std::vector<ChunkChecksum> earlier = {{0, 64, 0}, {0, 64, 0xabcd}, {0, 64, 0},
+                                              {1, 8, 0},  {1, 8, 0},       {1, 16, 7}};
+  auto read = DecodeChecksumFile(EncodeChecksumFile(earlier), "c");
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->size(), 3u);
+  EXPECT_EQ(FindChecksum(*read, 0, 64), 0xabcdu);
+  EXPECT_EQ(FindChecksum(*read, 1, 8), 0u);
+  EXPECT_EQ(FindChecksum(*read, 1, 16), 7u);
+  auto clash = DecodeChecksumFile(EncodeChecksumFile({{0, 64, 5}, {0, 64, 6}}), "c");
+  EXPECT_EQ(clash.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(clash.status().message(), HasSubstr("out of order or repeats one"));
+}
+
 }  // namespace
 }  // namespace shardsafe
