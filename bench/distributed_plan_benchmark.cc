@@ -2,7 +2,7 @@
 // costs each rank of a simulated job, against PlanSave on rank 0 (what a save
 // runs today: planner_benchmark measures it).
 //
-//   distributed_plan_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json]
+//   distributed_plan_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--no-index]
 //
 // Every rank of the job is simulated in this process (plan_simulation.h),
 // one after another through each of the six rounds, running the same
@@ -17,21 +17,31 @@
 //              PlanHome, run again alone from copies of its messages (plus
 //              them and what it sends).
 // Plus the busiest writer's share of the ideal (simulated::IdealMaxRankBytes,
-// from every rank's part). Every rank's state is held at once: FSDP at
+// from every rank's part). Then (unless --no-index) rounds 7 and 8 of the
+// index made together (distributed_index.h) over every rank's part and
+// home, routed the same way: rank 0's time (its own calls and Assemble),
+// its bytes and the most any rank sends + receives, the largest home's
+// part of the chunk table; and rank 0's commit of one save of the plan
+// (IndexOfSave, SerializeIndexToCommit): time and the index's size. Every rank's state is held at once: FSDP at
 // 16,384 ranks takes about 10 GB; 65,536 ranks do not fit this machine.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "engine/save/distributed_index.h"
 #include "engine/save/plan_simulation.h"
+#include "format/index.h"
 #include "planner_jobs.h"
 #include "proc_memory.h"
 
 namespace shardsafe::bench {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 struct DistRow {
   std::string layout;
@@ -44,6 +54,13 @@ struct DistRow {
   int busiest_home = 0;
   double balance = 0;
   uint64_t chunks = 0;
+  // Rounds 7 and 8 (distributed_index.h) and the commit of one save.
+  double index_rank0_s = 0;        // rank 0's ToHomes, Summary and Assemble
+  uint64_t index_rank0_coord = 0;  // its round-7 messages and the summaries it gathers
+  uint64_t index_most_coord = 0;   // the most any rank sends + receives in rounds 7-8
+  uint64_t largest_part = 0;       // the largest home's part of the chunk table
+  double commit_s = 0;             // IndexOfSave + SerializeIndexToCommit on rank 0
+  uint64_t index_bytes = 0;        // the committed index
   std::string note;
 };
 
@@ -61,11 +78,78 @@ uint64_t HomePeak(int home, int world, const std::vector<std::string>& in) {
   return StatusBytes("VmHWM:") - before + held;
 }
 
-DistRow Run(const SimulatedJob& job) {
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Rounds 7 and 8 over every rank's part and home, routed as the
+// collectives route them, then rank 0's commit of one save of the plan.
+void RunIndexRounds(const std::vector<SavePlan>& parts,
+                    const std::vector<std::unique_ptr<KeyHome>>& homes, DistRow* row) {
+  const int n = static_cast<int>(parts.size());
+  std::vector<IndexRounds> rounds;
+  rounds.reserve(n);
+  // Each home's round-7 messages, the empty ones left out (a home reads
+  // its messages whatever their senders).
+  std::vector<std::vector<std::string>> to(n);
+  std::vector<uint64_t> coord(n, 0);
+  for (int r = 0; r < n; ++r) {
+    rounds.emplace_back(r, n, parts[r], homes[r].get());
+    const auto start = Clock::now();
+    std::vector<std::string> out = rounds[r].ToHomes();
+    if (r == 0) row->index_rank0_s += Seconds(start);
+    for (int h = 0; h < n; ++h) {
+      if (out[h].empty()) continue;
+      coord[r] += out[h].size();
+      coord[h] += out[h].size();
+      to[h].push_back(std::move(out[h]));
+    }
+  }
+  std::vector<std::string> summaries(n);
+  for (int r = 0; r < n; ++r) {
+    const auto start = Clock::now();
+    summaries[r] = rounds[r].Summary(to[r]);
+    if (r == 0) row->index_rank0_s += Seconds(start);
+    std::vector<std::string>().swap(to[r]);
+    coord[r] += summaries[r].size();
+    coord[0] += summaries[r].size();
+    row->largest_part = std::max<uint64_t>(row->largest_part, rounds[r].table_part().size());
+  }
+  const auto start = Clock::now();
+  Result<IndexSkeleton> skeleton = IndexRounds::Assemble(summaries);
+  row->index_rank0_s += Seconds(start);
+  row->index_rank0_coord = coord[0];
+  row->index_most_coord = *std::max_element(coord.begin(), coord.end());
+  if (!skeleton.ok()) {
+    row->note = "index: " + skeleton.status().ToString();
+    return;
+  }
+  // One save's reports: every data file, its blobs' checksums (made up).
+  std::vector<std::vector<WrittenFile>> written(1);
+  for (uint32_t f = 0; f < skeleton->blob_slots.size(); ++f) {
+    WrittenFile file{f, 0, {}, {}};
+    file.blobs.resize(skeleton->blob_slots[f].size());
+    written[0].push_back(std::move(file));
+  }
+  const auto commit = Clock::now();
+  Result<CheckpointIndex> index = IndexOfSave(*skeleton, written, UserJson{}, "step-1", "");
+  Result<CommitIndex> text = index.ok() ? SerializeIndexToCommit(*index, nullptr)
+                                        : Result<CommitIndex>(index.status());
+  row->commit_s = Seconds(commit);
+  if (!text.ok()) {
+    row->note = "commit: " + text.status().ToString();
+    return;
+  }
+  row->index_bytes = text->text.size();
+}
+
+DistRow Run(const SimulatedJob& job, bool index) {
   const int n = job.world;
   DistRow row{job.layout, n};
   std::vector<uint64_t> mandatory(n, 0);
   uint64_t most_bytes = 0, unique = 0, before = 0;
+  std::vector<SavePlan> parts(index ? n : 0);
+  std::vector<std::unique_ptr<KeyHome>> homes(index ? n : 0);
   const PlanSimulation sim = SimulatePlan(
       n, job.rank_shards, SavePlanOptions{},
       [&](int r, Result<SavePlan> part) {
@@ -78,12 +162,16 @@ DistRow Run(const SimulatedJob& job) {
         row.chunks += part->chunks.size();
         most_bytes = part->part->max_rank_bytes;
         unique = part->unique_bytes;
+        if (index) parts[r] = std::move(*part);
       },
       [&] {
         ResetPeakRss();
         before = StatusBytes("VmRSS:");
       },
-      [&] { row.rank0_peak = StatusBytes("VmHWM:") - before; });
+      [&] { row.rank0_peak = StatusBytes("VmHWM:") - before; },
+      [&](int r, std::unique_ptr<KeyHome> home) {
+        if (index) homes[r] = std::move(home);
+      });
   if (!row.note.empty()) return row;
   uint64_t ideal = (unique + n - 1) / n;
   for (uint64_t m : mandatory) ideal = std::max(ideal, m);
@@ -99,6 +187,7 @@ DistRow Run(const SimulatedJob& job) {
   }
   row.busiest_home = sim.busiest_home;
   row.home_peak = HomePeak(sim.busiest_home, n, sim.busiest_home_received);
+  if (index) RunIndexRounds(parts, homes, &row);
   return row;
 }
 
@@ -112,6 +201,12 @@ void PrintRow(const DistRow& r) {
               r.layout.c_str(), r.world, r.rank0_s, r.slowest_s, r.slowest, r.rank0_coord / 1e6,
               r.most_coord / 1e6, r.most_coord_rank, r.rank0_peak / 1e6, r.home_peak / 1e6,
               r.busiest_home, r.balance, r.chunks / 1e6);
+  if (r.index_bytes > 0) {
+    std::printf("|  | rounds 7-8 | %.3f | | %.1f | %.1f | | largest part %.2f MB | commit %.3f s "
+                "| index %.1f MB |\n",
+                r.index_rank0_s, r.index_rank0_coord / 1e6, r.index_most_coord / 1e6,
+                r.largest_part / 1e6, r.commit_s, r.index_bytes / 1e6);
+  }
 }
 
 nlohmann::ordered_json Json(const DistRow& r) {
@@ -121,7 +216,11 @@ nlohmann::ordered_json Json(const DistRow& r) {
           {"most_coord_bytes", r.most_coord}, {"most_coord_rank", r.most_coord_rank},
           {"rank0_peak_bytes", r.rank0_peak}, {"busiest_home_peak_bytes", r.home_peak},
           {"busiest_home", r.busiest_home},   {"writer_balance", r.balance},
-          {"chunks", r.chunks},         {"note", r.note}};
+          {"chunks", r.chunks},
+          {"index_rank0_s", r.index_rank0_s}, {"index_rank0_coord_bytes", r.index_rank0_coord},
+          {"index_most_coord_bytes", r.index_most_coord}, {"largest_table_part_bytes", r.largest_part},
+          {"commit_s", r.commit_s},     {"index_bytes", r.index_bytes},
+          {"note", r.note}};
 }
 
 }  // namespace
@@ -131,15 +230,17 @@ int main(int argc, char** argv) {
   using namespace shardsafe::bench;
   std::vector<int> worlds;
   std::vector<std::string> layouts;
-  bool json = false;
+  bool json = false, index = true;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--json") json = true;
+    else if (flag == "--no-index") index = false;
     else if (flag == "--world" && i + 1 < argc) worlds.push_back(std::atoi(argv[++i]));
     else if (flag == "--layout" && i + 1 < argc) layouts.push_back(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: distributed_plan_benchmark [--world N]... [--layout L]... [--json]\n");
+                   "usage: distributed_plan_benchmark [--world N]... [--layout L]... [--json] "
+                   "[--no-index]\n");
       return 2;
     }
   }
@@ -158,7 +259,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", job.status().ToString().c_str());
         return 2;
       }
-      const DistRow row = Run(*job);
+      const DistRow row = Run(*job, index);
       if (json) out["rows"].push_back(Json(row));
       else PrintRow(row);
       std::fflush(stdout);

@@ -86,7 +86,8 @@ class IndexRounds {
   // Round 7: one message per rank (empty where it writes none of that
   // rank's keys' chunks).
   std::vector<std::string> ToHomes();
-  // Round 8: from every rank's round-7 message; this rank's summary.
+  // Round 8: from the round-7 messages to this rank (any order; empty ones
+  // may be left out); this rank's summary.
   std::string Summary(const std::vector<std::string>& from_writers);
   // This rank's part of the table, once Summary ran (empty: no keys).
   const std::string& table_part() const { return table_part_; }

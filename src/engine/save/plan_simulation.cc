@@ -50,7 +50,8 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
                             const SavePlanOptions& options,
                             const std::function<void(int, Result<SavePlan>)>& on_part,
                             const std::function<void()>& before_coordinate,
-                            const std::function<void()>& after_coordinate) {
+                            const std::function<void()>& after_coordinate,
+                            const std::function<void(int, std::unique_ptr<KeyHome>)>& on_home) {
   const int n = world;
   PlanSimulation sim;
   sim.ranks.resize(n);
@@ -109,6 +110,7 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     c.sent += packed[r].size();
     c.received += all_packed;
     Result<SavePlan> part = Timed(&c.seconds, [&] { return ranks[r]->Finish(packed); });
+    if (on_home) on_home(r, ranks[r]->TakeHome());
     ranks[r].reset();
     on_part(r, std::move(part));
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/save/distributed_plan.h"
+#include "engine/save/plan_home.h"
 
 namespace shardsafe {
 
@@ -32,12 +33,15 @@ struct PlanSimulation {
 // Plans a save of `world` ranks whose holdings `holdings_of(rank)` gives
 // (called once per rank, in rank order; the shards are dropped after round
 // 1). `on_part(rank, part)` gets each rank's result in rank order;
-// `before_coordinate` / `after_coordinate`, when set, run around rank 0's
+// `on_home(rank, home)`, when set, gets each rank's side as a home
+// (RankPlanner::TakeHome) just before its part; `before_coordinate` /
+// `after_coordinate`, when set, run around rank 0's
 // round 4 (a benchmark measures its memory there).
 PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& holdings_of,
                             const SavePlanOptions& options,
                             const std::function<void(int, Result<SavePlan>)>& on_part,
                             const std::function<void()>& before_coordinate = {},
-                            const std::function<void()>& after_coordinate = {});
+                            const std::function<void()>& after_coordinate = {},
+                            const std::function<void(int, std::unique_ptr<KeyHome>)>& on_home = {});
 
 }  // namespace shardsafe
