@@ -42,13 +42,12 @@ Result<bool> PlansTogether(int world, uint64_t min_ranks, bool async) {
 }
 
 Result<TogetherPlan> PlanTogether(Comm& comm, const std::string& layout,
-                                  const std::string& agreement, const Status& local,
-                                  const SavePlanOptions& options) {
+                                  const std::string& agreement, const SavePlanOptions& options) {
   // This rank's holdings, from its own encoding of them: a failure here is
   // carried to every rank with the others.
-  Result<Announcement> mine = DecodeHoldings(EncodeHoldings(layout, agreement));
-  const Status before = local.ok() ? mine.status() : local;
-  auto msgs = GatherToRootOrFail(comm, 0, before, EncodeHoldings(EncodeLayout({}), agreement));
+  RankHoldings holdings;
+  const Status decoded = DecodeLayout(layout, &holdings);
+  auto msgs = GatherToRootOrFail(comm, 0, decoded, EncodeHoldings(EncodeLayout({}), agreement));
   Result<std::string> named = std::string();
   if (comm.rank() == 0) named = AgreeAndName(msgs);
   SS_ASSIGN_OR_RETURN(std::string id, BroadcastOrFail(comm, 0, named));
@@ -56,7 +55,7 @@ Result<TogetherPlan> PlanTogether(Comm& comm, const std::string& layout,
   if (id.size() != sizeof out.id) return InternalError("a bad id of a distributed save plan");
   std::memcpy(out.id.data(), id.data(), sizeof out.id);
   std::unique_ptr<KeyHome> home;
-  SS_ASSIGN_OR_RETURN(SavePlan part, PlanOverComm(comm, mine->holdings, options, nullptr, &home));
+  SS_ASSIGN_OR_RETURN(SavePlan part, PlanOverComm(comm, holdings, options, nullptr, &home));
   out.part = std::make_shared<const SavePlan>(std::move(part));
   std::string table_part;
   SS_ASSIGN_OR_RETURN(IndexSkeleton skeleton,

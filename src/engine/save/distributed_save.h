@@ -53,13 +53,12 @@ struct TogetherPlan {
   Digest id{};  // of this planning, the same on every rank
 };
 
-// Steps 0-2 of a save whose layout changed, planned together (collective):
-// `layout` and `agreement` as EncodeLayout and EncodeAgreement give them,
-// `local` this rank's failure so far. Every rank returns its plan or the
-// same error.
+// Steps 0-2 of a save whose layout changed, planned together (collective;
+// after the quick check, which carried every rank's earlier failure):
+// `layout` and `agreement` as EncodeLayout and EncodeAgreement give them.
+// Every rank returns its plan or the same error.
 Result<TogetherPlan> PlanTogether(Comm& comm, const std::string& layout,
-                                  const std::string& agreement, const Status& local,
-                                  const SavePlanOptions& options);
+                                  const std::string& agreement, const SavePlanOptions& options);
 
 // Step 2 on a home: writes its part of the table into dirs.data, synced.
 Status WriteTablePart(const std::string& bytes, int rank, const SaveDirs& dirs, FileSystem& fs);

@@ -159,7 +159,7 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
   }
   if (together) {
     SS_ASSIGN_OR_RETURN(TogetherPlan made,
-                        PlanTogether(comm, layout, agreement, Status(), plan_options));
+                        PlanTogether(comm, layout, agreement, plan_options));
     StorePlan(comm, CachedPlan{std::move(layout), plan_options, made.id, true, made.part,
                                made.skeleton, made.table_part, nullptr});
     return AgreedPlan{made.part, false, nullptr, true, made.skeleton, made.table_part};

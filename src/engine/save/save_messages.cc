@@ -90,8 +90,6 @@ Result<std::string_view> LayoutOf(std::string_view msg) {
   return r.View();
 }
 
-namespace {
-
 Status DecodeLayout(std::string_view msg, RankHoldings* h) {
   wire::Reader r(msg);
   SS_ASSIGN_OR_RETURN(uint64_t n, r.U64());
@@ -116,6 +114,8 @@ Status DecodeLayout(std::string_view msg, RankHoldings* h) {
   }
   return Status();
 }
+
+namespace {
 
 Status DecodeAgreement(std::string_view msg, Announcement* a) {
   wire::Reader r(msg);

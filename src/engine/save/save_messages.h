@@ -35,6 +35,8 @@ std::string EncodeAgreement(const std::string& destination,
 // An announcement from its two parts, and back.
 std::string EncodeHoldings(std::string_view layout, std::string_view agreement);
 Result<Announcement> DecodeHoldings(std::string_view msg);
+// A layout as EncodeLayout gave it, appended to *h.
+Status DecodeLayout(std::string_view msg, RankHoldings* h);
 // The layout part of an encoded announcement.
 Result<std::string_view> LayoutOf(std::string_view msg);
 // Every rank saves to the same place, and every global value a rank passes
