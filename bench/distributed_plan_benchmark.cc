@@ -82,44 +82,20 @@ double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Rounds 7 and 8 over every rank's part and home, routed as the
-// collectives route them, then rank 0's commit of one save of the plan.
+// Rounds 7 and 8 over every rank's part and home (SimulateIndex), then
+// rank 0's commit of one save of the plan.
 void RunIndexRounds(const std::vector<SavePlan>& parts,
                     const std::vector<std::unique_ptr<KeyHome>>& homes, DistRow* row) {
-  const int n = static_cast<int>(parts.size());
-  std::vector<IndexRounds> rounds;
-  rounds.reserve(n);
-  // Each home's round-7 messages, the empty ones left out (a home reads
-  // its messages whatever their senders).
-  std::vector<std::vector<std::string>> to(n);
-  std::vector<uint64_t> coord(n, 0);
-  for (int r = 0; r < n; ++r) {
-    rounds.emplace_back(r, n, parts[r], homes[r].get());
-    const auto start = Clock::now();
-    std::vector<std::string> out = rounds[r].ToHomes();
-    if (r == 0) row->index_rank0_s += Seconds(start);
-    for (int h = 0; h < n; ++h) {
-      if (out[h].empty()) continue;
-      coord[r] += out[h].size();
-      coord[h] += out[h].size();
-      to[h].push_back(std::move(out[h]));
-    }
+  const IndexSimulation sim =
+      SimulateIndex(parts, homes, -1, [&](int, const std::string& part) {
+        row->largest_part = std::max<uint64_t>(row->largest_part, part.size());
+      });
+  row->index_rank0_s = sim.ranks[0].seconds;
+  row->index_rank0_coord = sim.ranks[0].sent + sim.ranks[0].received;
+  for (const SimulatedRankCost& c : sim.ranks) {
+    row->index_most_coord = std::max(row->index_most_coord, c.sent + c.received);
   }
-  std::vector<std::string> summaries(n);
-  for (int r = 0; r < n; ++r) {
-    const auto start = Clock::now();
-    summaries[r] = rounds[r].Summary(to[r]);
-    if (r == 0) row->index_rank0_s += Seconds(start);
-    std::vector<std::string>().swap(to[r]);
-    coord[r] += summaries[r].size();
-    coord[0] += summaries[r].size();
-    row->largest_part = std::max<uint64_t>(row->largest_part, rounds[r].table_part().size());
-  }
-  const auto start = Clock::now();
-  Result<IndexSkeleton> skeleton = IndexRounds::Assemble(summaries);
-  row->index_rank0_s += Seconds(start);
-  row->index_rank0_coord = coord[0];
-  row->index_most_coord = *std::max_element(coord.begin(), coord.end());
+  const Result<IndexSkeleton>& skeleton = sim.skeleton;
   if (!skeleton.ok()) {
     row->note = "index: " + skeleton.status().ToString();
     return;

@@ -1,15 +1,22 @@
 // Planner benchmark: what planning a save and reading the metadata of a load
 // cost the ranks of a large job, on the engine's own code, at 1,024 / 4,096 /
-// 16,384 / 65,536 simulated ranks on three layouts (bench/planner_jobs.h):
-// for rank 0, which plans the whole save and scatters every rank its part,
-// and for the other rank that receives the largest part: planning time of a
-// first and of a repeated save, planning's peak memory, the bytes the rank
-// sends and receives to coordinate; then the index a loader reads and its
-// parse time, and the busiest writer's share (bench/planner_row.h says
-// exactly what each measures). Rows that would not fit in this machine's
-// memory are reported with their estimated need instead of run. No I/O.
+// 16,384 / 65,536 simulated ranks on three layouts (bench/planner_jobs.h),
+// on the path a save of the job runs: from 1,024 ranks planned
+// by all ranks together, under it on rank 0. For rank 0 and for another
+// rank (the busiest home, or the rank that receives the largest part):
+// planning time of a first and of a repeated save, planning's peak memory,
+// the bytes the rank sends and receives to coordinate; then the metadata a
+// loader reads and its parse time, and the busiest writer's share
+// (bench/planner_row.h says exactly what each measures and what is
+// simulated). Rows that would not fit in this machine's memory are reported
+// with their estimated need instead of run. Writes only the metadata a
+// loader reads (under /tmp).
 //
-//   planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] [--details]
+//   planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N]
+//                     [--planning as-saved|together|rank0] [--details]
+//
+// --planning: as a save of the job plans (the default), or one way at any
+// size (SaveOptions::distributed_plan_min_ranks makes a save do either).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -36,11 +43,12 @@ struct Flags {
   bool json = false;
   bool details = false;
   int iters = 1;
+  RowRunner::Planning planning = RowRunner::Planning::kAsSaveDoes;
 };
 
 constexpr char kUsage[] =
     "usage: planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] "
-    "[--details]\n";
+    "[--planning as-saved|together|rank0] [--details]\n";
 
 // False (usage printed) for an unknown flag or a missing value.
 bool ParseFlags(int argc, char** argv, Flags* flags) {
@@ -58,6 +66,16 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->worlds.push_back(std::atoi(argv[++i]));
     } else if (flag == "--layout" && has_value) {
       flags->layouts = {argv[++i]};
+    } else if (flag == "--planning" && has_value) {
+      const std::string how = argv[++i];
+      if (how == "together") {
+        flags->planning = RowRunner::Planning::kTogether;
+      } else if (how == "rank0") {
+        flags->planning = RowRunner::Planning::kOnRankZero;
+      } else if (how != "as-saved") {
+        std::fputs(kUsage, stderr);
+        return false;
+      }
     } else if (flag == "--iters" && has_value) {
       flags->iters = std::max(1, std::atoi(argv[++i]));
     } else {
@@ -82,7 +100,7 @@ std::string Cell(const std::optional<T>& v, double scale, int decimals) {
 }
 
 void PrintHeader() {
-  std::printf("| layout | ranks | plan s | repeat ms | repeat commit s | peak RSS GB | coord MB | repeat coord MB "
+  std::printf("| layout | ranks | plan s | repeat ms | repeat commit s | peak RSS MB | coord MB | repeat coord MB "
               "| other: plan ms | other: peak RSS MB | other: coord KB | other: repeat coord KB "
               "| load meta MB | load meta s | load meta peak MB | writer / ideal | note |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -92,9 +110,9 @@ void PrintRow(const Row& r) {
   const RankCost& l = r.leader;
   const RankCost& o = r.other;
   std::printf("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-              r.layout.c_str(), r.world, Cell(l.plan_s, 1, 2).c_str(),
-              Cell(l.repeat_plan_s, 1e3, 2).c_str(), Cell(r.repeat_commit_s, 1, 2).c_str(),
-              Cell(l.peak_rss_bytes, 1e-9, 2).c_str(),
+              r.layout.c_str(), r.world, Cell(l.plan_s, 1, 3).c_str(),
+              Cell(l.repeat_plan_s, 1e3, 2).c_str(), Cell(r.repeat_commit_s, 1, 3).c_str(),
+              Cell(l.peak_rss_bytes, 1e-6, 1).c_str(),
               Cell(l.coord_bytes, 1e-6, 1).c_str(), Cell(l.repeat_coord_bytes, 1e-6, 2).c_str(),
               Cell(o.plan_s, 1e3, 2).c_str(), Cell(o.peak_rss_bytes, 1e-6, 1).c_str(),
               Cell(o.coord_bytes, 1e-3, 1).c_str(), Cell(o.repeat_coord_bytes, 1e-3, 1).c_str(),
@@ -106,44 +124,58 @@ void PrintRow(const Row& r) {
 
 void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& rows,
                  int iters) {
+  bool together = false, on_leader = false;
+  for (const Row& r : rows) (r.together ? together : on_leader) = true;
   std::printf(
-      "\nOn the engine's own code (bench/planner_row.h has the exact calls), for rank 0 (the\n"
-      "first columns: the whole job's planning, the most of any rank) and for the other rank\n"
-      "whose part of the plan is the largest (\"other\", named below):\n"
-      "  plan s          step 0 of a first save, GatherAndPlan: the quick check; rank 0 unpacks\n"
-      "                  every rank's gathered layout, DecodeHoldings, CheckAgreement, PlanSave\n"
-      "                  over all ranks, then builds, encodes and scatters every rank's part\n"
-      "                  (PartOfPlan, EncodePlanMessage); another rank sends its layout and\n"
-      "                  decodes its part (DecodePlanMessage); both cache what they have\n"
+      "\nOn the engine's own code (bench/planner_row.h has the exact calls), on the path a save\n"
+      "of the job runs, for rank 0 (the first columns) and for another rank (\"other\", named\n"
+      "below):\n"
+      "  plan s          step 0 of a first save, GatherAndPlan: the quick check, then\n");
+  if (together) {
+    std::printf(
+        "                  planned together (1,024+ ranks): PlanTogether on each rank: the\n"
+        "                  agreement gathered to rank 0 and the planning's id broadcast,\n"
+        "                  rounds 1-6 (PlanOverComm: its own shards, its keys as a home; rank\n"
+        "                  0 also Coordinate) and 7-8 (IndexOverComm: its part of the chunk\n"
+        "                  table as a home; rank 0 the index skeleton); the other rank is the\n"
+        "                  busiest home\n");
+  }
+  if (on_leader) {
+    std::printf(
+        "                  planned on rank 0: rank 0 unpacks every rank's gathered layout,\n"
+        "                  DecodeHoldings, CheckAgreement, PlanSave over all ranks, then\n"
+        "                  builds, encodes and scatters every rank's part (PartOfPlan,\n"
+        "                  EncodePlanMessage); another rank sends its layout and decodes its\n"
+        "                  part; the other rank is the one sent the largest part\n");
+  }
+  std::printf(
+      "                  both cache what they have\n"
       "  repeat ms       GatherAndPlan of the next save, every layout unchanged: EncodeLayout,\n"
-      "                  LookUpPlan and comparison, the quick check (a max-reduction of 80 B),\n"
+      "                  LookUpPlan and comparison, the quick check (a max-reduction of 88 B),\n"
       "                  after malloc_trim (what the first save freed consolidated); best of 5\n"
       "  repeat commit s rank 0's commit work in a repeated save before its writes: the compact\n"
-      "                  reports read (ReadReports), their digests added, MakeIndex (the index\n"
-      "                  text; a chunk table is the one the first save made, kept); best of 5\n"
-      "  peak RSS        VmHWM during the first save's step 0, less VmRSS before: rank 0's\n"
-      "                  received layouts, plan and parts; the other rank's part, decoded\n"
-      "  coord MB        bytes the rank sends + receives in a first save: the quick check, the\n"
-      "                  layouts' gather to rank 0, the parts' scatter from it, the\n"
-      "                  directories' broadcast, the step-3 reports' gather to rank 0, the\n"
-      "                  outcome's broadcast\n"
-      "  repeat coord    the same for a repeated save (no layouts, no parts; compact reports:\n"
-      "                  rank 0 kept the offsets; with a chunk table the chunks' checksums are\n"
-      "                  in each writer's checksum file, so a count per file, the blobs'\n"
-      "                  checksums and the replica digest)\n"
-      "  load meta MB    what rank 0 reads to load its own shards again: the committed index\n"
-      "                  (MakeIndex: a chunk table from 65,536 chunks on, in files under /tmp,\n"
-      "                  with every rank's checksum file), the parts of the chunk table\n"
-      "                  ReadChunksFor reads for its slices and the checksum files of their\n"
-      "                  writers; load meta s: reading and parsing the index (ParseIndex) and\n"
-      "                  ReadChunksFor; load meta peak MB: VmHWM during those, less VmRSS\n"
-      "                  before\n"
+      "                  reports read, their digests added, the index text made (planned\n"
+      "                  together: IndexOfSave of the skeleton; on rank 0: MakeIndex, a chunk\n"
+      "                  table the one the first save made, kept); best of 5\n"
+      "  peak RSS        VmHWM during the first save's step 0, less VmRSS before: what the\n"
+      "                  rank received, its planning state and what it keeps\n"
+      "  coord MB        bytes the rank sends + receives in a first save: step 0's collectives,\n"
+      "                  the directories' broadcast, the step-3 reports' gather to rank 0 (at\n"
+      "                  once compact when planned together), the outcome's broadcast\n"
+      "  repeat coord    the same for a repeated save (the quick check; compact reports: a\n"
+      "                  count per file, the blobs' checksums and the replica digest)\n"
+      "  load meta MB    what rank 0 reads to load its own shards again: the committed index,\n"
+      "                  the parts of the chunk table ReadChunksFor reads for its slices and\n"
+      "                  the checksum files of their writers (written under /tmp as the save\n"
+      "                  writes them); load meta s: reading and parsing the index\n"
+      "                  (ParseIndex) and ReadChunksFor; load meta peak MB: VmHWM during\n"
+      "                  those, less VmRSS before\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
-      "Simulated: every rank but the measured one (its holdings computed, encoded as Save\n"
-      "encodes them and handed to rank 0 by a Comm double; the other rank's part is the one\n"
-      "rank 0's run scattered; no network, so no wait is timed); the reports' file offsets and\n"
-      "checksums (no byte is written). Timings: best of %d, one thread, on %u hardware threads\n"
-      "shared with other work.\n",
+      "Simulated: every rank but the measured one (planned together: every rank's rounds run\n"
+      "in this process, plan_simulation.h, and what the measured rank receives handed to it by\n"
+      "a Comm double; on rank 0: its holdings computed and encoded as Save encodes them); no\n"
+      "network, so no wait is timed; the reports' checksums (no data is written). Timings: best\n"
+      "of %d, one thread, on %u hardware threads shared with other work.\n",
       iters, std::thread::hardware_concurrency());
   std::string last;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -159,8 +191,9 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
     std::printf("  %6d ranks: %s; %.1f M shards held", job.world, job.mesh.c_str(),
                 r.shards / 1e6);
     if (r.other.plan_s) {
-      std::printf(", %.1f M chunks planned; other: rank %d (part %.1f KB)\n", r.chunks / 1e6,
-                  r.other_rank, r.other_part_bytes / 1e3);
+      std::printf(", %.1f M chunks planned%s; other: rank %d (%s %.1f KB)\n", r.chunks / 1e6,
+                  r.together ? " together" : "", r.other_rank,
+                  r.together ? "shards received as a home" : "part", r.other_part_bytes / 1e3);
     } else if (r.leader.plan_s) {
       std::printf(", %.1f M chunks planned\n", r.chunks / 1e6);
     } else {
@@ -181,6 +214,7 @@ void PrintJson(const std::vector<Row>& rows) {
     const RankCost& o = r.other;
     nlohmann::ordered_json row = {{"layout", r.layout},
                                   {"world", r.world},
+                                  {"planned_together", r.together},
                                   {"plan_s", OrNull(l.plan_s)},
                                   {"repeat_plan_s", OrNull(l.repeat_plan_s)},
                                   {"repeat_commit_s", OrNull(r.repeat_commit_s)},
@@ -218,7 +252,7 @@ int Run(int argc, char** argv) {
     }
   }
   if (!flags.json) PrintHeader();
-  RowRunner runner(flags.iters);
+  RowRunner runner(flags.iters, flags.planning);
   std::vector<Row> rows;
   bool failed = false;
   for (const SimulatedJob& job : jobs) {

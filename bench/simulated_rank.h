@@ -3,6 +3,7 @@
 // would have sent (queued by the benchmark) and which counts the bytes this
 // rank sends and receives through it, with no network algorithm modelled:
 //   AllGather            its own message once, every other rank's once
+//   AllToAll             its messages to the others once, theirs to it once
 //   Gather               rooted here: its own message once, every other
 //                        rank's once; not rooted here: its own message once
 //   Scatter              rooted here: every other rank's part once; not
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/save/plan_simulation.h"
 #include "shardsafe/comm.h"
 
 namespace shardsafe::bench {
@@ -40,6 +42,22 @@ class SimulatedRank final : public Comm {
     uint64_t others = 0;
     for (size_t r = 0; r < all.size(); ++r) others += r == size_t(rank_) ? 0 : all[r].size();
     gathers_.push_back({std::move(all), others});
+  }
+
+  // Queues what every rank sends this one in the next AllToAll, by rank
+  // (slot rank() is replaced by what this rank sends itself).
+  void QueueAllToAll(std::vector<std::string> to_me) {
+    uint64_t others = 0;
+    for (size_t r = 0; r < to_me.size(); ++r) others += r == size_t(rank_) ? 0 : to_me[r].size();
+    all_to_all_.push_back({std::move(to_me), others});
+  }
+
+  // Queues what a simulation recorded that the others sent this rank
+  // (plan_simulation.h), after what is queued.
+  void Queue(RankInbox inbox) {
+    for (auto& to_me : inbox.all_to_all) QueueAllToAll(std::move(to_me));
+    for (auto& all : inbox.gathered) QueueGather(std::move(all));
+    for (auto& part : inbox.scattered) QueueScattered(std::move(part));
   }
 
   // Queues what the root of the next Broadcast not rooted here sends.
@@ -70,6 +88,20 @@ class SimulatedRank final : public Comm {
     gathers_.pop_front();
     round.all[rank_] = std::string(mine);
     bytes_ += mine.size() + round.others_bytes;
+    return std::move(round.all);
+  }
+
+  Result<std::vector<std::string>> AllToAll(const std::vector<std::string>& parts) override {
+    if (all_to_all_.empty()) return InternalError("simulated rank: no all-to-all queued");
+    if (parts.size() != size_t(size_)) {
+      return InvalidArgumentError("simulated rank: all-to-all of " + std::to_string(parts.size()) +
+                                  " messages over " + std::to_string(size_) + " ranks");
+    }
+    Gathered round = std::move(all_to_all_.front());
+    all_to_all_.pop_front();
+    for (size_t r = 0; r < parts.size(); ++r) bytes_ += r == size_t(rank_) ? 0 : parts[r].size();
+    round.all[rank_] = parts[rank_];
+    bytes_ += round.others_bytes;
     return std::move(round.all);
   }
 
@@ -131,6 +163,7 @@ class SimulatedRank final : public Comm {
   int rank_;
   int size_;
   std::deque<Gathered> gathers_;
+  std::deque<Gathered> all_to_all_;
   std::deque<std::string> broadcasts_;
   std::deque<std::string> scattered_;
   SentPart largest_sent_;

@@ -115,9 +115,9 @@ struct SaveOptions {
   // a version-2 index). 0: SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS if set, else
   // 65,536.
   uint64_t chunk_table_min_chunks = 0;
-  // From this many ranks on, a synchronous save whose layout changed is
-  // planned by all ranks together instead of on rank 0, and always writes
-  // a chunk table (docs/design.md, "Planning by all ranks"). Every rank
+  // From this many ranks on, a save whose layout changed (synchronous or
+  // asynchronous) is planned by all ranks together instead of on rank 0,
+  // and always writes a chunk table (docs/design.md, "Planning by all ranks"). Every rank
   // must pass the same. 0: SHARDSAFE_DISTRIBUTED_PLAN_MIN_RANKS if set,
   // else 1,024.
   uint64_t distributed_plan_min_ranks = 0;

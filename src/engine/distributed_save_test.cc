@@ -4,7 +4,7 @@
 // repeated save reuses the plan, a changed layout is planned anew, loads
 // (resharded) are bit-exact, and replicas that differ, values that differ
 // and ranks that disagree on planning together fail every rank with one
-// named error and commit nothing.
+// named error and commit nothing; the same for asynchronous saves.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/save/distributed_plan.h"
+#include "engine/save/plan_cache.h"
 #include "engine/test_util.h"
+#include "shardsafe/async_save.h"
 #include "shardsafe/tools.h"
 
 namespace shardsafe {
@@ -69,7 +71,11 @@ SaveOptions OnRankZero() {
 
 class DistributedSaveTest : public ::testing::Test {
  protected:
-  void SetUp() override { root_ = testing::MakeTempDir("together"); }
+  void SetUp() override {
+    root_ = testing::MakeTempDir("together");
+    // No plan cached by an earlier test: each test's first save plans.
+    RunRanks(kRanks, [](int, Comm& comm) { StorePlan(comm, CachedPlan{}); });
+  }
   void TearDown() override { std::filesystem::remove_all(root_); }
 
   // Saves `held` (by rank) as root_/TAG; each rank's stats or error.
@@ -85,6 +91,26 @@ class DistributedSaveTest : public ::testing::Test {
     });
     return out;
   }
+  // The same through an AsyncSaver per rank, `saves` tags one after the
+  // other (each Save waits for the one before); each rank's stats or error
+  // of each.
+  std::vector<std::vector<Result<SaveStats>>> SaveAllAsync(
+      const std::vector<std::string>& tags, const std::vector<std::vector<OwnedShard>>& held) {
+    std::vector<std::vector<Result<SaveStats>>> out(
+        kRanks, std::vector<Result<SaveStats>>(tags.size(), InternalError("not run")));
+    RunRanks(kRanks, [&](int r, Comm& comm) {
+      SaveState state;
+      for (const OwnedShard& s : held[r]) state.tensors.push_back(s.View());
+      state.values = R"({"step": 3})";
+      AsyncSaver saver;
+      for (size_t i = 0; i < tags.size(); ++i) {
+        auto handle = saver.Save(state, root_, tags[i], comm, Together());
+        out[r][i] = handle.ok() ? (*handle)->Wait() : Result<SaveStats>(handle.status());
+      }
+    });
+    return out;
+  }
+
   std::vector<Result<SaveStats>> SaveAll(const std::string& tag, bool swap,
                                          const SaveOptions& options) {
     std::vector<std::vector<OwnedShard>> held;
@@ -95,6 +121,23 @@ class DistributedSaveTest : public ::testing::Test {
   nlohmann::json Index(const std::string& tag) {
     std::ifstream in(root_ + "/" + tag + "/shardsafe.json");
     return nlohmann::json::parse(in);
+  }
+
+  // Index(tag) without what differs between two saves of one state.
+  nlohmann::json Unstamped(const std::string& tag) {
+    nlohmann::json j = Index(tag);
+    j.erase("tag");
+    j.erase("created_unix");
+    return j;
+  }
+
+  // Every part of the chunk table of `tag` equals that of `like`.
+  void ExpectSameParts(const std::string& tag, const std::string& like) {
+    const nlohmann::json index = Index(like);
+    for (size_t file : index["chunk_tables"]) {
+      const std::string name = index["files"][file]["name"];
+      EXPECT_EQ(Read(tag, name), Read(like, name)) << tag << " " << name;
+    }
   }
 
   std::string Read(const std::string& tag, const std::string& name) {
@@ -139,37 +182,27 @@ TEST_F(DistributedSaveTest, ASavePlannedTogetherWritesWhatRankZeroWouldAndEachHo
     EXPECT_TRUE(s->plan_reused);
   }
   for (const auto& s : SaveAll("central", false, OnRankZero())) ASSERT_TRUE(s.ok());
-  nlohmann::json together = Index("together"), central = Index("central");
+  const nlohmann::json together = Unstamped("together");
   EXPECT_EQ(together["version"], 4);
   // The same index (but its tag and time) and the same parts, byte for
   // byte, each named after the home of its tensors.
-  for (nlohmann::json* j : {&together, &central}) {
-    j->erase("tag");
-    j->erase("created_unix");
-  }
-  EXPECT_EQ(together, central);
+  EXPECT_EQ(together, Unstamped("central"));
   ASSERT_FALSE(together["chunk_tables"].empty());
   for (const auto& [key, t] : together["tensors"].items()) {
     const nlohmann::json& part = together["files"][together["chunk_tables"][t["table"][0].get<size_t>()].get<size_t>()];
     EXPECT_EQ(part["rank"], HomeOf(key, kRanks)) << key;
   }
+  ExpectSameParts("together", "central");
   for (size_t file : together["chunk_tables"]) {
     const std::string name = together["files"][file]["name"];
-    EXPECT_EQ(Read("together", name), Read("central", name)) << name;
     EXPECT_EQ(Read("together", name).size(), together["files"][file]["bytes"].get<size_t>());
   }
   EXPECT_GT(together["tensors"]["large"]["table"][1], 1);  // cut into pieces
   ExpectLoadsBitExact("together");
 
   // The save that reused the plan wrote the same index and parts.
-  nlohmann::json again = Index("again");
-  again.erase("tag");
-  again.erase("created_unix");
-  EXPECT_EQ(again, together);
-  for (size_t file : together["chunk_tables"]) {
-    const std::string name = together["files"][file]["name"];
-    EXPECT_EQ(Read("again", name), Read("together", name)) << name;
-  }
+  EXPECT_EQ(Unstamped("again"), together);
+  ExpectSameParts("again", "together");
   ExpectLoadsBitExact("again");
 
   // Another layout between two saves: planned anew, loaded bit-exact.
@@ -225,6 +258,45 @@ TEST_F(DistributedSaveTest, RanksThatDisagreeOnPlanningTogetherOrOnAValueFailEve
   }
   EXPECT_FALSE(std::filesystem::exists(root_ + "/split"));
   EXPECT_FALSE(std::filesystem::exists(root_ + "/values"));
+}
+
+// An asynchronous save planned together: the same index and parts as a
+// synchronous one, a second save reusing the plan, loads bit-exact.
+TEST_F(DistributedSaveTest, AnAsyncSavePlannedTogetherCommitsWhatASyncOneDoes) {
+  std::vector<std::vector<OwnedShard>> held;
+  for (int r = 0; r < kRanks; ++r) held.push_back(HeldBy(r));
+  const auto async = SaveAllAsync({"async-1", "async-2"}, held);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(async[r][0].ok()) << async[r][0].status().ToString();
+    ASSERT_TRUE(async[r][1].ok()) << async[r][1].status().ToString();
+    EXPECT_FALSE(async[r][0]->plan_reused);
+    EXPECT_TRUE(async[r][1]->plan_reused);
+  }
+  for (const auto& s : SaveAll("sync", false, Together())) ASSERT_TRUE(s.ok());
+  const nlohmann::json sync = Unstamped("sync");
+  EXPECT_EQ(sync["version"], 4);
+  for (const std::string tag : {"async-1", "async-2"}) {
+    EXPECT_EQ(Unstamped(tag), sync) << tag;
+    ExpectSameParts(tag, "sync");
+    ExpectLoadsBitExact(tag);
+    EXPECT_FALSE(std::filesystem::exists(root_ + "/" + tag + "/done-00000")) << tag;
+  }
+}
+
+// Its markers carry each rank's copies: a replica that differs fails every
+// rank's save, naming the tensor, and nothing is committed.
+TEST_F(DistributedSaveTest, AnAsyncSavePlannedTogetherChecksTheReplicas) {
+  std::vector<std::vector<OwnedShard>> held;
+  for (int r = 0; r < kRanks; ++r) held.push_back(HeldBy(r));
+  held[1][3].bytes[100] ^= std::byte{1};  // a copy of "large", cut into pieces
+  const auto async = SaveAllAsync({"large-differs"}, held);
+  for (int r = 0; r < kRanks; ++r) {
+    const Status s = async[r][0].status();
+    EXPECT_FALSE(s.ok()) << "rank " << r;
+    // Rank 0 names the tensor; the others learn it from the aborted marker.
+    EXPECT_THAT(s.message(), HasSubstr("tensor \"large\": ranks ")) << "rank " << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/large-differs"));
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 //      same time, once c is over, checksum what the device copied (so the
 //      caller does not wait for that);
 //   e. leave a marker in the temporary directory: `done-RRRRR` holding this
-//      rank's report (offsets and checksums), or `failed-RRRRR` with the
-//      error; markers appear atomically (temporary file + rename);
+//      rank's report (offsets and checksums; planned together, its compact
+//      report and replica round, and each home writes its part of the
+//      chunk table before), or `failed-RRRRR` with the error; markers
+//      appear atomically (temporary file + rename);
 //   f. rank 0 waits for all markers. All done: it removes them, commits
 //      (index, rename, `latest`) and applies retention. Any failed (or a
 //      timeout): it writes `aborted` and commits nothing;
@@ -41,6 +43,8 @@
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "engine/catalog/checkpoint_dir.h"
+#include "engine/save/distributed_save.h"
+#include "engine/save/replica_check.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
@@ -113,15 +117,22 @@ struct Job : StagedImages {
   bool plan_reused = false;
   std::shared_ptr<FileLayouts> layouts;  // rank 0 keeps them from the full reports
   bool chunk_table = false;              // version 3: a checksum file (SaveStart)
+  // Planned together (distributed_save.h): rank 0's index skeleton, this
+  // rank's part of the chunk table as a home (empty: none).
+  bool together = false;
+  std::shared_ptr<const IndexSkeleton> skeleton;
+  std::shared_ptr<const std::string> table_part;
   std::string root, tag;
   SaveDirs dirs;
   FileSystem* fs = nullptr;            // where root lies (FileSystemFor)
   std::shared_ptr<FileLock> tmp_lock;  // rank 0: keeps other saves' cleanup away
   int rank = 0, world = 1;
   UserJson json;  // for rank 0's index
-  // Checksums of the replicas this rank holds but does not write, computed
-  // by the foreground before it finishes `progress` (replica_check.h).
+  // Checksums of the replicas this rank holds but does not write, and
+  // their digest, computed by the foreground before it finishes `progress`
+  // (replica_check.h).
   std::vector<CopyChecksum> copies;
+  uint64_t copies_digest = 0;
   SaveOptions options;
   CommitOptions commit;
   std::chrono::steady_clock::time_point start;
@@ -232,13 +243,20 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
-  bool layouts_match = false;
-  auto read = ReadReports(*reports, *job.plan, job.layouts.get(), &layouts_match);
-  auto committed =
-      read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root, job.tag,
-                                 job.dirs, job.world, job.commit,
-                                 {job.chunk_table, job.layouts.get(), layouts_match})
-                : Result<std::string>(read.status());
+  Result<std::string> committed = std::string();
+  if (job.together) {
+    auto read = ReadTogetherMarkers(*reports);
+    committed = read.ok() ? CommitTogether(fs, *job.skeleton, std::move(*read), job.json,
+                                           job.root, job.tag, job.dirs, job.commit)
+                          : Result<std::string>(read.status());
+  } else {
+    bool layouts_match = false;
+    auto read = ReadReports(*reports, *job.plan, job.layouts.get(), &layouts_match);
+    committed = read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root,
+                                           job.tag, job.dirs, job.world, job.commit,
+                                           {job.chunk_table, job.layouts.get(), layouts_match})
+                          : Result<std::string>(read.status());
+  }
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
@@ -262,6 +280,25 @@ Status AwaitCommit(const Job& job) {
   });
 }
 
+// Step e: the `done` marker of `report` (this rank's files, as written, and
+// its copies' checksums): the full report; planned together, the compact
+// report with the replica digest and the replica round.
+std::string Marker(const Job& job, RankReport report) {
+  if (!job.together) {
+    NumberAsWhole(*job.plan, &report);
+    return EncodeReport(report);
+  }
+  if (job.options.verify_replicas) {
+    report.replica_digest = ReplicaDigest(*job.plan, job.rank,
+                                          HeldChecksums{{}, job.copies_digest}, report.files);
+  }
+  NumberAsWhole(*job.plan, &report);
+  const std::vector<CopyChecksum> copies = std::move(report.copies);
+  report.copies.clear();
+  return EncodeTogetherMarker(EncodeReport(report, {.compact = true, .chunk_checksums = false}),
+                              EncodeReplicaRound(*job.plan, job.rank, copies, report.files));
+}
+
 // The whole background part for one rank, started while the foreground
 // copy runs. A failure of that copy still goes through the markers, so that
 // rank 0 aborts and nobody waits for this rank.
@@ -273,10 +310,12 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   if (written.ok() && job.chunk_table) {
     written = WriteChecksumFile(*job.plan, job.rank, report.files, job.dirs, fs);
   }
+  if (written.ok() && job.together && !job.table_part->empty()) {
+    written = WriteTablePart(*job.table_part, job.rank, job.dirs, fs);
+  }
   if (written.ok()) {
-    NumberAsWhole(*job.plan, &report);
     written = WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("done-", job.rank)),
-                                  EncodeReport(report));
+                                  Marker(job, std::move(report)));
   }
   if (!written.ok()) {
     if (job.rank == 0) {  // nothing to wait for: tell the others and stop
@@ -336,8 +375,7 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   if (options.overwrite) return InvalidArgumentError("async save cannot overwrite a checkpoint");
   // a. The previous save's failure fails this call on every rank. b.
   WaitForPrevious();
-  SS_ASSIGN_OR_RETURN(PreparedSave prepared,
-                      PlanAndPrepare(state, root, tag, comm, options, /*async=*/true));
+  SS_ASSIGN_OR_RETURN(PreparedSave prepared, PlanAndPrepare(state, root, tag, comm, options));
   // The job is shared: the foreground stages and checksums (c) while the
   // background writes (d), whichever ends first.
   auto job = std::make_shared<Job>();
@@ -362,6 +400,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->plan_reused = prepared.plan_reused;
   job->layouts = std::move(prepared.layouts);
   job->chunk_table = prepared.chunk_table;
+  job->together = prepared.together;
+  job->skeleton = std::move(prepared.skeleton);
+  job->table_part = std::move(prepared.table_part);
   job->root = root;
   job->tag = tag;
   job->dirs = std::move(prepared.dirs);
@@ -399,8 +440,12 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     // replicas it does not write are checksummed now.
     if (copied.ok() && options.verify_replicas) {
       auto copies = ChecksumCopies(*job->plan, job->rank, state, options.device.get());
-      if (copies.ok()) job->copies = std::move(copies->copies);
-      else copied = copies.status();
+      if (copies.ok()) {
+        job->copies = std::move(copies->copies);
+        job->copies_digest = copies->digest;
+      } else {
+        copied = copies.status();
+      }
     }
     job->progress->Finish(std::move(copied));
   }
@@ -414,9 +459,12 @@ Status AsyncSaver::Impl::Reserve(const SaveState& state, Comm& comm,
   // A tag no save uses: a rank calling Save meanwhile fails the planning.
   WaitForPrevious();
   UserJson json;
-  const Status local = CheckLocalState(state, options, &json);
-  SS_ASSIGN_OR_RETURN(AgreedPlan agreed, GatherAndPlan(state, "(staging reservation)", comm,
-                                                       options, local, json));
+  Status local = CheckLocalState(state, options, &json);
+  const Result<bool> together = PlansTogether(comm.size(), options.distributed_plan_min_ranks);
+  if (local.ok()) local = together.status();
+  SS_ASSIGN_OR_RETURN(AgreedPlan agreed,
+                      GatherAndPlan(state, "(staging reservation)", comm, options, local, json,
+                                    together.ok() && *together));
   const SavePlan& plan = *agreed.plan;
   std::vector<StagedFile> files;
   std::vector<FileImage> images;

@@ -5,8 +5,10 @@
 
 #include "base/env.h"
 #include "comm/agree.h"
+#include "comm/wire.h"
 #include "engine/save/commit.h"
 #include "engine/save/distributed_plan.h"
+#include "engine/save/replica_check.h"
 #include "engine/save/save_internal.h"
 #include "format/index.h"
 
@@ -30,8 +32,7 @@ Result<std::string> AgreeAndName(const Result<std::vector<std::string>>& msgs) {
 
 }  // namespace
 
-Result<bool> PlansTogether(int world, uint64_t min_ranks, bool async) {
-  if (async) return false;
+Result<bool> PlansTogether(int world, uint64_t min_ranks) {
   if (min_ranks == 0) {
     SS_ASSIGN_OR_RETURN(const int64_t env,
                         EnvInteger("SHARDSAFE_DISTRIBUTED_PLAN_MIN_RANKS",
@@ -78,6 +79,30 @@ Result<std::vector<RankReport>> DecodeCompactReports(const std::vector<std::stri
     if (!form.compact) return InternalError("a full save report in a save planned together");
   }
   return reports;
+}
+
+std::string EncodeTogetherMarker(const std::string& report, const std::string& replica_round) {
+  wire::Writer w;
+  w.Str(report);
+  w.Str(replica_round);
+  return w.Take();
+}
+
+Result<std::vector<RankReport>> ReadTogetherMarkers(const std::vector<std::string>& markers) {
+  std::vector<std::string> reports(markers.size()), rounds(markers.size());
+  for (size_t r = 0; r < markers.size(); ++r) {
+    wire::Reader in(markers[r]);
+    Result<std::string> report = in.Str();
+    Result<std::string> round = report.ok() ? in.Str() : report;
+    if (!round.ok() || !in.done()) {
+      return InternalError("rank " + std::to_string(r) + "'s completion marker is cut short");
+    }
+    reports[r] = std::move(*report);
+    rounds[r] = std::move(*round);
+  }
+  SS_ASSIGN_OR_RETURN(std::vector<RankReport> decoded, DecodeCompactReports(reports));
+  if (!DigestsAddUp(decoded)) SS_RETURN_IF_ERROR(CheckReplicaRounds(rounds));
+  return decoded;
 }
 
 Result<std::string> CommitTogether(FileSystem& fs, const IndexSkeleton& skeleton,

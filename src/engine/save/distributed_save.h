@@ -1,8 +1,8 @@
 // A save planned by all ranks together (docs/design.md, "Planning by all
 // ranks"): no rank handles the whole job, rank 0 included.
 //
-// From SaveOptions::distributed_plan_min_ranks ranks on, a synchronous
-// save whose layout changed does not gather every rank's layout on rank 0:
+// From SaveOptions::distributed_plan_min_ranks ranks on, a save whose
+// layout changed does not gather every rank's layout on rank 0:
 //  - rank 0 gathers only what ranks must agree on (the destination and the
 //    values' fingerprints, CheckAgreement) and broadcasts an id of this
 //    planning (random), which every rank caches with its part, so that the
@@ -18,10 +18,12 @@
 //    plan), and rank 0 commits the skeleton with the save's names, values
 //    and blob checksums (IndexOfSave). When the replica digests do not add
 //    up, the second round's messages carry what rank 0 compares
-//    (EncodeReplicaRound).
+//    (EncodeReplicaRound). An asynchronous save, whose reports are marker
+//    files, has no second round: each marker holds the rank's compact
+//    report and its replica round (EncodeTogetherMarker), and rank 0 reads
+//    the latter only when the digests do not add up (ReadTogetherMarkers).
 // Such a save always writes a chunk table (format version 4), whatever its
-// chunk count. An asynchronous save plans on rank 0 (its commit on rank 0
-// reads its reports with the whole plan).
+// chunk count.
 #pragma once
 
 #include <memory>
@@ -41,9 +43,9 @@ namespace shardsafe {
 inline constexpr uint64_t kDefaultDistributedPlanMinRanks = 1024;
 
 // Whether a save of `world` ranks plans together: from `min_ranks` ranks
-// on (0: SHARDSAFE_DISTRIBUTED_PLAN_MIN_RANKS, else the default), never
-// for an asynchronous save. InvalidArgument for a bad variable.
-Result<bool> PlansTogether(int world, uint64_t min_ranks, bool async);
+// on (0: SHARDSAFE_DISTRIBUTED_PLAN_MIN_RANKS, else the default).
+// InvalidArgument for a bad variable.
+Result<bool> PlansTogether(int world, uint64_t min_ranks);
 
 // A plan made together, as each rank keeps it.
 struct TogetherPlan {
@@ -65,6 +67,17 @@ Status WriteTablePart(const std::string& bytes, int rank, const SaveDirs& dirs, 
 
 // Rank 0, step 3: every rank's compact report (EncodeReport), decoded.
 Result<std::vector<RankReport>> DecodeCompactReports(const std::vector<std::string>& msgs);
+
+// An asynchronous save: a rank's `done` marker, from its compact report
+// (EncodeReport) and its replica round (EncodeReplicaRound): Str report,
+// Str replica round.
+std::string EncodeTogetherMarker(const std::string& report, const std::string& replica_round);
+
+// Rank 0 of an asynchronous save: every rank's marker (by rank), its
+// report decoded (DecodeCompactReports); when the replica digests do not
+// add up, the copies compared (CheckReplicaRounds), whose error names the
+// tensor. InternalError naming the rank for a marker cut short.
+Result<std::vector<RankReport>> ReadTogetherMarkers(const std::vector<std::string>& markers);
 
 // Steps 4-6 on rank 0 (as CommitOnLeader, whose replica check is
 // CheckReplicaRounds here, run before): the index of `skeleton` for this

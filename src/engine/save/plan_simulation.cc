@@ -67,23 +67,29 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
   }
   for (int h = 1; h < n; ++h) {
     if (boxes[h].bytes.size() > boxes[sim.busiest_home].bytes.size()) sim.busiest_home = h;
+    if (sim.other < 0 || boxes[h].bytes.size() > boxes[sim.other].bytes.size()) sim.other = h;
   }
-  Mailbox copy = boxes[sim.busiest_home];
-  uint64_t ignored = 0;
-  sim.busiest_home_received = Open(copy, n, &ignored);
+  const auto record = [&](int r, const std::vector<std::string>& in) {
+    if (r == 0) sim.rank0_inbox.all_to_all.push_back(in);
+    if (r == sim.other) sim.other_inbox.all_to_all.push_back(in);
+  };
   for (int h = 0; h < n; ++h) {
     SimulatedRankCost& c = sim.ranks[h];
     const std::vector<std::string> in = Open(boxes[h], n, &c.received);
+    if (h == sim.busiest_home) sim.busiest_home_received = in;
+    record(h, in);
     Post(Timed(&c.seconds, [&] { return ranks[h]->PlanHome(in); }), h, next, &c.sent);
   }
   std::vector<std::string> summaries(n);
   for (int r = 0; r < n; ++r) {
     SimulatedRankCost& c = sim.ranks[r];
     const std::vector<std::string> in = Open(next[r], n, &c.received);
+    record(r, in);
     summaries[r] = Timed(&c.seconds, [&] { return ranks[r]->Summary(in); });
     c.sent += summaries[r].size();
     sim.ranks[0].received += summaries[r].size();
   }
+  sim.rank0_inbox.gathered.push_back(summaries);
   if (before_coordinate) before_coordinate();
   std::vector<std::string> decisions = Timed(
       &sim.coordinate_seconds, [&] { return RankPlanner::Coordinate(summaries, options); });
@@ -94,6 +100,7 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     SimulatedRankCost& c = sim.ranks[r];
     sim.ranks[0].sent += decisions[r].size();
     c.received += decisions[r].size();
+    if (r == sim.other) sim.other_inbox.scattered.push_back(decisions[r]);
     Post(Timed(&c.seconds, [&] { return ranks[r]->Assign(decisions[r]); }), r, boxes, &c.sent);
     std::string().swap(decisions[r]);
   }
@@ -102,9 +109,12 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
   for (int r = 0; r < n; ++r) {
     SimulatedRankCost& c = sim.ranks[r];
     const std::vector<std::string> in = Open(boxes[r], n, &c.received);
+    record(r, in);
     packed[r] = Timed(&c.seconds, [&] { return ranks[r]->PackPart(in); });
     all_packed += packed[r].size();
   }
+  sim.rank0_inbox.gathered.push_back(packed);
+  if (sim.other > 0) sim.other_inbox.gathered.push_back(packed);
   for (int r = 0; r < n; ++r) {
     SimulatedRankCost& c = sim.ranks[r];
     c.sent += packed[r].size();
@@ -114,6 +124,36 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     ranks[r].reset();
     on_part(r, std::move(part));
   }
+  return sim;
+}
+
+IndexSimulation SimulateIndex(const std::vector<SavePlan>& parts,
+                              const std::vector<std::unique_ptr<KeyHome>>& homes, int other,
+                              const std::function<void(int, const std::string&)>& on_table_part) {
+  const int n = static_cast<int>(parts.size());
+  IndexSimulation sim;
+  sim.ranks.resize(n);
+  std::vector<std::unique_ptr<IndexRounds>> rounds(n);
+  std::vector<Mailbox> boxes(n);
+  for (int r = 0; r < n; ++r) {
+    SimulatedRankCost& c = sim.ranks[r];
+    rounds[r] = std::make_unique<IndexRounds>(r, n, parts[r], homes[r].get());
+    Post(Timed(&c.seconds, [&] { return rounds[r]->ToHomes(); }), r, boxes, &c.sent);
+  }
+  std::vector<std::string> summaries(n);
+  for (int r = 0; r < n; ++r) {
+    SimulatedRankCost& c = sim.ranks[r];
+    const std::vector<std::string> in = Open(boxes[r], n, &c.received);
+    if (r == 0) sim.rank0_inbox.all_to_all.push_back(in);
+    if (r == other) sim.other_inbox.all_to_all.push_back(in);
+    summaries[r] = Timed(&c.seconds, [&] { return rounds[r]->Summary(in); });
+    c.sent += summaries[r].size();
+    sim.ranks[0].received += summaries[r].size();
+    if (on_table_part && !rounds[r]->table_part().empty()) on_table_part(r, rounds[r]->table_part());
+    rounds[r].reset();
+  }
+  sim.skeleton = Timed(&sim.ranks[0].seconds, [&] { return IndexRounds::Assemble(summaries); });
+  sim.rank0_inbox.gathered.push_back(std::move(summaries));
   return sim;
 }
 

@@ -1,17 +1,21 @@
-// Every rank of a distributed plan (distributed_plan.h) in one process, for
-// the tests and the planner benchmarks: each rank's RankPlanner runs the
-// same methods PlanOverComm runs, the messages routed between them as the
-// collectives route them. Nothing waits and no network is modelled; what is
+// Every rank of a distributed plan (distributed_plan.h) and of its index
+// (distributed_index.h) in one process, for the tests and the planner
+// benchmarks: each rank's RankPlanner and IndexRounds run the same methods
+// PlanOverComm and IndexOverComm run, the messages routed between them as
+// the collectives route them. Nothing waits and no network is modelled; what is
 // counted per rank is the time of its own calls and the bytes it sends and
 // receives. A job of 16,384 ranks fits in a few GB: the messages to a rank
 // are held back to back, not as a string each.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/save/distributed_index.h"
 #include "engine/save/distributed_plan.h"
 #include "engine/save/plan_home.h"
 
@@ -23,11 +27,27 @@ struct SimulatedRankCost {
   uint64_t sent = 0, received = 0;  // counted as PlanTraffic counts them
 };
 
+// What one rank received from the other ranks in the rounds' collectives,
+// by kind of collective, each in the rounds' order: enough for that rank to
+// run its own rounds again, alone, over a Comm double that hands it these
+// (bench/simulated_rank.h; the planner benchmark times rank 0 so). A
+// rank's own slot holds what it sent itself.
+struct RankInbox {
+  std::deque<std::vector<std::string>> all_to_all;  // by sender: rounds 1, 2, 5 (7)
+  // By sender: rank 0's gather of round 3 (8), and round 6's all-gather.
+  std::deque<std::vector<std::string>> gathered;
+  std::deque<std::string> scattered;  // round 4: rank 0's message to this rank
+};
+
 struct PlanSimulation {
   std::vector<SimulatedRankCost> ranks;
   double coordinate_seconds = 0;  // rank 0's round 4
   int busiest_home = 0;           // the most bytes received in round 1
   std::vector<std::string> busiest_home_received;  // those messages, by sender
+  // The rank other than 0 that received the most in round 1 (-1 in a job
+  // of one rank), and what it and rank 0 received in the six rounds.
+  int other = -1;
+  RankInbox rank0_inbox, other_inbox;
 };
 
 // Plans a save of `world` ranks whose holdings `holdings_of(rank)` gives
@@ -43,5 +63,20 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
                             const std::function<void()>& before_coordinate = {},
                             const std::function<void()>& after_coordinate = {},
                             const std::function<void(int, std::unique_ptr<KeyHome>)>& on_home = {});
+
+// Rounds 7 and 8 of the index made together, simulated the same way.
+struct IndexSimulation {
+  std::vector<SimulatedRankCost> ranks;  // rank 0's seconds include Assemble
+  Result<IndexSkeleton> skeleton = IndexSkeleton();  // rank 0's, or the error
+  RankInbox rank0_inbox, other_inbox;  // what rank 0 and rank `other` received
+};
+
+// Rounds 7 and 8 over every rank's part of the plan (`parts`, by rank) and
+// side as a home (`homes`, null where none), recording what rank 0 and rank
+// `other` receive (-1: none). `on_table_part(rank, bytes)`, when set, gets
+// each home's part of the chunk table, in rank order.
+IndexSimulation SimulateIndex(const std::vector<SavePlan>& parts,
+                              const std::vector<std::unique_ptr<KeyHome>>& homes, int other,
+                              const std::function<void(int, const std::string&)>& on_table_part = {});
 
 }  // namespace shardsafe

@@ -193,13 +193,13 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
 
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options, bool async) {
+                                    const SaveOptions& options) {
   Result<FileSystem*> fs = FileSystemFor(root, options.fs);
   PreparedSave prepared;
   Status local = fs.status();
   if (local.ok()) local = ValidateTag(tag);
   if (local.ok()) local = CheckLocalState(state, options, &prepared.json);
-  Result<bool> together = PlansTogether(comm.size(), options.distributed_plan_min_ranks, async);
+  Result<bool> together = PlansTogether(comm.size(), options.distributed_plan_min_ranks);
   if (local.ok()) local = together.status();
   SS_ASSIGN_OR_RETURN(AgreedPlan agreed,
                       GatherAndPlan(state, JoinPath(root, tag), comm, options, local,

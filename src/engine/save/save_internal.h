@@ -56,12 +56,12 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
                                  Comm& comm, const SaveOptions& options, const Status& local,
                                  const UserJson& json, bool together = false);
 
-// Protocol steps 0-3, shared by Save and AsyncSave (`async`) (collective):
+// Protocol steps 0-3, shared by Save and AsyncSave (collective):
 // GatherAndPlan (together as PlansTogether says), then rank 0 creates the
 // temporary directory.
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
-                                    const SaveOptions& options, bool async = false);
+                                    const SaveOptions& options);
 
 // Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
 // in whole-plan numbers; compact ones completed from `layouts`, which keeps
