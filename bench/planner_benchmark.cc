@@ -191,8 +191,12 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
     std::printf("  %6d ranks: %s; %.1f M shards held", job.world, job.mesh.c_str(),
                 r.shards / 1e6);
     if (r.other.plan_s) {
-      std::printf(", %.1f M chunks planned%s; other: rank %d (%s %.1f KB)\n", r.chunks / 1e6,
-                  r.together ? " together" : "", r.other_rank,
+      std::printf(", %.1f M chunks planned", r.chunks / 1e6);
+      if (r.together) {
+        std::printf(" together, %llu table parts (largest %.2f MB)",
+                    static_cast<unsigned long long>(r.table_parts), r.largest_table_part / 1e6);
+      }
+      std::printf("; other: rank %d (%s %.1f KB)\n", r.other_rank,
                   r.together ? "shards received as a home" : "part", r.other_part_bytes / 1e3);
     } else if (r.leader.plan_s) {
       std::printf(", %.1f M chunks planned\n", r.chunks / 1e6);
@@ -225,6 +229,8 @@ void PrintJson(const std::vector<Row>& rows) {
                                   {"load_meta_s", OrNull(r.load_meta_s)},
                                   {"load_meta_peak_bytes", OrNull(r.load_meta_peak_bytes)},
                                   {"writer_balance", OrNull(r.writer_balance)},
+                                  {"table_parts", r.table_parts},
+                                  {"largest_table_part_bytes", r.largest_table_part},
                                   {"other_rank", o.plan_s ? nlohmann::ordered_json(r.other_rank)
                                                           : nlohmann::ordered_json(nullptr)},
                                   {"other_plan_s", OrNull(o.plan_s)},

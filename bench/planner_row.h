@@ -134,6 +134,9 @@ struct Row {
   std::optional<uint64_t> load_meta_bytes, load_meta_peak_bytes;
   uint64_t shards = 0;   // held by all ranks
   uint64_t chunks = 0;   // in the plan
+  // Planned together: the homes' parts of the chunk table (the files each
+  // save writes besides the data and checksum files) and the largest.
+  uint64_t table_parts = 0, largest_table_part = 0;
   // VmHWM of the whole row less VmRSS before it (planned together: of the
   // simulation of every rank, the most the row holds).
   uint64_t row_peak = 0;

@@ -146,6 +146,8 @@ Status Simulate(const SimulatedJob& job, const std::string& dir, Simulated* out,
   out->other_part = EncodePlanMessage(parts[sim.other], Digest{});
   IndexSimulation index = SimulateIndex(parts, homes, sim.other, [&](int r, const std::string& bytes) {
     if (failed.ok()) failed = WriteTablePart(bytes, r, dirs, fs);
+    ++row->table_parts;
+    row->largest_table_part = std::max<uint64_t>(row->largest_table_part, bytes.size());
     if (r == 0) out->rank0_table_part = bytes;
     if (r == sim.other) out->other_table_part = bytes;
   });

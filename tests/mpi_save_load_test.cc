@@ -25,6 +25,7 @@
 #include "engine/test_util.h"
 #include "layout/plan_part.h"
 #include "layout/simulated_layouts.h"
+#include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/mpi_comm.h"
 
@@ -287,8 +288,12 @@ void Run(const std::string& root) {
   // each home writes its part of the table): the layout, the same layout
   // again (its plan reused), a layout change (ranks of one TP shard swap
   // their ZeRO and flat pieces; each keeps its own per-rank blob), and
-  // back; each loads bit-exact in the TP=4 / flat / replica layout.
-  for (const bool together : {false, true}) {
+  // back; each loads bit-exact in the TP=4 / flat / replica layout. Then
+  // the same four asynchronous saves planned together (the first reuses
+  // the plan of the last synchronous one: the same layout).
+  for (const std::string kind : {"table", "together", "async"}) {
+    const bool together = kind != "table";
+    AsyncSaver saver;
     for (int save = 0; save < 4; ++save) {
       const bool swapped = save == 2;
       auto rs = TrainingState(swapped ? g_rank ^ 2 : g_rank, 40);
@@ -297,13 +302,20 @@ void Run(const std::string& root) {
       SaveOptions opts;
       opts.chunk_table_min_chunks = 1;
       opts.distributed_plan_min_ranks = together ? 1 : uint64_t{1} << 40;
-      const std::string kind = together ? "together" : "table";
-      const std::string path = root + "/" + kind + std::to_string(save);
-      auto saved = Save(rs->state, path, *comm, opts);
+      const std::string tag = kind + std::to_string(save);
+      const std::string path = root + "/" + tag;
+      Result<SaveStats> saved = InternalError("not saved");
+      if (kind == "async") {
+        auto handle = saver.Save(rs->state, root, tag, *comm, opts);
+        saved = handle.ok() ? (*handle)->Wait() : Result<SaveStats>(handle.status());
+      } else {
+        saved = Save(rs->state, path, *comm, opts);
+      }
       const std::string name = kind + " save " + std::to_string(save);
       Check(saved.ok(), name, saved.status().ToString());
       if (saved.ok()) {
-        Check(saved->plan_reused == (save == 1), name + ": plan reused only for the same layout");
+        const bool same_layout = save == 1 || (kind == "async" && save == 0);
+        Check(saved->plan_reused == same_layout, name + ": plan reused only for the same layout");
       }
       Check(Exists(path + "/checksums-0000" + std::to_string(g_rank) + ".crc32c"),
             name + ": every rank wrote its checksum file");

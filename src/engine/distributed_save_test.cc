@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/save/distributed_plan.h"
+#include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
 #include "engine/test_util.h"
 #include "shardsafe/async_save.h"
@@ -280,6 +281,21 @@ TEST_F(DistributedSaveTest, AnAsyncSavePlannedTogetherCommitsWhatASyncOneDoes) {
     ExpectSameParts(tag, "sync");
     ExpectLoadsBitExact(tag);
     EXPECT_FALSE(std::filesystem::exists(root_ + "/" + tag + "/done-00000")) << tag;
+  }
+}
+
+// A marker cut short, or with bytes after its end, is an error naming its
+// rank.
+TEST(TogetherMarkersTest, AMarkerCutShortOrTooLongNamesItsRank) {
+  const std::string report = EncodeReport(RankReport{}, {.compact = true, .chunk_checksums = false});
+  const std::string marker = EncodeTogetherMarker(report, "");
+  auto read = ReadTogetherMarkers({marker, marker});
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(read->size(), 2u);
+  for (const std::string& bad : {marker.substr(0, marker.size() - 1), marker + "x"}) {
+    read = ReadTogetherMarkers({marker, bad});
+    EXPECT_EQ(read.status().code(), StatusCode::kInternal);
+    EXPECT_THAT(read.status().message(), HasSubstr("rank 1's completion marker is cut short"));
   }
 }
 

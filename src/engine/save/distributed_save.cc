@@ -95,7 +95,8 @@ Result<std::vector<RankReport>> ReadTogetherMarkers(const std::vector<std::strin
     Result<std::string> report = in.Str();
     Result<std::string> round = report.ok() ? in.Str() : report;
     if (!round.ok() || !in.done()) {
-      return InternalError("rank " + std::to_string(r) + "'s completion marker is cut short");
+      return InternalError("rank " + std::to_string(r) +
+                           "'s completion marker is cut short or has bytes after its end");
     }
     reports[r] = std::move(*report);
     rounds[r] = std::move(*round);

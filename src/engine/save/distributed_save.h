@@ -76,7 +76,8 @@ std::string EncodeTogetherMarker(const std::string& report, const std::string& r
 // Rank 0 of an asynchronous save: every rank's marker (by rank), its
 // report decoded (DecodeCompactReports); when the replica digests do not
 // add up, the copies compared (CheckReplicaRounds), whose error names the
-// tensor. InternalError naming the rank for a marker cut short.
+// tensor. InternalError naming the rank for a marker cut short or longer
+// than its two strings.
 Result<std::vector<RankReport>> ReadTogetherMarkers(const std::vector<std::string>& markers);
 
 // Steps 4-6 on rank 0 (as CommitOnLeader, whose replica check is
