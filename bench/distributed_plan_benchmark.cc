@@ -161,8 +161,8 @@ DistRow Run(const SimulatedJob& job, bool index) {
     if (c.seconds > row.slowest_s) row.slowest_s = c.seconds, row.slowest = r;
     if (c.sent + c.received > row.most_coord) row.most_coord = c.sent + c.received, row.most_coord_rank = r;
   }
-  row.busiest_home = sim.busiest_home;
-  row.home_peak = HomePeak(sim.busiest_home, n, sim.busiest_home_received);
+  row.busiest_home = sim.other;
+  row.home_peak = HomePeak(sim.other, n, sim.other_inbox.all_to_all.front());
   if (index) RunIndexRounds(parts, homes, &row);
   return row;
 }

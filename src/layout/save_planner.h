@@ -2,8 +2,9 @@
 //
 // Input: for each rank, the shards it holds (key, dtype, global shape,
 // slice) and the blobs it wants saved. Output: a SavePlan (pure and
-// deterministic, no I/O); the engine plans on rank 0 and sends each rank
-// its part (plan_part.h).
+// deterministic, no I/O); under 1,024 ranks the engine plans on rank 0
+// and sends each rank its part (plan_part.h); from 1,024 ranks all ranks
+// reach the same parts together (engine/save/distributed_plan.h).
 //
 // Guarantees:
 // - All ranks agree on dtype and shape of each key, else InvalidArgument.

@@ -66,7 +66,6 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     std::vector<ShardInfo>().swap(holdings[r].shards);
   }
   for (int h = 1; h < n; ++h) {
-    if (boxes[h].bytes.size() > boxes[sim.busiest_home].bytes.size()) sim.busiest_home = h;
     if (sim.other < 0 || boxes[h].bytes.size() > boxes[sim.other].bytes.size()) sim.other = h;
   }
   const auto record = [&](int r, const std::vector<std::string>& in) {
@@ -76,7 +75,6 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
   for (int h = 0; h < n; ++h) {
     SimulatedRankCost& c = sim.ranks[h];
     const std::vector<std::string> in = Open(boxes[h], n, &c.received);
-    if (h == sim.busiest_home) sim.busiest_home_received = in;
     record(h, in);
     Post(Timed(&c.seconds, [&] { return ranks[h]->PlanHome(in); }), h, next, &c.sent);
   }
