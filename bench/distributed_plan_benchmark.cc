@@ -162,7 +162,7 @@ DistRow Run(const SimulatedJob& job, bool index) {
     if (c.sent + c.received > row.most_coord) row.most_coord = c.sent + c.received, row.most_coord_rank = r;
   }
   row.busiest_home = sim.other;
-  row.home_peak = HomePeak(sim.other, n, sim.other_inbox.all_to_all.front());
+  if (sim.other > 0) row.home_peak = HomePeak(sim.other, n, sim.other_inbox.all_to_all.front());
   if (index) RunIndexRounds(parts, homes, &row);
   return row;
 }

@@ -13,10 +13,12 @@
 // loader reads (under /tmp).
 //
 //   planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N]
-//                     [--planning as-saved|together|rank0] [--details]
+//                     [--planning as-saved|together|rank0] [--require-all] [--details]
 //
 // --planning: as a save of the job plans (the default), or one way at any
 // size (SaveOptions::distributed_plan_min_ranks makes a save do either).
+// --require-all: exit 1 when a row is not run or stops for memory, as for
+// a row that fails.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -42,13 +44,14 @@ struct Flags {
   std::vector<std::string> layouts{std::begin(kLayouts), std::end(kLayouts)};
   bool json = false;
   bool details = false;
+  bool require_all = false;  // a row not run (memory) fails the run too
   int iters = 1;
   RowRunner::Planning planning = RowRunner::Planning::kAsSaveDoes;
 };
 
 constexpr char kUsage[] =
     "usage: planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] "
-    "[--planning as-saved|together|rank0] [--details]\n";
+    "[--planning as-saved|together|rank0] [--require-all] [--details]\n";
 
 // False (usage printed) for an unknown flag or a missing value.
 bool ParseFlags(int argc, char** argv, Flags* flags) {
@@ -60,6 +63,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->json = true;
     } else if (flag == "--details") {
       flags->details = true;
+    } else if (flag == "--require-all") {
+      flags->require_all = true;
     } else if (flag == "--world" && has_value) {  // repeated: several rows
       if (!worlds_given) flags->worlds.clear();
       worlds_given = true;
@@ -263,7 +268,8 @@ int Run(int argc, char** argv) {
   bool failed = false;
   for (const SimulatedJob& job : jobs) {
     rows.push_back(runner.Run(job));
-    failed |= rows.back().failed;
+    const Row& row = rows.back();
+    failed |= row.failed || (flags.require_all && !row.leader.plan_s);
     if (!flags.json) PrintRow(rows.back());
   }
   if (flags.json) {

@@ -31,9 +31,9 @@
 //   rank 0        its own shards and keys like any rank, plus the
 //                 agreement, round 4 (Coordinate: a few numbers per rank
 //                 and per replicated chunk) and round 8's skeleton;
-//   another rank  the rank other than 0 that receives the most shards as a
-//                 home in round 1 (the lowest of equal ones), named in the
-//                 row with the bytes it receives there.
+//   another rank  the rank other than 0 that receives the most bytes of
+//                 shards from the others as a home in round 1 (the lowest
+//                 of equal ones), named in the row with those bytes.
 //
 // What is measured, for each of the two (leader, other):
 //

@@ -1,6 +1,6 @@
 // A row of the planner benchmark whose save plans together
 // (engine/save/distributed_save.h: from distributed_plan_min_ranks ranks,
-// the path a synchronous save of such a job runs):
+// the path a save of such a job runs):
 //  1. every rank of the job is simulated (SimulatePlan, SimulateIndex: the
 //     RankPlanner and IndexRounds calls PlanOverComm and IndexOverComm
 //     make), recording what rank 0 and the other rank receive in each
@@ -236,7 +236,7 @@ Status MeasureOther(const SimulatedJob& job, int iters, const Simulated& sim, Ro
 }  // namespace
 
 Status MeasureTogether(const SimulatedJob& job, int iters, Row* row) {
-  malloc_trim(0);
+  ResetPeakRss();  // trims the heap too
   const uint64_t rss_before = StatusBytes("VmRSS:");
   const std::string dir = IndexDir();
   if (dir.empty()) return InternalError("no temporary directory for the checkpoint's metadata");

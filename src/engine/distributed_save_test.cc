@@ -4,7 +4,9 @@
 // repeated save reuses the plan, a changed layout is planned anew, loads
 // (resharded) are bit-exact, and replicas that differ, values that differ
 // and ranks that disagree on planning together fail every rank with one
-// named error and commit nothing; the same for asynchronous saves.
+// named error and commit nothing; an asynchronous save planned together
+// commits what a synchronous one does and fails on a replica that
+// differs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -74,7 +76,11 @@ class DistributedSaveTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = testing::MakeTempDir("together");
-    // No plan cached by an earlier test: each test's first save plans.
+    ForgetPlans();
+  }
+
+  // No plan cached (by an earlier test or save): the next save plans.
+  static void ForgetPlans() {
     RunRanks(kRanks, [](int, Comm& comm) { StorePlan(comm, CachedPlan{}); });
   }
   void TearDown() override { std::filesystem::remove_all(root_); }
@@ -273,7 +279,11 @@ TEST_F(DistributedSaveTest, AnAsyncSavePlannedTogetherCommitsWhatASyncOneDoes) {
     EXPECT_FALSE(async[r][0]->plan_reused);
     EXPECT_TRUE(async[r][1]->plan_reused);
   }
-  for (const auto& s : SaveAll("sync", false, Together())) ASSERT_TRUE(s.ok());
+  ForgetPlans();  // planned anew: two plannings give one index
+  for (const auto& s : SaveAll("sync", false, Together())) {
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_FALSE(s->plan_reused);
+  }
   const nlohmann::json sync = Unstamped("sync");
   EXPECT_EQ(sync["version"], 4);
   for (const std::string tag : {"async-1", "async-2"}) {
@@ -297,6 +307,14 @@ TEST(TogetherMarkersTest, AMarkerCutShortOrTooLongNamesItsRank) {
     EXPECT_EQ(read.status().code(), StatusCode::kInternal);
     EXPECT_THAT(read.status().message(), HasSubstr("rank 1's completion marker is cut short"));
   }
+  // The replica rounds are read only when the digests do not add up.
+  const std::string unreadable_round = EncodeTogetherMarker(report, "\xff");
+  EXPECT_TRUE(ReadTogetherMarkers({marker, unreadable_round}).ok());
+  RankReport off;
+  off.replica_digest = 1;
+  const std::string digest_off =
+      EncodeTogetherMarker(EncodeReport(off, {.compact = true, .chunk_checksums = false}), "\xff");
+  EXPECT_FALSE(ReadTogetherMarkers({marker, digest_off}).ok());
 }
 
 // Its markers carry each rank's copies: a replica that differs fails every

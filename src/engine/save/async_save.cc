@@ -305,8 +305,13 @@ std::string Marker(const Job& job, RankReport report) {
 Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = *job.fs;
   Status written = WriteAllStaged(job);
-  RankReport report{{}, job.copies};
-  for (const StagedFile& f : job.files) report.files.push_back(f.report);
+  // Read only once the foreground is over (WriteAllStaged waited for it
+  // when OK): the copies' checksums are its last writes.
+  RankReport report;
+  if (written.ok()) {
+    for (const StagedFile& f : job.files) report.files.push_back(f.report);
+    report.copies = job.copies;
+  }
   if (written.ok() && job.chunk_table) {
     written = WriteChecksumFile(*job.plan, job.rank, report.files, job.dirs, fs);
   }

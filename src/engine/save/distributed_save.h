@@ -20,8 +20,9 @@
 //    up, the second round's messages carry what rank 0 compares
 //    (EncodeReplicaRound). An asynchronous save, whose reports are marker
 //    files, has no second round: each marker holds the rank's compact
-//    report and its replica round (EncodeTogetherMarker), and rank 0 reads
-//    the latter only when the digests do not add up (ReadTogetherMarkers).
+//    report and its replica round (EncodeTogetherMarker); rank 0 reads
+//    every marker whole and compares the copies only when the digests do
+//    not add up (ReadTogetherMarkers).
 // Such a save always writes a chunk table (format version 4), whatever its
 // chunk count.
 #pragma once
@@ -38,7 +39,7 @@
 
 namespace shardsafe {
 
-// Ranks from which a synchronous save plans together unless told otherwise
+// Ranks from which a save plans together unless told otherwise
 // (SaveOptions::distributed_plan_min_ranks).
 inline constexpr uint64_t kDefaultDistributedPlanMinRanks = 1024;
 

@@ -42,9 +42,9 @@ struct RankInbox {
 struct PlanSimulation {
   std::vector<SimulatedRankCost> ranks;
   double coordinate_seconds = 0;  // rank 0's round 4
-  // The busiest home: the rank other than 0 that received the most in
-  // round 1 (the lowest of equal ones; -1 in a job of one rank), and what
-  // it and rank 0 received in the six rounds.
+  // The busiest home: the rank other than 0 that received the most bytes
+  // from the others in round 1 (the lowest of equal ones; -1 in a job of
+  // one rank), and what it and rank 0 received in the six rounds.
   int other = -1;
   RankInbox rank0_inbox, other_inbox;
 };

@@ -21,7 +21,8 @@
 // copy) in a second round, and rank 0 compares them one by one
 // (CheckReplicas), which names the tensor, or finds nothing wrong (a rank
 // that skipped the check) and commits. An async save, whose reports are
-// files, always sends the copies.
+// files, always sends the copies; rank 0 compares them all on its path,
+// and only when the digests do not add up when planned together.
 //
 // Cost: one CRC-32C pass over the replicated bytes a rank holds but does not
 // write; SaveOptions::verify_replicas = false skips it (the rank's digest is
