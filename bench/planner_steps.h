@@ -34,6 +34,10 @@ double Since(Clock::time_point start);
 void KeepBest(std::optional<double>& best, double seconds);
 void AddNote(Row* row, const std::string& note);
 
+// Rank `rank`'s replica digest in a job of `world` ranks whose replicas
+// agree: made up, the ranks' digests adding up to 0 (replica_check.h).
+uint64_t MadeUpDigest(int rank, int world);
+
 // What Save receives from a rank holding `h`. No data: planning reads none.
 SaveState StateOf(const RankHoldings& h);
 

@@ -61,15 +61,6 @@ Result<std::vector<WrittenFile>> WrittenBy(const SavePlan& part) {
   return out;
 }
 
-// Rank `rank`'s replica digest: the ranks' digests add up to 0 (the
-// replicas agree), as replica_check.h's do.
-uint64_t MadeUpDigest(int rank, int world) {
-  constexpr uint64_t k = 0x9e3779b97f4a7c15u;
-  const uint64_t n = static_cast<uint64_t>(world);
-  const uint64_t all = k * (n % 2 == 0 ? n / 2 * (n + 1) : (n + 1) / 2 * n);  // k * (1 + ... + n)
-  return k * static_cast<uint64_t>(rank + 1) - (rank == 0 ? all : 0);
-}
-
 // What rank `rank`'s save leaves of its part `part` for a loader in `dirs`
 // (its checksum file), and its compact report into *report.
 Status SaveOutputs(const SavePlan& part, int rank, int world, const SaveDirs& dirs,

@@ -131,8 +131,7 @@ struct Job : StagedImages {
   // Checksums of the replicas this rank holds but does not write, and
   // their digest, computed by the foreground before it finishes `progress`
   // (replica_check.h).
-  std::vector<CopyChecksum> copies;
-  uint64_t copies_digest = 0;
+  HeldChecksums held;
   SaveOptions options;
   CommitOptions commit;
   std::chrono::steady_clock::time_point start;
@@ -280,23 +279,24 @@ Status AwaitCommit(const Job& job) {
   });
 }
 
-// Step e: the `done` marker of `report` (this rank's files, as written, and
-// its copies' checksums): the full report; planned together, the compact
-// report with the replica digest and the replica round.
+// Step e: the `done` marker of `report` (this rank's files, as written)
+// and the job's copies' checksums: the full report with the copies;
+// planned together, the compact report with the replica digest and the
+// replica round. Only once the foreground is over (job.held is its last
+// write).
 std::string Marker(const Job& job, RankReport report) {
   if (!job.together) {
+    report.copies = job.held.copies;
     NumberAsWhole(*job.plan, &report);
     return EncodeReport(report);
   }
   if (job.options.verify_replicas) {
-    report.replica_digest = ReplicaDigest(*job.plan, job.rank,
-                                          HeldChecksums{{}, job.copies_digest}, report.files);
+    report.replica_digest = ReplicaDigest(*job.plan, job.rank, job.held, report.files);
   }
   NumberAsWhole(*job.plan, &report);
-  const std::vector<CopyChecksum> copies = std::move(report.copies);
-  report.copies.clear();
-  return EncodeTogetherMarker(EncodeReport(report, {.compact = true, .chunk_checksums = false}),
-                              EncodeReplicaRound(*job.plan, job.rank, copies, report.files));
+  return EncodeTogetherMarker(
+      EncodeReport(report, {.compact = true, .chunk_checksums = false}),
+      EncodeReplicaRound(*job.plan, job.rank, job.held.copies, report.files));
 }
 
 // The whole background part for one rank, started while the foreground
@@ -305,12 +305,11 @@ std::string Marker(const Job& job, RankReport report) {
 Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   FileSystem& fs = *job.fs;
   Status written = WriteAllStaged(job);
-  // Read only once the foreground is over (WriteAllStaged waited for it
-  // when OK): the copies' checksums are its last writes.
+  // The files' reports are filled in once the foreground is over
+  // (WriteAllStaged waited for it when OK).
   RankReport report;
   if (written.ok()) {
     for (const StagedFile& f : job.files) report.files.push_back(f.report);
-    report.copies = job.copies;
   }
   if (written.ok() && job.chunk_table) {
     written = WriteChecksumFile(*job.plan, job.rank, report.files, job.dirs, fs);
@@ -444,13 +443,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     // The caller may change its tensors once this call returns: the
     // replicas it does not write are checksummed now.
     if (copied.ok() && options.verify_replicas) {
-      auto copies = ChecksumCopies(*job->plan, job->rank, state, options.device.get());
-      if (copies.ok()) {
-        job->copies = std::move(copies->copies);
-        job->copies_digest = copies->digest;
-      } else {
-        copied = copies.status();
-      }
+      auto held = ChecksumCopies(*job->plan, job->rank, state, options.device.get());
+      if (held.ok()) job->held = std::move(*held);
+      else copied = held.status();
     }
     job->progress->Finish(std::move(copied));
   }

@@ -120,8 +120,6 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     packed[r] = Timed(&c.seconds, [&] { return ranks[r]->PackPart(in); });
     all_packed += packed[r].size();
   }
-  sim.rank0_inbox.gathered.push_back(packed);
-  if (sim.other > 0) sim.other_inbox.gathered.push_back(packed);
   for (int r = 0; r < n; ++r) {
     SimulatedRankCost& c = sim.ranks[r];
     c.sent += packed[r].size();
@@ -131,6 +129,8 @@ PlanSimulation SimulatePlan(int world, const std::function<RankHoldings(int)>& h
     ranks[r].reset();
     on_part(r, std::move(part));
   }
+  if (sim.other > 0) sim.other_inbox.gathered.push_back(packed);
+  sim.rank0_inbox.gathered.push_back(std::move(packed));
   return sim;
 }
 
