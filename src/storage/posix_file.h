@@ -7,6 +7,8 @@
 // (did O_DIRECT take effect?).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 
@@ -21,7 +23,26 @@ namespace shardsafe {
 Result<std::unique_ptr<WritableFile>> NewPosixWritableFile(const std::string& path,
                                                            const WriteOptions& options);
 
-// Opens `path` for reading. NotFound if missing.
+// The one checked open of a file for reading: opens `path` without
+// waiting (O_NONBLOCK, so a FIFO or device returns at once), requires a
+// regular file that lies inside `within` when that is not empty (the
+// descriptor's own resolved path, ReadOptions::within), then clears
+// O_NONBLOCK. Returns the descriptor (the caller closes it) with `*st` its
+// fstat. NotFound if missing; InvalidArgument naming the path for a
+// directory, a FIFO or other non-regular file, or a link leading outside.
+// Whatever reads the file afterwards uses this descriptor, or one checked
+// to be the same file (device and inode), never the path again.
+Result<int> OpenCheckedForRead(const std::string& path, const std::string& within,
+                               struct stat* st);
+
+// Tests only: called with the path after every checked open, before any
+// other descriptor of the file is opened (a test swaps the path here).
+// Null to stop.
+using CheckedOpenHook = void (*)(const std::string& path);
+void SetCheckedOpenHookForTest(CheckedOpenHook hook);
+
+// Opens `path` for reading (OpenCheckedForRead; with options.direct, an
+// O_DIRECT descriptor of the same file beside it). NotFound if missing.
 Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::string& path,
                                                                    const ReadOptions& options);
 

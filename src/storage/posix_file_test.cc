@@ -518,6 +518,72 @@ TEST(PosixFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(out.status().code(), StatusCode::kNotFound);
 }
 
+TEST(PosixFileTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  ScratchDir dir(DiskParent());
+  ASSERT_TRUE(dir.ok());
+  ASSERT_EQ(mkfifo(dir.File("fifo").c_str(), 0644), 0);
+  for (bool direct : {false, true}) {
+    auto file = DefaultFileSystem()->NewRandomAccessFile(dir.File("fifo"), {.direct = direct});
+    ASSERT_FALSE(file.ok());
+    EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(file.status().message().find("is not a regular file"), std::string::npos)
+        << file.status().message();
+  }
+}
+
+// What the hook of the checked open swaps in at the path it opened.
+struct Swap {
+  std::string path;     // the file opened
+  std::string outside;  // a file elsewhere, for a link to lead to
+  bool fifo = false;    // else a symbolic link to `outside`
+  int calls = 0;
+};
+Swap* swap_in = nullptr;
+
+void SwapPath(const std::string& path) {
+  if (!swap_in || path != swap_in->path) return;
+  ++swap_in->calls;
+  ASSERT_EQ(unlink(path.c_str()), 0);  // the open descriptor keeps the file
+  if (swap_in->fifo) {
+    ASSERT_EQ(mkfifo(path.c_str(), 0644), 0);
+  } else {
+    ASSERT_EQ(symlink(swap_in->outside.c_str(), path.c_str()), 0);
+  }
+}
+
+class SwapAfterCheckedOpenTest : public ::testing::TestWithParam<bool> {};
+
+// The checked open hands its own descriptor on: a FIFO (which would block
+// an open) or a link leading outside swapped in at the path right after it
+// is neither opened nor followed by the O_DIRECT descriptor opened beside
+// it; every read returns the checked file's bytes.
+TEST_P(SwapAfterCheckedOpenTest, TheDirectDescriptorIsOfTheCheckedFile) {
+  ScratchDir dir(DiskParent()), elsewhere(DiskParent());
+  ASSERT_TRUE(dir.ok() && elsewhere.ok());
+  const std::string inside = RandomBytes(3 * 4096, 1), outside = RandomBytes(3 * 4096, 2);
+  ASSERT_TRUE(WriteFileAtomically(*DefaultFileSystem(), dir.File("data"), inside).ok());
+  ASSERT_TRUE(WriteFileAtomically(*DefaultFileSystem(), elsewhere.File("x"), outside).ok());
+  Swap swap{dir.File("data"), elsewhere.File("x"), GetParam()};
+  swap_in = &swap;
+  SetCheckedOpenHookForTest(&SwapPath);
+  auto file = DefaultFileSystem()->NewRandomAccessFile(
+      dir.File("data"), {.direct = true, .within = dir.path()});
+  SetCheckedOpenHookForTest(nullptr);
+  swap_in = nullptr;
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(swap.calls, 1);
+  EXPECT_TRUE(IsDirectRandomAccessFile(**file)) << "O_DIRECT is honoured on the project disk";
+  AlignedBuffer aligned = AcquireAlignedBuffer(inside.size());
+  ASSERT_TRUE((*file)->ReadAt(0, aligned.data(), inside.size()).ok());  // through O_DIRECT
+  EXPECT_EQ(std::string(aligned.data(), inside.size()), inside);
+  std::string unaligned(100, '\0');
+  ASSERT_TRUE((*file)->ReadAt(5, unaligned.data(), unaligned.size()).ok());  // buffered
+  EXPECT_EQ(unaligned, inside.substr(5, 100));
+}
+
+INSTANTIATE_TEST_SUITE_P(FifoOrLink, SwapAfterCheckedOpenTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Fifo" : "Symlink"; });
+
 TEST(PosixFileTest, DiskFullOnAppendIsResourceExhausted) {
   // /dev/full fails every write with ENOSPC (and refuses O_DIRECT, so the
   // direct request takes the buffered fallback).

@@ -117,6 +117,26 @@ Status CheckWithin(int fd, const std::string& path, const std::string& within) {
                               " (to " + (file.empty() ? std::string("?") : file) + ")");
 }
 
+std::atomic<CheckedOpenHook> checked_open_hook{nullptr};
+
+// An O_DIRECT descriptor of the file `fd` has open (`st`, as checked), or
+// -1. Opened through /proc/self/fd, which reaches the open file itself
+// whatever its path names now; where that is missing, by path. Either way
+// it must be the same file (device and inode), so a FIFO or a link swapped
+// in at `path` after the checked open is never opened nor followed.
+int ReopenDirect(int fd, const std::string& path, const struct stat& st) {
+  int direct = OpenForRead("/proc/self/fd/" + std::to_string(fd), O_DIRECT | O_NONBLOCK);
+  if (direct < 0 && errno == ENOENT) direct = OpenForRead(path, O_DIRECT | O_NONBLOCK);
+  if (direct < 0) return -1;
+  struct stat again;
+  if (fstat(direct, &again) != 0 || again.st_dev != st.st_dev || again.st_ino != st.st_ino) {
+    close(direct);
+    return -1;
+  }
+  fcntl(direct, F_SETFL, fcntl(direct, F_GETFL) & ~O_NONBLOCK);
+  return direct;
+}
+
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
   PosixRandomAccessFile(int fd, int direct_fd, uint64_t size, std::string path)
@@ -363,30 +383,39 @@ Status PosixRandomAccessFile::Truncated(uint64_t offset, size_t n) const {
 
 }  // namespace
 
-Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::string& path,
-                                                                   const ReadOptions& options) {
+void SetCheckedOpenHookForTest(CheckedOpenHook hook) { checked_open_hook.store(hook); }
+
+Result<int> OpenCheckedForRead(const std::string& path, const std::string& within,
+                               struct stat* st) {
   // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; only
   // regular files are read (a FIFO as a data file or index hung every reader).
   int fd = OpenForRead(path, O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, "open", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
+  if (fstat(fd, st) != 0) {
     Status s = ErrnoError(errno, "stat", path);
     close(fd);
     return s;
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (!S_ISREG(st->st_mode)) {
     close(fd);
     return InvalidArgumentError("open " + path + ": " +
-                                (S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file"));
+                                (S_ISDIR(st->st_mode) ? "is a directory" : "is not a regular file"));
   }
-  if (Status s = CheckWithin(fd, path, options.within); !s.ok()) {
+  if (Status s = CheckWithin(fd, path, within); !s.ok()) {
     close(fd);
     return s;
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (CheckedOpenHook hook = checked_open_hook.load()) hook(path);
+  return fd;
+}
+
+Result<std::unique_ptr<RandomAccessFile>> NewPosixRandomAccessFile(const std::string& path,
+                                                                   const ReadOptions& options) {
+  struct stat st;
+  SS_ASSIGN_OR_RETURN(const int fd, OpenCheckedForRead(path, options.within, &st));
   // No O_DIRECT (tmpfs: EINVAL) just means every read goes through fd.
-  int direct_fd = options.direct ? OpenForRead(path, O_DIRECT) : -1;
+  const int direct_fd = options.direct ? ReopenDirect(fd, path, st) : -1;
   return std::unique_ptr<RandomAccessFile>(
       new PosixRandomAccessFile(fd, direct_fd, static_cast<uint64_t>(st.st_size), path));
 }
