@@ -146,8 +146,10 @@ struct SaveStats {
   // layouts or planning again.
   bool plan_reused = false;
   // Failures after the commit point (fsync of the root, replacing `latest`,
-  // retention): the checkpoint is committed and loadable, so the save
-  // succeeded, but these are worth a log line. Same on every rank.
+  // retention), and checkpoints retention kept because their commit order
+  // is unknown (CheckpointInfo::order_fault): the checkpoint is committed
+  // and loadable, so the save succeeded, but these are worth a log line.
+  // Same on every rank.
   std::vector<std::string> warnings;
 };
 
@@ -267,11 +269,19 @@ struct CheckpointInfo {
   int64_t committed_ns = 0;
   bool moved_latest = false;  // its save replaced `latest`
   bool is_latest = false;
+  // Non-empty when its place in the commit order is unknown, saying why:
+  // its commit record cannot be trusted (unreadable, not a regular file,
+  // malformed, a field out of range), or it has none though it was
+  // committed after checkpoints that have one. Such a checkpoint is never
+  // removed by retention, and when it might be newer than the latest by
+  // the rules of docs/format.md §1, no checkpoint is_latest: resolving the
+  // root's latest is then an error (DataLoss) rather than a guess.
+  std::string order_fault;
 };
 
 // Committed checkpoints under `root`, oldest first in commit order
 // (docs/format.md §1: commit records, never file times, order checkpoints
-// that have them).
+// that have them), then those whose order is unknown (order_fault), by tag.
 // Leftovers of interrupted saves are never listed.
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root,
                                                     FileSystem* fs = nullptr);
@@ -315,7 +325,8 @@ class CheckpointManager {
   // Waits for the async save in flight, if any; its outcome.
   Status WaitForAsyncSave();
   // Step of the latest checkpoint (ListCheckpoints' is_latest); nullopt for
-  // an empty root or a latest checkpoint without a step.
+  // an empty root or a latest checkpoint without a step. DataLoss when
+  // which is the latest cannot be told (CheckpointInfo::order_fault).
   Result<std::optional<int64_t>> LatestStep();
   // Loads step `step`, or the latest when nullopt.
   Result<LoadResult> Load(const LoadRequest& request, std::optional<int64_t> step, Comm& comm,
@@ -324,9 +335,11 @@ class CheckpointManager {
   // Removes the oldest committed checkpoints (in commit order) until `keep`
   // remain (keep >= 1), but never the newest one, the one `latest` names,
   // nor one a load in progress holds (CheckpointSource::pin; a later prune
-  // removes it). Each is hidden by an atomic rename before it is deleted.
-  // Returns the tags removed.
-  Result<std::vector<std::string>> Prune(int keep);
+  // removes it), nor one whose order is unknown (CheckpointInfo::order_fault:
+  // kept apart from the `keep`, and named in `*warnings` when set). Each is
+  // hidden by an atomic rename before it is deleted. Returns the tags
+  // removed.
+  Result<std::vector<std::string>> Prune(int keep, std::vector<std::string>* warnings = nullptr);
 
   // The tag of `step` under this manager's tag format ("step-00000100" by
   // default).

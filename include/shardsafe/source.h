@@ -16,10 +16,12 @@
 // trust its geometry.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/comm.h"
@@ -27,6 +29,8 @@
 #include "shardsafe/index.h"
 
 namespace shardsafe {
+
+class PackedTensors;
 
 struct CheckpointSource {
   std::string path;      // what was resolved: checkpoint dir or file
@@ -37,6 +41,11 @@ struct CheckpointSource {
   // tensors hold no chunks (dtypes and shapes only). OpenSourceCollective
   // opens so; a load reads the parts of the table it needs.
   bool chunks_pending = false;
+  // The tensors, packed (format/index_packed.h), where the read paths
+  // opened the source themselves (Load, the tools, the Python package):
+  // `index.tensors` is then empty. Null for a source from OpenSource or
+  // OpenSourceCollective, whose `index.tensors` holds them.
+  std::shared_ptr<const PackedTensors> packed = nullptr;
   // A native checkpoint's index, locked shared while the source lives
   // (where the file system has locks; on the rank that opened it): retention
   // and prune leave a checkpoint alone while a load holds it.
@@ -56,6 +65,12 @@ ReadOptions SourceReadOptions(const CheckpointSource& src);
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path);
 // OpenSource on the file system `path` lies on (FileSystemFor).
 Result<CheckpointSource> OpenSource(const std::string& path);
+// OpenSource with the tensors packed (CheckpointSource::packed, a few tens
+// of bytes a tensor and a chunk; index.tensors left empty), the index read
+// a piece at a time, never whole (but in an object store): what the tools
+// and the Python package open a checkpoint with, whatever its size.
+Result<CheckpointSource> OpenSourcePacked(FileSystem& fs, const std::string& path);
+Result<CheckpointSource> OpenSourcePacked(const std::string& path);
 
 // Collective: rank 0 resolves and reads `path` (OpenSource) and sends what
 // it read; every rank returns the same source, or the same error. Other
@@ -65,12 +80,31 @@ Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string&
                                               Comm& comm);
 // OpenSourceCollective on the file system `path` lies on (FileSystemFor).
 Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm);
+// OpenSourceCollective with the tensors packed (OpenSourcePacked).
+Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm);
 
 // Collective: Load (shardsafe/checkpoint.h) from a source every rank got
 // from OpenSourceCollective, so a caller that plans from the index does not
 // open it twice. `src.path` is what the result reports.
 Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
                                     Comm& comm, const LoadOptions& options);
+
+// A target that takes saved tensor `tensor` of a packed source (its
+// number in CheckpointSource::packed) whole, in the dtype it was saved in,
+// into `data` (room for all its bytes): 16 bytes where a TensorTarget takes
+// ~270, for a caller that matched many tensors by key itself (the Python
+// package's load).
+struct WholeTensorTarget {
+  uint32_t tensor = 0;
+  void* data = nullptr;
+};
+// LoadOpenedSource with `whole` targets besides `request`'s (`src` packed:
+// InvalidArgument otherwise, or for a tensor number out of range or a null
+// destination). `whole` must outlive the call.
+Result<LoadResult> LoadOpenedSource(const LoadRequest& request,
+                                    std::span<const WholeTensorTarget> whole,
+                                    const CheckpointSource& src, Comm& comm,
+                                    const LoadOptions& options);
 
 // Reads one blob chunk into *out, verifying its checksum when recorded.
 // DataLoss naming the blob and file (a chunk beyond the file's end
@@ -123,9 +157,11 @@ class SourceReader {
   // file.
   Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
 
-  // Verifies every checksummed chunk of `keys` that no Read verified, on
-  // `threads` threads. DataLoss as Read.
+  // Verifies every checksummed chunk of `keys` (of the tensors whose keys
+  // `of` accepts) that no Read verified, on `threads` threads. DataLoss as
+  // Read.
   Status VerifyRest(const std::set<std::string>& keys, int threads);
+  Status VerifyRest(const std::function<bool(std::string_view)>& of, int threads);
 
   uint64_t bytes_read() const;
   uint64_t chunks_verified() const;

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from .errors import CorruptCheckpointError, InvalidStateError
+from ._files import read_bytes
+from ._foreign import one_line
+from .errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError, StorageError
 
 DCP_METADATA = ".metadata"
 
@@ -68,10 +70,16 @@ def read(path: str, *, unsafe_pickle: bool = False) -> Metadata:
     """The metadata of the DCP checkpoint directory `path`, checked.
     CorruptCheckpointError for an unreadable or inconsistent file,
     InvalidStateError for a global outside DCP's metadata classes (the way
-    out: unsafe_pickle=True)."""
+    out: unsafe_pickle=True) or a `.metadata` that is no regular file inside
+    `path` (shardsafe._files.open_read), CheckpointNotFoundError for none,
+    StorageError for another failed read."""
     file = os.path.join(path, DCP_METADATA)
-    with open(file, "rb") as f:
-        data = f.read()
+    try:
+        data = read_bytes(file, within=path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{file}: missing", "NOT_FOUND") from None
+    except OSError as e:
+        raise StorageError(f"{file}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
     try:
         if unsafe_pickle:
             metadata = pickle.loads(data)

@@ -160,8 +160,8 @@ class _Files:
             return self._cache[name]
         path = self.path(name)
         need = f" (needed for {key})" if key else ""
-        obj = torch_load(path, unsafe_pickle=self.unsafe_pickle, safe_globals=_SAFE_GLOBALS,
-                         what=need)
+        obj = torch_load(path, unsafe_pickle=self.unsafe_pickle, within=self.directory,
+                         safe_globals=_SAFE_GLOBALS, what=need)
         if not isinstance(obj, dict):
             raise CorruptCheckpointError(f"{path}{need}: holds a {type(obj).__name__}, not a "
                                          f"DeepSpeed state dict", "DATA_LOSS")

@@ -42,6 +42,12 @@ Contract of ForeignCheckpoint:
   a missing file is CheckpointNotFoundError, another OSError StorageError,
   a type weights_only refuses PickleRefusedError (an InvalidStateError
   naming the way out), anything else CorruptCheckpointError.
+- Every file a reader reads is opened by shardsafe._files.open_read (never
+  a plain open(), nor a path handed to another reader unchecked): a FIFO,
+  device or directory where a file should be is an InvalidStateError
+  naming it, never a read that blocks for ever; files of a checkpoint are
+  opened with `within` its directory (a symbolic link leading outside it
+  is refused).
 
 Shared helpers: torch_load, one_line (an exception in one line), read_latest
 (the pointer files naming a root's newest checkpoint), as_dicts.
@@ -60,6 +66,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ._files import fd_path, open_read
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
                      StorageError)
 
@@ -155,12 +162,14 @@ def one_line(e: BaseException) -> str:
 def read_latest(path: str) -> str | None:
     """The stripped text of a pointer file naming a root's newest checkpoint
     (DeepSpeed's and shardsafe's `latest`, nanotron's latest.txt, Megatron's
-    tracker): "" if it is empty, None if it is missing, unreadable or not
-    UTF-8. At most LATEST_LIMIT characters are read (a pointer is short)."""
+    tracker): "" if it is empty, None if it is missing, unreadable, not
+    UTF-8, not a regular file (a FIFO would block a plain open for ever) or
+    a symbolic link leading out of its directory (_files.open_read). At
+    most LATEST_LIMIT characters are read (a pointer is short)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_read(path, within=os.path.dirname(path) or ".", encoding="utf-8") as f:
             return f.read(LATEST_LIMIT).strip()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, InvalidStateError):
         return None
 
 
@@ -210,38 +219,59 @@ def refused_global(e: BaseException) -> str | None:
                                                        f"is blocked)"
 
 
-def torch_load(path: str, *, unsafe_pickle: bool, mmap: bool = True,
+def torch_load(path: str, *, unsafe_pickle: bool, within: str | None = None, mmap: bool = True,
                safe_globals: Sequence[Any] = (), what: str = "") -> Any:
     """torch.load of one file onto the CPU: weights_only=True (also allowing
     `safe_globals`, torch.serialization.safe_globals entries) unless
     unsafe_pickle; memory-mapped when `mmap` (a file of torch's legacy,
-    non-zip format is read whole). `what` follows the path in messages (e.g.
-    " (needed for KEY)"). Raises CheckpointNotFoundError (no such file),
-    StorageError (any other OSError), PickleRefusedError (a type
-    weights_only refuses), InvalidStateError (unsafe_pickle: a module the
-    pickle needs is missing) or CorruptCheckpointError (anything else: a
-    truncated or garbage file)."""
+    non-zip format is read whole). The file is opened by _files.open_read
+    (a regular file, inside `within` when given) and torch reads that
+    descriptor (through _files.fd_path: torch's mmap takes a path only).
+    `what` follows the path in messages (e.g. " (needed for KEY)"). Raises
+    CheckpointNotFoundError (no such file), StorageError (any other
+    OSError), InvalidStateError (not a regular file, or a link leading
+    outside `within`; with unsafe_pickle, a module the pickle needs is
+    missing), PickleRefusedError (a type weights_only refuses) or
+    CorruptCheckpointError (anything else: a truncated or garbage file)."""
     try:
-        try:
-            return _torch_load(path, unsafe_pickle, mmap, safe_globals)
-        except RuntimeError as e:
-            if not mmap or _NOT_MMAPPABLE not in str(e):
-                raise
-            return _torch_load(path, unsafe_pickle, False, safe_globals)
+        f = open_read(path, within=within)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path}{what}: missing", "NOT_FOUND") from None
     except OSError as e:
         raise StorageError(f"{path}{what}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
+    except InvalidStateError as e:
+        raise InvalidStateError(f"{e}{what}", e.code) from None
+    with f:
+        return _torch_load_checked(f, path, unsafe_pickle, mmap, safe_globals, what)
+
+
+def _torch_load_checked(f: Any, path: str, unsafe_pickle: bool, mmap: bool,
+                        safe_globals: Sequence[Any], what: str) -> Any:
+    """torch_load of the file `f` opened (at `path`, for messages)."""
+    opened = fd_path(f)
+
+    def cause(e: BaseException) -> str:  # naming the path, not /proc/self/fd/N
+        return one_line(e).replace(opened, path)
+
+    try:
+        try:
+            return _torch_load(opened, unsafe_pickle, mmap, safe_globals)
+        except RuntimeError as e:
+            if not mmap or _NOT_MMAPPABLE not in str(e):
+                raise
+            return _torch_load(opened, unsafe_pickle, False, safe_globals)
+    except OSError as e:
+        raise StorageError(f"{path}{what}: cannot be read: {cause(e)}", "UNAVAILABLE") from None
     except ImportError as e:
         if not unsafe_pickle:
             raise
         raise InvalidStateError(f"{path}{what}: unpickling it needs a module that is not "
-                                f"installed: {one_line(e)}", "FAILED_PRECONDITION") from None
+                                f"installed: {cause(e)}", "FAILED_PRECONDITION") from None
     except Exception as e:  # torch, pickle and zip errors have no common base
         refused = None if unsafe_pickle else refused_global(e)
         if refused is not None:
             raise PickleRefusedError(path, refused, what) from None
-        raise CorruptCheckpointError(f"{path}{what}: unreadable pickle: {one_line(e)}",
+        raise CorruptCheckpointError(f"{path}{what}: unreadable pickle: {cause(e)}",
                                      "DATA_LOSS") from None
 
 

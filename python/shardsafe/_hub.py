@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import CheckpointNotFoundError
+from ._files import FileRefusedError, read_bytes
+from .errors import CheckpointNotFoundError, InvalidStateError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REF_LIMIT = 256  # a revision is a commit hash (at most 64 hex digits)
 
 
 def cache_dir() -> str:
@@ -31,11 +33,13 @@ def resolve(path: str) -> str:
     if not os.path.isdir(repo):
         return path  # neither: the load reports the path as not found
     try:
-        with open(os.path.join(repo, "refs", "main")) as f:
-            revision = f.read().strip()
+        revision = read_bytes(os.path.join(repo, "refs", "main"), within=repo,
+                              limit=_REF_LIMIT).decode("utf-8", errors="replace").strip()
     except OSError:
         raise CheckpointNotFoundError(f"{path}: the hub cache has {repo} but no refs/main "
                                       f"(download the model, or pass a snapshot directory)")
+    except FileRefusedError as e:
+        raise InvalidStateError(f"{path}: {repo}/refs/main {e.problem}", e.code) from None
     snapshot = os.path.join(repo, "snapshots", revision)
     if not re.fullmatch(r"[0-9a-f]{7,64}", revision) or not os.path.isdir(snapshot):
         raise CheckpointNotFoundError(f"{path}: {repo}/refs/main names {revision!r}, which is no "

@@ -23,7 +23,7 @@ from ._engine import without_gc
 from ._options import LoadOptions
 from ._parts import PerRank, Sharded, decode_per_rank
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
-                     TensorLeaf, decode_value, flatten, from_json, holds, rebuild)
+                     TensorLeaf, decode_value, decoded_values, flatten, holds, rebuild)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
@@ -206,14 +206,16 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                   desc: dict, rename: _keys.Rename, experts: Sequence[_keys.ExpertGroup],
                   dequantize_fp8: bool, options: LoadOptions,
                   skip: Callable[[str], bool] | None,
-                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict, dict]:
+                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict, dict, dict]:
     """This rank's side of a load, before any collective: the checkpoint's
     keys mapped, this rank's reads planned, its report (a _Report as a
     dict) of missing and unexpected keys, and the saved values (renamed;
-    parsed here once per load)."""
+    parsed here once per load) as stored and as Python (a value no save
+    writes is a CorruptCheckpointError here, before anything is loaded)."""
     keys = _keys.KeyMap(desc["tensors"], rename, experts)
     values = keys.rename_values(json.loads(desc["values"]) or {})
     excluded = set(values.pop(RESERVED_KEY, {}).get("excluded_frozen", ()))
+    saved = decoded_values(values, desc["path"])
     pickled = {keys.name(b[len(PICKLE_PREFIX):]) for b in desc["blobs"]
                if b.startswith(PICKLE_PREFIX)}
     per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
@@ -232,7 +234,10 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                             | {k for k in [*values, *pickled, *per_rank] if k not in wanted})
     if skip is not None:
         unexpected = [k for k in unexpected if not skip(k)]
-    absent = _absent_param_state(flat, missing, [*map(keys.name, keys.saved), *values])
+    # The saved keys listed only when an optimizer's state can be missing
+    # (a list of every key: tens of MB for 500,000 tensors).
+    absent = (_absent_param_state(flat, missing, [*map(keys.name, keys.saved), *values])
+              if flat.optimizers and missing else set())
     absent |= excluded.intersection(missing)
     report = _Report([k for k in missing if k not in absent], unexpected, plan.notes,
                      sorted(absent),
@@ -240,7 +245,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                       if rank not in per_rank.get(k, ())],
                      [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
                       if r >= world])
-    return keys, plan, report.__dict__, values
+    return keys, plan, report.__dict__, values, saved
 
 
 def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set[str]:
@@ -341,7 +346,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if fmt is not None:
         return _load_foreign(state_dict, path, fmt, strict, process_group, unsafe_pickle,
                              rename is not None or bool(experts), skip, options)
-    flat = plan = desc = keys = source = values = None
+    flat = plan = desc = keys = source = values = saved_values = None
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
@@ -349,7 +354,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
         source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
                                                 ask=rename is None, skip=skip)
         desc = _C.describe_source(source)
-        keys, plan, report, values = _prepare_load(
+        keys, plan, report, values, saved_values = _prepare_load(
             flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
             comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
@@ -375,11 +380,11 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
-    saved_values = {k: from_json(v, None) for k, v in values.items()}
     if skip is not None:
         values = {k: v for k, v in values.items() if not skip(k)}
     absent = sorted({k for r in reports for k in r["absent_state"]})
-    _finish(state_dict, flat, values, blobs, unsafe_pickle, absent)
+    _finish(state_dict, flat, values, blobs, unsafe_pickle, absent, desc["path"],
+            comm.rank if comm is not None else 0)
     return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
                       sorted(unexpected + pr_unused), json.loads(desc["metadata"]),
                       result["bytes_read"], result["seconds"], result["bytes_shared"],
@@ -558,10 +563,11 @@ def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[
 
 
 def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool,
-            absent_state: list[str]) -> None:
-    """Puts the saved values (and per-rank values) into the state, drops the
-    optimizer state of parameters that had none when saved (`absent_state`,
-    keys under OPTIM.state.ID.) and hands state dicts back."""
+            absent_state: list[str], path: str, rank: int) -> None:
+    """Puts the saved values (and this rank's per-rank values, from the
+    checkpoint at `path`) into the state, drops the optimizer state of
+    parameters that had none when saved (`absent_state`, keys under
+    OPTIM.state.ID.) and hands state dicts back."""
     if not flat.values and not flat.state_dicts and not flat.per_rank:
         return  # tensors only, all filled in place: nothing to hand back
     for prefix, optim in flat.optimizers.items():
@@ -575,7 +581,7 @@ def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bo
         if isinstance(old, PerRank):
             blob = blobs.get(PER_RANK_PREFIX + key) if key in flat.per_rank else None
             if blob is not None:  # absent (per_rank_strict=False) or skipped: kept
-                old.value = decode_per_rank(blob, old.value, key)
+                old.value = decode_per_rank(blob, old.value, key, path, rank)
             return old
         try:
             return decode_value(key, old, values, blobs, unsafe_pickle)

@@ -102,12 +102,21 @@ class CheckpointManager:
         return self._m.latest_step()
 
     def load(self, state: Any, step: int | None = None, **kwargs: Any) -> LoadResult:
-        """Loads step `step`, or the latest; keyword arguments as load()."""
+        """Loads step `step`, or the latest; keyword arguments as load().
+        The latest is the root's, resolved and held by the load itself
+        (shardsafe.load of the root: retention cannot remove it between
+        choosing it and reading it); the result's path and tag say which
+        checkpoint it was. A step not there is a CheckpointNotFoundError
+        saying whether retention or prune removed it during this load, may
+        have removed it before, or it was never saved here (_not_found)."""
         if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
-        return load(state, self.path(step), process_group=self._group, **kwargs)
+            self._require_one()
+            return load(state, self.root, process_group=self._group, **kwargs)
+        listed = self.list()
+        try:
+            return load(state, self.path(step), process_group=self._group, **kwargs)
+        except CheckpointNotFoundError as e:
+            raise self._not_found(step, listed, e) from None
 
     def export_hf(self, out: str | os.PathLike, step: int | None = None,
                   **kwargs: Any) -> dict:
@@ -122,17 +131,69 @@ class CheckpointManager:
         from . import hf
 
         self._m.wait_async()
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
         group = self._group
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
-        return hf.export(self.path(step), out, process_group=group, **kwargs)
+        if step is None:  # the root's latest, resolved and held by the export (as load)
+            self._require_one()
+            return hf.export(self.root, out, process_group=group, **kwargs)
+        listed = self.list()
+        try:
+            return hf.export(self.path(step), out, process_group=group, **kwargs)
+        except CheckpointNotFoundError as e:
+            raise self._not_found(step, listed, e) from None
 
     def list(self) -> list[dict]:
+        """The root's committed checkpoints, oldest first in commit order
+        (those whose order is unknown last: `order_fault` says why)."""
         return self._m.list()
 
     def prune(self, keep: int) -> list[str]:
+        """Removes all but the newest `keep` checkpoints (never the newest
+        nor the one `latest` names); the tags removed. A checkpoint whose
+        order is unknown is kept, with a UserWarning saying why."""
         return self._m.prune(keep)
+
+    def _require_one(self) -> None:
+        """CheckpointNotFoundError unless the root has a latest checkpoint:
+        loading an empty root must not take whatever else lies there (a
+        stray .safetensors file) for one. Retention never removes the
+        newest commit, so a checkpoint stays for the load that follows."""
+        if self.latest_step() is None:
+            raise CheckpointNotFoundError(f"{self.root}: no committed checkpoint", "NOT_FOUND")
+
+    def _not_found(self, step: int, listed: list[dict],
+                   error: CheckpointNotFoundError) -> CheckpointNotFoundError:
+        """The error of a load of `step` that found no checkpoint there
+        (`error`, the engine's), given `listed`, the root's listing taken
+        before the load. What the manager can tell:
+        - the step was listed then and is gone now: retention or prune
+          removed it during the load;
+        - it was not listed: commit records number a root's commits 1, 2,
+          ... (docs/format.md §1) and the newest commit is never removed,
+          so a gap below the newest sequence counts checkpoints removed
+          (by retention, prune or a save that replaced its tag), which it
+          may have been; without a gap, it was never saved here; with
+          checkpoints whose record is missing or not trusted, the manager
+          cannot tell;
+        - it is still listed: the engine's error stands (something inside
+          the checkpoint is missing)."""
+        tag = self._m.tag_of(step)
+        kept = self.list()
+        if any(c["tag"] == tag for c in kept):
+            return error
+        steps = ", ".join(str(c["step"]) for c in kept if c["step"] is not None) or "none"
+        where = f"{self.root}: checkpoint {tag} (step {step})"
+        if any(c["tag"] == tag for c in listed):
+            return CheckpointNotFoundError(f"{where} was removed by retention or prune while it "
+                                           f"was being loaded (steps kept now: {steps})",
+                                           "NOT_FOUND")
+        sequences = [c["sequence"] for c in kept]
+        if not kept or 0 in sequences or any(c.get("order_fault") for c in kept):
+            why = "removed by retention or prune, or never saved here"
+        elif max(sequences) > len(kept):
+            why = (f"not there: {max(sequences) - len(kept)} earlier checkpoint(s) were removed "
+                   f"by retention or prune, and it may have been one of them")
+        else:
+            why = "never saved here (the commit records show no checkpoint removed from this root)"
+        return CheckpointNotFoundError(f"{where}: {why} (steps kept: {steps})", "NOT_FOUND")

@@ -34,6 +34,7 @@ import json
 import os
 from typing import Any
 
+from ._files import read_bytes
 from ._foreign import Format, as_dicts, one_line, read_latest, torch_load
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
                      StorageError)
@@ -74,13 +75,14 @@ def _detect(path: str) -> bool:
 def _config(path: str) -> dict:
     file = os.path.join(path, CONFIG)
     try:
-        with open(file, encoding="utf-8") as f:
-            config = json.load(f)
+        text = read_bytes(file, within=path)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{file}: missing (not a Megatron torch_dist checkpoint)",
                                       "NOT_FOUND") from None
     except OSError as e:
         raise StorageError(f"{file}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
+    try:
+        config = json.loads(text.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError included
         raise CorruptCheckpointError(f"{file}: unreadable Megatron checkpoint config: "
                                      f"{one_line(e)}", "DATA_LOSS") from None
@@ -134,7 +136,7 @@ class MegatronCheckpoint(DcpCheckpoint):
         return as_dicts(common)
 
     def _load_common(self, file: str) -> Any:
-        return torch_load(file, unsafe_pickle=self._unsafe_pickle,
+        return torch_load(file, unsafe_pickle=self._unsafe_pickle, within=self.path,
                           safe_globals=[argparse.Namespace])
 
     def not_imported(self) -> list[str]:

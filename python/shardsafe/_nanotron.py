@@ -80,6 +80,7 @@ from typing import Any, Optional
 
 import torch
 
+from ._files import read_bytes
 from ._foreign import (Format, PickleRefusedError, as_dicts, one_line, read_latest,
                        torch_load)
 from ._nanotron_weights import (CHECKPOINT_FILE, Box, Piece, Plan, box_index, corrupt, hits,
@@ -120,16 +121,29 @@ def detect(path: str) -> bool:
     return resolve(path) is not None
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, within: str) -> Any:
+    """The JSON file `path` of the checkpoint directory `within`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        text = read_bytes(path, within=within)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path}: missing", "NOT_FOUND") from None
     except OSError as e:
         raise StorageError(f"{path}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
+    try:
+        return json.loads(text.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError included
         raise corrupt(path, f"unreadable JSON: {one_line(e)}") from None
+
+
+def _read_text(path: str, within: str) -> str:
+    """The text file `path` of the checkpoint directory `within` (bytes not
+    UTF-8 replaced)."""
+    try:
+        return read_bytes(path, within=within).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{path}: missing", "NOT_FOUND") from None
+    except OSError as e:
+        raise StorageError(f"{path}: cannot be read: {one_line(e)}", "UNAVAILABLE") from None
 
 
 # ---------------------------------------------------- optimizer files --
@@ -210,6 +224,7 @@ class _Optimizer:
     parameters with certainty leaves its (pp, tp, ep) group out (`lost`)."""
 
     def __init__(self, root: str, unsafe_pickle: bool, notes: dict[str, str]) -> None:
+        self.root = root
         self.dir = os.path.join(root, "optimizer")
         self.unsafe_pickle = unsafe_pickle
         self.notes = notes
@@ -226,7 +241,7 @@ class _Optimizer:
     def _scan(self) -> None:
         config = os.path.join(self.dir, "optimizer_config.json")
         if os.path.isfile(config):
-            self.config = _read_json(config)
+            self.config = _read_json(config, self.root)
             if not isinstance(self.config, dict):
                 raise corrupt(config, "not a JSON object")
         for name in sorted(os.listdir(self.dir)):
@@ -253,7 +268,8 @@ class _Optimizer:
     def load(self, f: _OptFile) -> Any:
         obj = self._objs.get(f.path)
         if obj is None:
-            obj = self._objs[f.path] = torch_load(f.path, unsafe_pickle=self.unsafe_pickle)
+            obj = self._objs[f.path] = torch_load(f.path, unsafe_pickle=self.unsafe_pickle,
+                                                  within=self.root)
         return obj
 
     def _index(self, f: _OptFile) -> None:
@@ -456,7 +472,7 @@ class NanotronCheckpoint:
                 f"directory, nor a latest.txt naming one)", "NOT_FOUND")
         self.path = root
         self._unsafe_pickle = unsafe_pickle
-        self._meta = _read_json(os.path.join(root, CHECKPOINT_FILE))
+        self._meta = _read_json(os.path.join(root, CHECKPOINT_FILE), root)
         if not isinstance(self._meta, dict):
             raise corrupt(os.path.join(root, CHECKPOINT_FILE), "not a JSON object")
         tp = self._meta.get("tp")
@@ -492,7 +508,7 @@ class NanotronCheckpoint:
         box = tuple((o, o + s) for o, s in zip(offset, size))
         out = torch.empty(tuple(size), dtype=dtype)
         if key in self._files:
-            read_weight(self._plan(key), box, out)
+            read_weight(self._plan(key), box, out, self.path)
         else:
             _read_optimizer(self._optimizer(), self._optimizer_plans()[key], box, out)
         return out
@@ -527,7 +543,8 @@ class NanotronCheckpoint:
     def _plan(self, key: str) -> Plan:
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = plan_weight(key, self._files[key], self._meta_tp)
+            plan = self._plans[key] = plan_weight(key, self._files[key], self._meta_tp,
+                                                  self.path)
         return plan
 
     def _describe(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
@@ -575,16 +592,15 @@ class NanotronCheckpoint:
         nano: dict[str, Any] = {"checkpoint_metadata": self._meta, "tied_parameters": TIED_NOTE}
         model_config = os.path.join(self.path, "model_config.json")
         if os.path.isfile(model_config):
-            nano["model_config"] = _read_json(model_config)
+            nano["model_config"] = _read_json(model_config, self.path)
         config_yaml = os.path.join(self.path, "config.yaml")
         if os.path.isfile(config_yaml):
-            with open(config_yaml, encoding="utf-8", errors="replace") as f:
-                nano["config_yaml"] = f.read()
+            nano["config_yaml"] = _read_text(config_yaml, self.path)
         nwd = {}
         for key in self._files:
             path = self._plan(key).no_weight_decay_file
             if path is not None:
-                nwd[key] = bool(read_tensor(path, key, "_no_weight_decay").item())
+                nwd[key] = bool(read_tensor(path, key, self.path, "_no_weight_decay").item())
         if nwd:
             nano["no_weight_decay"] = nwd
         nano["not_imported"] = dict(sorted(self._notes.items()))
@@ -606,7 +622,8 @@ class NanotronCheckpoint:
             if name.endswith(".pt"):
                 path = os.path.join(directory, name)
                 try:
-                    found[name[:-3]] = as_dicts(torch_load(path, unsafe_pickle=self._unsafe_pickle))
+                    state = torch_load(path, unsafe_pickle=self._unsafe_pickle, within=self.path)
+                    found[name[:-3]] = as_dicts(state)
                 except PickleRefusedError as e:
                     self._notes[path] = e.reason
         if list(found) == ["lr_scheduler"]:

@@ -22,6 +22,8 @@ by their slice metadata like any other; shards of different exp-ranks
 claiming one region are refused (their metadata describes the
 tensor-parallel split only, not which experts a rank holds).
 
+Each weight file is opened checked (shardsafe._files: a regular file
+inside the checkpoint directory) and safetensors reads that descriptor.
 The safetensors package reads the files: safetensors_module() imports it,
 or raises an ImportError saying how to install it (a checkpoint's opening
 calls it; detection does not need the package).
@@ -29,18 +31,22 @@ calls it; detection does not need the package).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
+from ._files import FileRefusedError, fd_path, open_read
 from ._foreign import one_line
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, StorageError
+from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                     StorageError)
 
 CHECKPOINT_FILE = "checkpoint_metadata.json"
 
@@ -367,11 +373,13 @@ def _check_tiling(key: str, pieces: list[Piece], shape: tuple[int, ...]) -> None
 
 # ----------------------------------------------------- weight plans --
 
-def plan_weight(key: str, files: list[WeightFile], meta_tp: Optional[int]) -> Plan:
+def plan_weight(key: str, files: list[WeightFile], meta_tp: Optional[int], within: str) -> Plan:
+    """The plan of tensor `key` from its weight files, which lie in the
+    checkpoint directory `within`."""
     _check_file_set(key, files, meta_tp)
     pieces, dtypes, shapes, nwd = [], set(), set(), None
     for wf in files:
-        dtype, local, meta, extras = _read_header(wf.path, key)
+        dtype, local, meta, extras = _read_header(wf.path, key, within)
         where = f"{wf.path}: tensor {key!r}"
         pairs_text = meta.get("local_global_slices_pairs")
         shape_text = meta.get("unsharded_shape")
@@ -399,11 +407,27 @@ def plan_weight(key: str, files: list[WeightFile], meta_tp: Optional[int]) -> Pl
     return Plan(key, dtypes.pop(), shape, pieces, nwd)
 
 
-def _read_header(path: str, key: str) -> tuple[torch.dtype, tuple[int, ...], dict, set[str]]:
+@contextlib.contextmanager
+def _safe_open(path: str, key: str, within: str) -> Iterator[Any]:
+    """safetensors.safe_open of the weight file `path`, opened checked
+    (shardsafe._files: a regular file inside `within`; safe_open, which
+    takes a path only, opens that descriptor through /proc/self/fd). A
+    file refused is an InvalidStateError naming the file and the key."""
+    st = safetensors_module()
+    try:
+        checked = open_read(path, within=within)
+    except FileRefusedError as e:
+        raise InvalidStateError(f"{path}: tensor {key!r}: {e.problem}", e.code) from None
+    with checked, st.safe_open(fd_path(checked), framework="pt") as f:
+        yield f
+
+
+def _read_header(path: str, key: str,
+                 within: str) -> tuple[torch.dtype, tuple[int, ...], dict, set[str]]:
     """(dtype, shape of "data", string metadata, the other tensors' names)."""
     st = safetensors_module()
     try:
-        with st.safe_open(path, framework="pt") as f:
+        with _safe_open(path, key, within) as f:
             names = set(f.keys())
             meta = f.metadata() or {}
             if "data" not in names:
@@ -424,11 +448,12 @@ def _read_header(path: str, key: str) -> tuple[torch.dtype, tuple[int, ...], dic
     return dtype, local, meta, extras
 
 
-def read_tensor(path: str, key: str, name: str = "data") -> torch.Tensor:
-    """Tensor `name` of a weight file, whole."""
+def read_tensor(path: str, key: str, within: str, name: str = "data") -> torch.Tensor:
+    """Tensor `name` of a weight file (in the checkpoint directory
+    `within`), whole."""
     st = safetensors_module()
     try:
-        with st.safe_open(path, framework="pt") as f:
+        with _safe_open(path, key, within) as f:
             return f.get_tensor(name)
     except OSError as e:
         raise _unreadable(path, key, e) from None
@@ -436,16 +461,17 @@ def read_tensor(path: str, key: str, name: str = "data") -> torch.Tensor:
         raise corrupt(path, f"tensor {key!r}: unreadable: {one_line(e)}") from None
 
 
-def read_weight(plan: Plan, box: Box, out: torch.Tensor) -> None:
+def read_weight(plan: Plan, box: Box, out: torch.Tensor, within: str) -> None:
     """Box `box` of the planned tensor into `out`, reading only the shard
-    files (and, through safetensors slices, the bytes) that overlap it."""
+    files (in the checkpoint directory `within`; and, through safetensors
+    slices, the bytes) that overlap it."""
     st = safetensors_module()
     for piece in plan.pieces:
         found = hits(piece, box)
         if not found and box:
             continue
         try:
-            with st.safe_open(piece.path, framework="pt") as f:
+            with _safe_open(piece.path, plan.key, within) as f:
                 sl = f.get_slice("data")
                 if tuple(sl.get_shape()) != piece.local_shape:
                     raise corrupt(piece.path, f"tensor {plan.key!r}: the shard changed since "

@@ -18,13 +18,13 @@ otherwise, for frameworks that shard without DTensor:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .errors import InvalidStateError
+from .errors import CorruptCheckpointError, InvalidStateError
 
 
 @dataclass(frozen=True)
@@ -183,30 +183,52 @@ def encode_per_rank(value: Any, key: str) -> bytes:
             return [strip(x, f"{at}.{i}") for i, x in enumerate(v)]
         return to_json(v, at)
 
-    doc = json.dumps(strip(value, key), allow_nan=False)
+    stripped = strip(value, key)
+    if nesting(stripped) > MAX_NESTING:
+        raise InvalidStateError(f"per-rank value {key!r} nests deeper than {MAX_NESTING} lists "
+                                f"and dicts, more than a checkpoint holds (docs/format.md §6)")
+    doc = json.dumps(stripped, allow_nan=False)
     return save(tensors, metadata={"value": doc})
 
 
-def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
-    """The value of a per-rank blob, shaped after `like` (the target's value):
-    a tensor where the target has one of the same shape and dtype is filled
-    in place and kept."""
-    import json
+MAX_NESTING = 256  # lists and dicts a stored value may nest, as in the index
 
-    from safetensors.torch import load
 
-    from ._state import FLOAT_TAG, from_json
+def nesting(doc: Any) -> int:
+    """How deeply lists and dicts nest in parsed JSON `doc` (0 for a scalar),
+    counted without recursion."""
+    deepest, stack = 0, [(doc, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
-    try:
-        tensors = load(blob)
-        n = int.from_bytes(blob[:8], "little")  # the safetensors header's length
-        doc = json.loads(json.loads(blob[8:8 + n])["__metadata__"]["value"])
-    except Exception as e:  # noqa: BLE001 - a corrupt blob, named
-        raise InvalidStateError(f"per-rank value {key!r}: cannot decode it: {e}") from None
+
+def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int) -> Any:
+    """The value of rank `rank`'s per-rank blob of `key` in the checkpoint at
+    `path`, shaped after `like` (the target's value): a tensor where the
+    target has one of the same shape and dtype is filled in place and kept.
+    A blob no save writes (docs/format.md §6) is a CorruptCheckpointError
+    "PATH: per-rank value KEY (rank R): PROBLEM": not a safetensors file,
+    no JSON `value` in its metadata, a tensor tag that names no tensor of
+    the blob, a float tag other than the three non-finite floats."""
+    from ._state import FLOAT_TAG, StoredValueError, from_json, non_finite
+
+    def corrupt(problem: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{path}: per-rank value {key!r} (rank {rank}): {problem}",
+                                      "DATA_LOSS")
+
+    tensors, doc = _parse_blob(blob, corrupt)
 
     def restore(stored: Any, like: Any) -> Any:
         if isinstance(stored, dict) and set(stored) == {_TENSOR_TAG}:
-            t = tensors[stored[_TENSOR_TAG]]
+            name = stored[_TENSOR_TAG]
+            t = tensors.get(name) if isinstance(name, str) else None
+            if t is None:
+                raise corrupt(f"tensor tag {name!r} names no tensor of the blob (it holds "
+                              f"{sorted(tensors) or 'none'})")
             if (isinstance(like, torch.Tensor) and like.shape == t.shape
                     and like.dtype == t.dtype):
                 with torch.no_grad():
@@ -214,7 +236,7 @@ def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
                 return like
             return t
         if isinstance(stored, dict) and set(stored) == {FLOAT_TAG}:
-            return from_json(stored, like)  # a non-finite float
+            return non_finite(stored[FLOAT_TAG])
         if isinstance(stored, dict):
             likes = like if isinstance(like, dict) else {}
             return {k: restore(v, likes.get(k)) for k, v in stored.items()}
@@ -227,4 +249,45 @@ def decode_per_rank(blob: bytes, like: Any, key: str) -> Any:
             return items
         return from_json(stored, like)
 
-    return restore(doc, like)
+    try:
+        return restore(doc, like)
+    except StoredValueError as e:
+        raise corrupt(str(e)) from None
+    except RecursionError:
+        raise corrupt("its value is nested too deeply") from None
+
+
+def _parse_blob(blob: bytes, corrupt: Callable[[str], Exception]) -> tuple[dict, Any]:
+    """(tensors, value as parsed JSON) of a per-rank blob: a safetensors
+    file whose metadata `value` is JSON text; `corrupt(problem)` otherwise."""
+    import json
+
+    from safetensors.torch import load
+
+    try:
+        tensors = load(blob)
+    except Exception as e:  # noqa: BLE001 - safetensors' errors have no common base
+        raise corrupt(f"not a safetensors blob ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    n = int.from_bytes(blob[:8], "little")  # load checked the header: its length, then JSON
+    try:
+        header = json.loads(blob[8:8 + n])
+    except ValueError as e:
+        raise corrupt(f"unreadable safetensors header ({e})") from None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    text = metadata.get("value") if isinstance(metadata, dict) else None
+    if not isinstance(text, str):
+        raise corrupt("its safetensors metadata has no 'value'")
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise corrupt(f"its 'value' is not JSON ({type(e).__name__}: {e})") from None
+    if nesting(doc) > MAX_NESTING:
+        raise corrupt(f"its 'value' nests deeper than {MAX_NESTING} lists and dicts")
+    return tensors, doc
+
+
+def _no_constant(name: str) -> Any:
+    """json.loads' NaN / Infinity, which are not JSON (a save writes them as
+    float tags)."""
+    raise ValueError(f"{name} is not JSON")

@@ -17,6 +17,7 @@ from . import _C, _device, _engine, _paths
 from ._boxes import Box, Boxes, ask, dtype_name
 from ._comm import TorchComm, resolve
 from ._engine import future, saver, without_gc
+from ._files import FileRefusedError, read_bytes
 from ._options import SaveOptions
 from ._parts import encode_per_rank
 from ._state import (FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten,
@@ -55,15 +56,19 @@ class _SaveArgs:
 
 def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
     """Files saved with the checkpoint: blobs `file/NAME` (docs/format.md §6).
-    A value is the content (bytes) or a path to read (str, os.PathLike)."""
+    A value is the content (bytes) or a path to read (str, os.PathLike): a
+    regular file (a FIFO or directory is an InvalidStateError, never a read
+    that waits)."""
     blobs = []
     for name, content in (files or {}).items():
         if (not isinstance(name, str) or not name or len(name.encode()) > 255
                 or name in (".", "..") or any(c in name for c in "/\\\0")):
             raise InvalidStateError(f"files: {name!r} is not a plain file name")
         if isinstance(content, (str, os.PathLike)):
-            with open(content, "rb") as f:
-                content = f.read()
+            try:
+                content = read_bytes(content)
+            except FileRefusedError as e:
+                raise InvalidStateError(f"files[{name!r}]: {e}", e.code) from None
         if not isinstance(content, (bytes, bytearray)):
             raise InvalidStateError(f"files[{name!r}]: expected bytes or a path, got "
                                     f"{type(content).__name__}")
@@ -167,7 +172,8 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     missing_keys without failing and leaves them as they are.
     `files` ({name: bytes or path}) are saved with the checkpoint, e.g. a
     model's config.json and tokenizer files (shardsafe.hf.model_files);
-    `shardsafe export-hf` writes them next to the weights.
+    `shardsafe export-hf` writes them next to the weights. A path must name
+    a regular file: a FIFO or a directory is an InvalidStateError.
     """
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from ._parts import PerRank, Sharded
-from .errors import InvalidStateError
+from .errors import CorruptCheckpointError, InvalidStateError
 
 # safetensors dtype names (docs/format.md §2) of every torch dtype we store.
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -59,6 +59,14 @@ PER_RANK_PREFIX = "rank/"  # per-rank blob names of PerRank values
 RESERVED_KEY = "__shardsafe__"
 FILE_PREFIX = "file/"  # blob names of files saved with a checkpoint (config.json, ...)
 FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
+# What to_json writes under FLOAT_TAG (repr of each non-finite float), and
+# the only tags from_json reads back.
+NON_FINITE: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class StoredValueError(ValueError):
+    """Saved JSON that no save writes (from_json); the caller names the
+    checkpoint and the key (CorruptCheckpointError)."""
 
 
 def join(prefix: str, name: Any) -> str:
@@ -266,9 +274,10 @@ def to_json(value: Any, key: str) -> Any:
 
 
 def from_json(stored: Any, like: Any) -> Any:
-    """Saved JSON data back as Python, shaped after `like` (the target's value)."""
+    """Saved JSON data back as Python, shaped after `like` (the target's
+    value). StoredValueError for a float tag other than NON_FINITE's."""
     if isinstance(stored, dict) and set(stored) == {FLOAT_TAG}:
-        return float(stored[FLOAT_TAG])
+        return non_finite(stored[FLOAT_TAG])
     if isinstance(stored, list):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(stored) else None
         items = [from_json(s, likes[i] if likes is not None else None) for i, s in enumerate(stored)]
@@ -285,6 +294,26 @@ def from_json(stored: Any, like: Any) -> Any:
     if isinstance(like, float) and isinstance(stored, int) and not isinstance(stored, bool):
         return float(stored)
     return stored
+
+
+def non_finite(tag: Any) -> float:
+    """The float a FLOAT_TAG value names; StoredValueError for any other."""
+    if isinstance(tag, str) and tag in NON_FINITE:
+        return NON_FINITE[tag]
+    raise StoredValueError(f"float tag {tag!r} is not one of {', '.join(map(repr, NON_FINITE))}")
+
+
+def decoded_values(values: dict[str, Any], path: str) -> dict[str, Any]:
+    """The index's global values as Python (from_json); a value no save
+    writes (a float tag other than NON_FINITE's) is a CorruptCheckpointError
+    naming the checkpoint `path` and the key."""
+    out = {}
+    for key, stored in values.items():
+        try:
+            out[key] = from_json(stored, None)
+        except StoredValueError as e:
+            raise CorruptCheckpointError(f"{path}: value {key!r}: {e}", "DATA_LOSS") from None
+    return out
 
 
 def encode_values(values: dict[str, Any], unsafe_pickle: bool) -> tuple[dict, list]:

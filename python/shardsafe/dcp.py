@@ -69,7 +69,8 @@ from ._boxes import dtype_name as _dtype_name
 from ._comm import agree as _agree
 from ._options import LoadOptions, SaveOptions
 from ._comm import TorchComm, resolve
-from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, from_json, to_json
+from ._state import (DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, decoded_values,
+                     from_json, to_json)
 from .errors import InvalidStateError, ShardsafeError
 
 try:
@@ -373,7 +374,7 @@ def _value_sources(desc: dict, values: dict) -> dict[str, _Value]:
         out[".".join(map(str, path))] = _Value(key=path[0], rest=path[1:])
 
     # DCP always splits dicts, and lists holding dicts: split the saved value alike.
-    traverse_state_dict({k: from_json(v, None) for k, v in values.items()}, visit)
+    traverse_state_dict(decoded_values(values, desc["path"]), visit)
     return out
 
 

@@ -64,6 +64,7 @@ import torch
 
 from . import _C, _hub, _paths
 from ._comm import TorchComm, agree, resolve
+from ._files import read_bytes
 from ._keys import (FP8_BLOCK, MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, SCALE_SUFFIX, ExpertGroup,
                     Rename, renamer)
 from ._load import LoadResult, load
@@ -191,8 +192,7 @@ def model_files(model: Any = None, tokenizer: Any = None) -> dict[str, bytes]:
         if tokenizer is not None:
             tokenizer.save_pretrained(d)
         for name in sorted(os.listdir(d)):
-            with open(os.path.join(d, name), "rb") as f:
-                files[name] = f.read()
+            files[name] = read_bytes(os.path.join(d, name), within=d)
     return files
 
 
@@ -355,11 +355,11 @@ def _normal(value: Any) -> Any:
 
 
 def _check_adapter_config(config_file: str, live_config: Any, adapter_name: str) -> None:
-    with open(config_file, "rb") as f:
-        try:
-            saved = json.loads(f.read())
-        except ValueError as e:
-            raise InvalidStateError(f"{config_file}: not JSON ({e})") from None
+    text = read_bytes(config_file)
+    try:
+        saved = json.loads(text)
+    except ValueError as e:
+        raise InvalidStateError(f"{config_file}: not JSON ({e})") from None
     live = live_config.to_dict()
     for field in _CONFIG_FIELDS:
         if field in saved and field in live and _normal(saved[field]) != _normal(live[field]):
@@ -397,8 +397,7 @@ def _peft_config_bytes(model: Any, adapter_name: str) -> bytes:
         auto_mapping = {"base_model_class": cls.__name__, "parent_library": cls.__module__}
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d, auto_mapping_dict=auto_mapping)
-        with open(os.path.join(d, "adapter_config.json"), "rb") as f:
-            return f.read()
+        return read_bytes(os.path.join(d, "adapter_config.json"), within=d)
 
 
 def _adapter_config_bytes(config: Any) -> bytes:
@@ -408,5 +407,4 @@ def _adapter_config_bytes(config: Any) -> bytes:
         return (json.dumps(dict(config), indent=2, sort_keys=True) + "\n").encode()
     with tempfile.TemporaryDirectory() as d:  # a peft config writes itself
         config.save_pretrained(d)
-        with open(os.path.join(d, "adapter_config.json"), "rb") as f:
-            return f.read()
+        return read_bytes(os.path.join(d, "adapter_config.json"), within=d)

@@ -12,7 +12,9 @@ A torch DCP checkpoint is a directory with ``.metadata`` and
 AutoModel and Megatron's ``torch_dist`` write it. ``shardsafe.load`` reads
 it through DCP's own reader and planner (load_dcp), or, for targets DCP
 does not know (shardsafe.Sharded parts, skip_keys), through shardsafe's
-loader of foreign checkpoints (shardsafe._import) and DcpCheckpoint.
+loader of foreign checkpoints (shardsafe._import) and DcpCheckpoint. Either
+way its files are opened by shardsafe._files.open_read, inside the
+checkpoint directory.
 
 DcpCheckpoint is the ForeignCheckpoint (shardsafe._foreign) of a DCP
 directory: `read(key)` and `read_box(key, offset, size)` load one tensor (or
@@ -26,9 +28,12 @@ reads a pickle.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +43,7 @@ from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, StorageMeta,
                                                    TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadPlan
@@ -45,6 +51,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from . import _dcp_metadata, _import
 from ._dcp_metadata import DCP_METADATA
+from ._files import FileRefusedError, open_read
 from ._foreign import Format, refused_global
 from .errors import CorruptCheckpointError, InvalidStateError, ShardsafeError
 
@@ -113,14 +120,41 @@ class _BoxPlanner(_Planner):
         return self.state_dict[index.fqn]
 
 
+class _CheckedFiles(FileSystem):
+    """DCP's local file system for reading, each data file opened by
+    shardsafe._files.open_read (a regular file inside the checkpoint
+    directory: a FIFO never blocks the read, and a `..` or a link in the
+    metadata's file names never leads out of it). `error` keeps the refusal
+    that DCP wraps in its own exception."""
+
+    def __init__(self, within: str) -> None:
+        super().__init__()
+        self.within = within
+        self.error: FileRefusedError | None = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise InvalidStateError(f"{path}: a DCP checkpoint is opened to be read only")
+        try:
+            f = open_read(path, within=self.within)
+        except FileRefusedError as e:
+            self.error = e
+            raise
+        with f:
+            yield f
+
+
 class _Reader(dcp.FileSystemReader):
     """DCP's file system reader with its metadata read once, with globals
     restricted (shardsafe._dcp_metadata: torch's reader would unpickle it
-    with a plain pickle.load) and checked. A DcpCheckpoint reads key by key:
-    one DCP load each."""
+    with a plain pickle.load) and checked, and its data files opened
+    checked (_CheckedFiles). A DcpCheckpoint reads key by key: one DCP load
+    each."""
 
     def __init__(self, path: str, unsafe_pickle: bool = False) -> None:
         super().__init__(path)
+        self.fs = _CheckedFiles(path)
         self.metadata = _dcp_metadata.read(path, unsafe_pickle=unsafe_pickle)
         if getattr(self.metadata, "storage_meta", None) is None:
             self.metadata.storage_meta = StorageMeta()
@@ -172,11 +206,14 @@ def load_dcp(state_dict: dict, path: str | os.PathLike, *, strict: bool = True,
     start = time.monotonic()
     planner = _Planner(strict, unsafe_pickle)
     alone = not (dist.is_available() and dist.is_initialized())
+    reader = _Reader(path, unsafe_pickle)
     try:
-        _dcp_load(state_dict, _Reader(path, unsafe_pickle), planner, process_group, alone)
+        _dcp_load(state_dict, reader, planner, process_group, alone)
     except (Exception, CheckpointException) as e:  # the latter: every rank's failure
         if planner.error is not None:
             raise type(planner.error)(f"{path}: {planner.error}") from None
+        if reader.fs.error is not None:
+            raise reader.fs.error from None
         if isinstance(e, ShardsafeError):
             raise
         raise ShardsafeError(f"loading DCP checkpoint {path}: {_one_line(e)}") from None
@@ -244,11 +281,14 @@ class DcpCheckpoint:
         return found
 
     def _load(self, state: dict, planner: DefaultLoadPlanner, keys: list[str]) -> None:
+        self._reader.fs.error = None
         try:
             _dcp_load(state, self._reader, planner)
         except (Exception, CheckpointException) as e:
             if isinstance(planner, _Planner) and planner.error is not None:
                 raise type(planner.error)(f"{self.path}: {planner.error}") from None
+            if self._reader.fs.error is not None:
+                raise self._reader.fs.error from None
             raise CorruptCheckpointError(
                 f"{self.path}: reading {', '.join(map(repr, keys[:4]))}"
                 f"{' and more' if len(keys) > 4 else ''} from {self._files(keys)}: "

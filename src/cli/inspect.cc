@@ -6,26 +6,29 @@
 #include "cli/commands.h"
 #include "cli/output.h"
 #include "format/index.h"
+#include "format/index_packed.h"
 #include "shardsafe/source.h"
 
 namespace shardsafe::cli {
 namespace {
 
-uint64_t TensorBytes(const IndexTensor& t) {
+// Bytes of tensor t's chunks.
+uint64_t TensorBytes(const PackedTensors& tensors, size_t t) {
   uint64_t n = 0;
-  for (const IndexChunk& c : t.chunks) n += c.bytes;
+  const uint64_t first = tensors.first_chunk(t);
+  for (uint64_t c = first; c < first + tensors.chunk_count(t); ++c) n += tensors.bytes(c);
   return n;
 }
 
 // The index as the format writes it (compact; every chunk inline, also
-// those of a chunk table), with "path" and "native" first, streamed: a
-// copy of a large index (or a DOM, ~10x) would take more memory than the
-// parsed index itself.
+// those of a chunk table), with "path" and "native" first, streamed from
+// the packed tensors: a copy of a large index (or a DOM, ~10x) would take
+// more memory than the index itself.
 void PrintIndexJson(const CheckpointSource& src) {
   std::cout << "{\"path\":" << Json(src.path).dump() << ",\"native\":"
             << (src.native ? "true" : "false") << ",";
   bool first = true;
-  SerializeIndex(src.index, [&](std::string_view piece) {
+  SerializeIndex(src.index, *src.packed, [&](std::string_view piece) {
     if (first) piece.remove_prefix(1);  // its '{'
     first = false;
     std::cout.write(piece.data(), static_cast<std::streamsize>(piece.size()));
@@ -33,20 +36,26 @@ void PrintIndexJson(const CheckpointSource& src) {
   std::cout << "\n";
 }
 
-void PrintChunks(const CheckpointSource& src, const IndexTensor& t) {
-  for (const IndexChunk& c : t.chunks) {
+void PrintChunks(const CheckpointSource& src, size_t t) {
+  const PackedTensors& tensors = *src.packed;
+  const uint64_t first = tensors.first_chunk(t);
+  for (uint64_t c = first; c < first + tensors.chunk_count(t); ++c) {
     char crc[16] = "-";
-    if (c.crc32c) std::snprintf(crc, sizeof crc, "%08x", *c.crc32c);
-    std::cout << "    " << SliceToString(c.slice) << "  " << Printable(src.index.files[c.file].name) << " @"
-              << c.at << "  " << FormatBytes(c.bytes) << "  crc32c " << crc << "\n";
+    if (const std::optional<uint32_t> sum = tensors.crc32c(c)) {
+      std::snprintf(crc, sizeof crc, "%08x", *sum);
+    }
+    std::cout << "    " << SliceToString(tensors.slice(t, c)) << "  "
+              << Printable(src.index.files[tensors.file(c)].name) << " @" << tensors.at(c)
+              << "  " << FormatBytes(tensors.bytes(c)) << "  crc32c " << crc << "\n";
   }
 }
 
 void PrintHuman(const CheckpointSource& src, bool chunks) {
   const CheckpointIndex& ix = src.index;
+  const PackedTensors& tensors = *src.packed;
   uint64_t file_bytes = 0, tensor_bytes = 0;
   for (const IndexFile& f : ix.files) file_bytes += f.bytes;
-  for (const auto& [k, t] : ix.tensors) tensor_bytes += TensorBytes(t);
+  for (size_t t = 0; t < tensors.size(); ++t) tensor_bytes += TensorBytes(tensors, t);
   std::cout << "path      " << Printable(src.path) << "\n"
             << "kind      "
             << (src.native ? "shardsafe checkpoint (format v" + std::to_string(ix.version) + ")"
@@ -77,11 +86,14 @@ void PrintHuman(const CheckpointSource& src, bool chunks) {
     std::cout << " (" << ix.chunk_tables.size() << " chunk table parts)";
   }
   std::cout << "\n"
-            << "tensors   " << ix.tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
+            << "tensors   " << tensors.size() << ", " << FormatBytes(tensor_bytes) << "\n\n";
   std::printf("%-48s %-8s %-20s %7s %12s\n", "TENSOR", "DTYPE", "SHAPE", "CHUNKS", "BYTES");
-  for (const auto& [key, t] : ix.tensors) {
-    std::printf("%-48s %-8s %-20s %7zu %12s\n", Printable(key).c_str(), std::string(DTypeName(t.dtype)).c_str(),
-                ShapeToString(t.shape).c_str(), t.chunks.size(), FormatBytes(TensorBytes(t)).c_str());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    std::printf("%-48s %-8s %-20s %7zu %12s\n", Printable(tensors.key(t)).c_str(),
+                std::string(DTypeName(tensors.dtype(t))).c_str(),
+                ShapeToString(tensors.shape(t)).c_str(),
+                static_cast<size_t>(tensors.chunk_count(t)),
+                FormatBytes(TensorBytes(tensors, t)).c_str());
     std::fflush(stdout);
     if (chunks) PrintChunks(src, t);
   }
@@ -98,7 +110,7 @@ void AddInspect(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", *json, "machine-readable output");
   cmd->add_flag("--chunks", *chunks, "list every chunk of every tensor");
   cmd->callback([=] {
-    auto src = OpenSource(*path);
+    auto src = OpenSourcePacked(*path);
     if (!src.ok()) {
       *exit_code = Fail(src.status());
       return;

@@ -20,7 +20,8 @@ Json ToJson(const CheckpointInfo& c) {
   return {{"tag", c.tag}, {"path", c.path}, {"step", c.step ? Json(*c.step) : Json()},
           {"bytes", c.bytes}, {"mtime_unix", c.mtime_unix}, {"sequence", c.sequence},
           {"committed_ns", c.committed_ns}, {"moved_latest", c.moved_latest},
-          {"latest", c.is_latest}};
+          {"latest", c.is_latest},
+          {"order_fault", c.order_fault.empty() ? Json() : Json(c.order_fault)}};
 }
 
 }  // namespace
@@ -44,12 +45,23 @@ void AddLs(CLI::App& app, int* exit_code) {
       return;
     }
     std::printf("%-32s %10s %12s  %-19s\n", "TAG", "STEP", "SIZE", "SAVED (UTC)");
+    bool latest = false;
     for (const auto& c : *list) {
-      std::printf("%-32s %10s %12s  %-19s%s\n", c.tag.c_str(),
+      std::printf("%-32s %10s %12s  %-19s%s\n", Printable(c.tag).c_str(),
                   c.step ? std::to_string(*c.step).c_str() : "-", FormatBytes(c.bytes).c_str(),
-                  FormatTime(c.mtime_unix).c_str(), c.is_latest ? "  <- latest" : "");
+                  FormatTime(c.mtime_unix).c_str(),
+                  c.is_latest ? "  <- latest" : !c.order_fault.empty() ? "  ? order unknown" : "");
+      latest |= c.is_latest;
     }
     if (list->empty()) std::printf("(no committed checkpoints)\n");
+    for (const auto& c : *list) {
+      if (c.order_fault.empty()) continue;
+      std::printf("%s: order unknown, kept by retention: %s\n", Printable(c.tag).c_str(),
+                  Printable(c.order_fault).c_str());
+    }
+    if (!list->empty() && !latest) {
+      std::printf("latest: cannot be told (a checkpoint of unknown order may be the newest)\n");
+    }
   });
 }
 
@@ -65,12 +77,14 @@ void AddPrune(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", *json, "machine-readable output");
   cmd->callback([=] {
     CheckpointManager manager(*root, {});
-    auto removed = manager.Prune(*keep);
+    std::vector<std::string> warnings;
+    auto removed = manager.Prune(*keep, &warnings);
     if (!removed.ok()) {
       *exit_code = Fail(removed.status());
       return;
     }
-    if (*json) return PrintJson({{"removed", *removed}});
+    if (*json) return PrintJson({{"removed", *removed}, {"warnings", warnings}});
+    for (const auto& w : warnings) std::cerr << "warning: " << Printable(w) << "\n";
     for (const auto& tag : *removed) std::cout << "removed " << tag << "\n";
     std::cout << removed->size() << " checkpoint(s) removed\n";
   });

@@ -62,8 +62,11 @@ Result<SaveStats> CheckpointManager::Save(int64_t step, const SaveState& state, 
 Result<std::optional<int64_t>> CheckpointManager::LatestStep() {
   SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(root_, options_.fs));
   if (!fs->Stat(root_).ok()) return std::optional<int64_t>();
-  SS_ASSIGN_OR_RETURN(auto list, ListCheckpoints(root_, fs));
-  for (const CheckpointInfo& c : list) {
+  auto shared = LockRoot(*fs, root_, LockMode::kShared);  // as ListCheckpoints
+  if (!shared.ok() && shared.status().code() != StatusCode::kNotFound) return shared.status();
+  SS_ASSIGN_OR_RETURN(RootListing listing, ListRoot(*fs, root_, /*data_bytes=*/false));
+  SS_RETURN_IF_ERROR(listing.latest_unknown);
+  for (const CheckpointInfo& c : listing.checkpoints) {
     if (c.is_latest) return c.step;
   }
   return std::optional<int64_t>();
@@ -84,9 +87,10 @@ Result<std::vector<CheckpointInfo>> CheckpointManager::List() {
   return ListCheckpoints(root_, options_.fs);
 }
 
-Result<std::vector<std::string>> CheckpointManager::Prune(int keep) {
+Result<std::vector<std::string>> CheckpointManager::Prune(int keep,
+                                                         std::vector<std::string>* warnings) {
   SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(root_, options_.fs));
-  return PruneCheckpoints(*fs, root_, keep);
+  return PruneCheckpoints(*fs, root_, keep, warnings);
 }
 
 }  // namespace shardsafe

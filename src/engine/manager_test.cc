@@ -22,15 +22,7 @@ class ManagerTest : public ::testing::Test {
     return testing::SaveManagerStep(m, step, options);
   }
 
-  std::vector<std::string> Tags() {
-    std::vector<std::string> tags;
-    auto list = ListCheckpoints(root_);
-    EXPECT_TRUE(list.ok()) << list.status().ToString();
-    if (list.ok()) {
-      for (const auto& c : *list) tags.push_back(c.tag);
-    }
-    return tags;
-  }
+  std::vector<std::string> Tags() { return testing::ListedTags(root_); }
 
   int64_t LoadedStep(CheckpointManager& m, std::optional<int64_t> step) {
     auto comm = MakeSingleProcessComm();

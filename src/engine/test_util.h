@@ -89,6 +89,17 @@ inline Status SaveManagerStep(CheckpointManager& m, int64_t step, SaveOptions op
   return m.Save(step, state, *comm, options).status();
 }
 
+// The tags ListCheckpoints gives for `root`, in its order; when it fails,
+// one entry "error: STATUS" (which no expected list matches, and a test's
+// failure message shows).
+inline std::vector<std::string> ListedTags(const std::string& root) {
+  auto list = ListCheckpoints(root);
+  if (!list.ok()) return {"error: " + list.status().ToString()};
+  std::vector<std::string> tags;
+  for (const auto& c : *list) tags.push_back(c.tag);
+  return tags;
+}
+
 // A fresh, empty directory under $TMPDIR (default /tmp).
 inline std::string MakeTempDir(const std::string& name) {
   const char* base = std::getenv("TMPDIR");

@@ -1,9 +1,11 @@
 #include "format/chunk_table.h"
 
+#include "format/index_packed.h"
 #include <map>
 
 #include "base/crc32c.h"
 #include "format/index_objects.h"
+#include "format/index_packed.h"
 #include "format/little_endian.h"
 
 namespace shardsafe {
@@ -386,6 +388,20 @@ Status DecodeBlock(std::string_view bytes, uint64_t block, const BlockEntry& ent
 
 namespace {
 
+// Checks the size and magic of `table`, part `p` of index.chunk_tables.
+Status CheckTableFile(std::string_view table, size_t p, const std::string& source,
+                      const CheckpointIndex& index) {
+  if (table.size() != index.chunk_tables[p].bytes) {
+    return DataLossError(source + ": is " + std::to_string(table.size()) +
+                         " bytes, but the index records " +
+                         std::to_string(index.chunk_tables[p].bytes));
+  }
+  if (!table.starts_with(kChunkTableMagic)) {
+    return DataLossError(source + ": does not start with SSCHUNKS");
+  }
+  return Status();
+}
+
 // Checks the size and magic of each of `tables`, the files of
 // index.chunk_tables.
 Status CheckTableFiles(std::span<const std::string> tables, std::span<const std::string> sources,
@@ -395,24 +411,18 @@ Status CheckTableFiles(std::span<const std::string> tables, std::span<const std:
                          std::to_string(index.chunk_tables.size()));
   }
   for (size_t p = 0; p < tables.size(); ++p) {
-    if (tables[p].size() != index.chunk_tables[p].bytes) {
-      return DataLossError(sources[p] + ": is " + std::to_string(tables[p].size()) +
-                           " bytes, but the index records " +
-                           std::to_string(index.chunk_tables[p].bytes));
-    }
-    if (!std::string_view(tables[p]).starts_with(kChunkTableMagic)) {
-      return DataLossError(sources[p] + ": does not start with SSCHUNKS");
-    }
+    SS_RETURN_IF_ERROR(CheckTableFile(tables[p], p, sources[p], index));
   }
   return Status();
 }
 
 // Fills `tensor`'s chunks from `table`, its part, checking every level of
 // its directory to bound exactly what lies under it.
-Status FillTensor(const std::string& key, IndexTensor& tensor, std::string_view table,
+Status FillTensor(std::string_view key, IndexTensor& tensor, std::string_view table,
                   std::string_view source, const CheckpointIndex& index) {
   auto loss = [&](const std::string& message) {
-    return DataLossError(std::string(source) + ": tensor \"" + key + "\": " + message);
+    return DataLossError(std::string(source) + ": tensor \"" + std::string(key) + "\": " +
+                         message);
   };
   const IndexTableRef& ref = *tensor.table;  // ParseIndex: every tensor has one, in bounds
   const size_t ndim = tensor.shape.size();
@@ -462,6 +472,30 @@ Status FillChunksFromTables(std::span<const std::string> tables,
     SS_RETURN_IF_ERROR(FillTensor(key, tensor, tables[part], sources[part], *index));
   }
   return WithSource(internal::CheckNoSharedBytes(*index),
+                    sources.size() == 1 ? sources[0] : "the chunk table's parts");
+}
+
+Status FillChunksFromTables(const std::function<Result<std::string>(uint32_t)>& read_part,
+                            std::span<const std::string> sources, const CheckpointIndex& index,
+                            PackedTensors* tensors) {
+  if (sources.size() != index.chunk_tables.size()) {
+    return InternalError(std::to_string(sources.size()) + " chunk table names of " +
+                         std::to_string(index.chunk_tables.size()));
+  }
+  std::vector<std::vector<size_t>> by_part(sources.size());
+  for (size_t t = 0; t < tensors->size(); ++t) {
+    by_part[tensors->table(t)->part].push_back(t);  // ParseIndex: every tensor has one, in range
+  }
+  for (uint32_t p = 0; p < by_part.size(); ++p) {
+    SS_ASSIGN_OR_RETURN(const std::string table, read_part(p));
+    SS_RETURN_IF_ERROR(CheckTableFile(table, p, sources[p], index));
+    for (size_t t : by_part[p]) {
+      IndexTensor tensor = tensors->Tensor(t);
+      SS_RETURN_IF_ERROR(FillTensor(tensors->key(t), tensor, table, sources[p], index));
+      tensors->SetChunks(t, tensor.chunks);
+    }
+  }
+  return WithSource(internal::CheckNoSharedBytes(index, *tensors),
                     sources.size() == 1 ? sources[0] : "the chunk table's parts");
 }
 

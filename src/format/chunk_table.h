@@ -40,6 +40,8 @@
 
 namespace shardsafe {
 
+class PackedTensors;  // format/index_packed.h
+
 inline constexpr std::string_view kChunkTableMagic = "SSCHUNKS";
 // The table's name in a checkpoint directory on disk; in an object store
 // "shardsafe.<nonce>.chunks" (docs/format.md §3a).
@@ -149,5 +151,12 @@ ByteSpan ChildBytes(const IndexTableRef& ref, size_t ndim, size_t level, uint64_
 // file's size and magic. DataLoss naming the file.
 Status FillChunksFromTables(std::span<const std::string> tables,
                             std::span<const std::string> sources, CheckpointIndex* index);
+// The same into `tensors` (the tensors of `index`, none holding chunks),
+// a part at a time: `read_part(p)` returns the bytes of part p of
+// index.chunk_tables (named sources[p]), held only while its tensors are
+// filled.
+Status FillChunksFromTables(const std::function<Result<std::string>(uint32_t)>& read_part,
+                            std::span<const std::string> sources, const CheckpointIndex& index,
+                            PackedTensors* tensors);
 
 }  // namespace shardsafe

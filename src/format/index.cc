@@ -16,6 +16,7 @@
 
 #include "format/chunk_table.h"
 #include "format/index_objects.h"
+#include "format/index_packed.h"
 #include "format/json_text.h"
 
 namespace shardsafe {
@@ -148,7 +149,9 @@ int VersionOf(const CheckpointIndex& index) {
 }
 
 // `inline_chunks`: every tensor's chunks in the index, none in a table.
-void WriteIndex(const CheckpointIndex& index, bool inline_chunks, Text& t) {
+// `tensors(version, t)` writes the "tensors" object.
+template <typename Tensors>
+void WriteIndex(const CheckpointIndex& index, bool inline_chunks, Text& t, Tensors tensors) {
   const int version = inline_chunks ? 1 : VersionOf(index);
   t.Raw("{").Field("format").Str("shardsafe").Field("version").Num(version);
   t.Field("tag").Str(index.tag).Field("created_unix").Num(index.created_unix);
@@ -176,13 +179,19 @@ void WriteIndex(const CheckpointIndex& index, bool inline_chunks, Text& t) {
     t.Field("chunk_tables").Nums(parts);
   }
   t.Field("tensors");
-  ObjectText(index.tensors, [&](const IndexTensor& tensor, Text& out) {
-    TensorText(tensor, version, out);
-  }, t);
+  tensors(version, t);
   t.Field("values").Raw(index.values);
   t.Field("blobs");
   ObjectText(index.blobs, BlobText, t);
   t.Raw("}");
+}
+
+void WriteIndex(const CheckpointIndex& index, bool inline_chunks, Text& t) {
+  WriteIndex(index, inline_chunks, t, [&](int version, Text& out) {
+    ObjectText(index.tensors, [&](const IndexTensor& tensor, Text& o) {
+      TensorText(tensor, version, o);
+    }, out);
+  });
 }
 
 }  // namespace
@@ -226,6 +235,21 @@ void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink) {
   Text t(&sink);
   WriteIndex(index, true, t);
+  t.Flush();
+}
+
+void SerializeIndex(const CheckpointIndex& index, const PackedTensors& tensors,
+                    const std::function<void(std::string_view)>& sink) {
+  Text t(&sink);
+  WriteIndex(index, true, t, [&](int version, Text& out) {
+    out.Raw("{");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (i) out.Raw(",");
+      out.Str(tensors.key(i)).Raw(":");
+      TensorText(tensors.Tensor(i), version, out);  // one tensor's chunks built at a time
+    }
+    out.Raw("}");
+  });
   t.Flush();
 }
 

@@ -22,6 +22,8 @@
 
 namespace shardsafe {
 
+class PackedTensors;  // format/index_packed.h
+
 // Compact JSON text of `index` (docs/format.md §3): version 4 when its
 // chunk table is in parts (CheckpointIndex::chunk_tables, listed in
 // `files`), 3 or 2 with one table (with checksum files or not), its
@@ -51,6 +53,10 @@ uint64_t ChunkCount(const CheckpointIndex& index);
 // without a copy in memory.
 void SerializeIndex(const CheckpointIndex& index,
                     const std::function<void(std::string_view)>& sink);
+// The same of an index whose tensors are `tensors` (its own `tensors`
+// ignored), every tensor with the chunks `tensors` holds.
+void SerializeIndex(const CheckpointIndex& index, const PackedTensors& tensors,
+                    const std::function<void(std::string_view)>& sink);
 
 // Parses untrusted index bytes. `source` (the file path) prefixes every
 // error. DataLoss naming the field for any violation listed in
@@ -61,6 +67,22 @@ void SerializeIndex(const CheckpointIndex& index,
 // twice, a tensor whose element count overflows 64 bits. FailedPrecondition
 // for a newer version than this reader supports.
 Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source);
+
+// The index text a piece at a time: each call returns the next piece
+// (empty at the end), valid until the next call; an error ends the text.
+using IndexTextReader = std::function<Result<std::string_view>()>;
+// ParseIndex of the text `next` gives, never held whole: a reader's error
+// comes first, then those of the whole-text checks (size, NUL, byte order
+// mark), then the parser's, as ParseIndex of the whole text.
+Result<CheckpointIndex> ParseIndex(const IndexTextReader& next, std::string_view source);
+
+// ParseIndex with the tensors read into `*tensors` (empty before; sealed:
+// format/index_packed.h), not into the index returned, which holds none.
+// The same checks and errors.
+Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source,
+                                   PackedTensors* tensors);
+Result<CheckpointIndex> ParseIndex(const IndexTextReader& next, std::string_view source,
+                                   PackedTensors* tensors);
 
 // The name under which a chunk of `key` covering `slice` is stored in its
 // data file: `key` itself for the whole tensor, else "key[o:e,...]" with

@@ -3,6 +3,7 @@
 #include "format/index_objects.h"
 
 #include "format/chunk_table.h"
+#include "format/index_packed.h"
 
 #include <algorithm>
 #include <climits>
@@ -286,35 +287,55 @@ Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t) {
   return Status();
 }
 
+namespace {
+
+// One tensor's table ref (`r`, null when it has none), its part numbered
+// in index.chunk_tables.
+Status CheckTableRef(const CheckpointIndex& index, std::string_view key, size_t ndim,
+                     IndexTableRef* r) {
+  const bool parts = index.version >= 4;
+  const Where where("tensor", key);
+  if ((r != nullptr) != !index.chunk_tables.empty()) {
+    return Loss(where, r ? "has a \"table\" in a version-1 index"
+                         : "has no \"table\" in an index with a chunk table");
+  }
+  if (r == nullptr) return Status();
+  if ((r->part == kNoPart) == parts) {
+    return Loss(FieldAt(where, "table"), parts ? "names no part in a version-4 index"
+                                               : "names a part before version 4");
+  }
+  if (!parts) r->part = 0;
+  if (r->part >= index.chunk_tables.size()) {
+    return Loss(FieldAt(where, "table"), "names part " + std::to_string(r->part) + " of " +
+                                             std::to_string(index.chunk_tables.size()));
+  }
+  const uint64_t size = index.chunk_tables[r->part].bytes;
+  const uint64_t magic = kChunkTableMagic.size();
+  uint64_t records = 0, records_end = 0;
+  const bool fits =
+      r->count <= size && r->directory_at >= magic && r->directory_at <= size &&
+      BlockCount(r->count) * BlockEntryBytes(ndim) <= size - r->directory_at &&
+      !__builtin_mul_overflow(r->count, ChunkRecordBytes(ndim), &records) &&
+      r->records_at >= magic && !__builtin_add_overflow(r->records_at, records, &records_end) &&
+      records_end <= size;
+  if (!fits) return Loss(FieldAt(where, "table"), "lies outside the chunk table");
+  return Status();
+}
+
+}  // namespace
+
 Status CheckTableRefs(CheckpointIndex* index) {
-  const bool parts = index->version >= 4;
   for (auto& [key, t] : index->tensors) {
-    const Where where("tensor", key);
-    if (t.table.has_value() != !index->chunk_tables.empty()) {
-      return Loss(where, t.table ? "has a \"table\" in a version-1 index"
-                                 : "has no \"table\" in an index with a chunk table");
-    }
-    if (!t.table) continue;
-    IndexTableRef& r = *t.table;
-    if ((r.part == kNoPart) == parts) {
-      return Loss(FieldAt(where, "table"), parts ? "names no part in a version-4 index"
-                                                 : "names a part before version 4");
-    }
-    if (!parts) r.part = 0;
-    if (r.part >= index->chunk_tables.size()) {
-      return Loss(FieldAt(where, "table"), "names part " + std::to_string(r.part) + " of " +
-                                               std::to_string(index->chunk_tables.size()));
-    }
-    const uint64_t size = index->chunk_tables[r.part].bytes;
-    const uint64_t magic = kChunkTableMagic.size();
-    uint64_t records = 0, records_end = 0;
-    const bool fits =
-        r.count <= size && r.directory_at >= magic && r.directory_at <= size &&
-        BlockCount(r.count) * BlockEntryBytes(t.shape.size()) <= size - r.directory_at &&
-        !__builtin_mul_overflow(r.count, ChunkRecordBytes(t.shape.size()), &records) &&
-        r.records_at >= magic && !__builtin_add_overflow(r.records_at, records, &records_end) &&
-        records_end <= size;
-    if (!fits) return Loss(FieldAt(where, "table"), "lies outside the chunk table");
+    SS_RETURN_IF_ERROR(
+        CheckTableRef(*index, key, t.shape.size(), t.table ? &*t.table : nullptr));
+  }
+  return Status();
+}
+
+Status CheckTableRefs(const CheckpointIndex& index, PackedTensors* tensors) {
+  for (size_t t = 0; t < tensors->size(); ++t) {
+    SS_RETURN_IF_ERROR(
+        CheckTableRef(index, tensors->key(t), tensors->ndim(t), tensors->mutable_table(t)));
   }
   return Status();
 }

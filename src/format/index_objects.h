@@ -26,6 +26,10 @@
 #include "shardsafe/index.h"
 #include "shardsafe/status.h"
 
+namespace shardsafe {
+class PackedTensors;
+}  // namespace shardsafe
+
 namespace shardsafe::internal {
 
 // Where in the index a value sits, as error messages name it: "" (the top
@@ -147,8 +151,10 @@ bool IsChunkTableFile(const CheckpointIndex& index, uint32_t file);
 // for an index with a chunk table. Exactly one of them must be there.
 Status ReadTensorChunksField(const IndexObject& v, IndexTensor* t);
 // Each tensor of an index with a chunk table names a part of it (4
-// numbers before version 4, 5 from it) and lies in that part.
+// numbers before version 4, 5 from it) and lies in that part; of a packed
+// index, each of `tensors`.
 Status CheckTableRefs(CheckpointIndex* index);
+Status CheckTableRefs(const CheckpointIndex& index, PackedTensors* tensors);
 
 struct FileRead {
   IndexFile file;
@@ -182,7 +188,9 @@ Result<IndexBlobChunk> CheckBlobChunk(const BlobChunkRead& read,
                                       const Where& where);
 
 // No two chunks (of tensors or blobs, non-empty) share a byte of a file
-// (ParseIndex's check across chunks; DataLoss naming both).
+// (ParseIndex's check across chunks; DataLoss naming both); of a packed
+// index, `tensors`' and the blobs'.
 Status CheckNoSharedBytes(const CheckpointIndex& index);
+Status CheckNoSharedBytes(const CheckpointIndex& index, const PackedTensors& tensors);
 
 }  // namespace shardsafe::internal

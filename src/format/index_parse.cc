@@ -13,12 +13,20 @@
 // tensors or blobs) share a byte of a file. Whether a tensor's chunks tile
 // it is left to the engine.
 //
-// Memory: what is kept (the CheckpointIndex) and the object being read. No
-// tree of the document is built; `values`, `layout` and `metadata` (user
-// JSON, passed on by the engine without looking inside) are built alone as
-// nlohmann::json and kept as their compact text (nlohmann's dump, which is
-// the writer's canonical form). A tensor's chunks are gathered in a reused
-// buffer and given to it at their exact count.
+// Memory: what is kept and the object being read. No tree of the document
+// is built; `values`, `layout` and `metadata` (user JSON, passed on by the
+// engine without looking inside) are built alone as nlohmann::json and kept
+// as their compact text (nlohmann's dump, which is the writer's canonical
+// form). A tensor's chunks are gathered in a reused buffer and given to it
+// at their exact count: into IndexTensors (~430 bytes a tensor of one
+// chunk, ~170 a chunk), or, for the read paths, into a PackedTensors
+// (format/index_packed.h; a tensor is held as IndexTensor only until its
+// chunks are checked, then packed). The text may come a piece at a time
+// (format/index_text.h), so that it is never held whole.
+//
+// Repeated tensor keys, packed: the keys come sorted from our writer, so
+// only the last is kept to compare; the first key out of order switches to
+// a set of every key seen (an index from another writer).
 //
 // Field order: a chunk's checks need its tensor's dtype and shape and the
 // files (whose ranks need world_size). In the writer's order those come
@@ -45,13 +53,16 @@
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <numeric>
+#include <memory>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "format/index.h"
 #include "format/index_objects.h"
+#include "format/index_packed.h"
 #include "format/index_sax.h"
+#include "format/index_text.h"
 
 namespace shardsafe {
 namespace {
@@ -68,6 +79,14 @@ enum Stage { kStageVersion, kStageTag, kStageCreated, kStageWorld, kStageLayout,
 
 enum class State : uint8_t { kPending, kReady, kFailed };
 
+// A tensor read into a PackedTensors: held here, under its key, until its
+// chunks are checked (at its end, or at the end of the document).
+struct Unpacked {
+  std::string key;
+  IndexTensor tensor;
+  bool keep = false;  // false: a repeated key's, dropped
+};
+
 // A tensor or blob being read, or one whose chunks wait for the files.
 template <typename T, typename Read>
 struct Owner {
@@ -75,6 +94,9 @@ struct Owner {
   // `name`: its key in the index (outlives this).
   Owner(T* target, Stage stage, const char* kind, const std::string& name)
       : target(target), stage(stage), where(kind, name) {}
+  // A tensor of a packed index, held by `own` until it is packed.
+  Owner(std::unique_ptr<Unpacked> own, Stage stage, const char* kind)
+      : target(&own->tensor), stage(stage), where(kind, own->key), own(std::move(own)) {}
   bool Ready(State files) const { return header == State::kReady && files == State::kReady; }
   bool Failed(State files) const { return header == State::kFailed || files == State::kFailed; }
 
@@ -83,13 +105,48 @@ struct Owner {
   Where where = "";                // `tensor "k"` or `blob "b"`
   State header = State::kPending;  // dtype and shape, or per_rank
   std::vector<Read> held;          // chunks read before they could be checked
+  std::unique_ptr<Unpacked> own;   // a packed index's tensor
 };
 using TensorOwner = Owner<IndexTensor, ChunkRead>;
 using BlobOwner = Owner<IndexBlob, BlobChunkRead>;
 
+// Keys seen in the tensors of a packed index, to find one given twice:
+// the last one while they come in order (as our writer writes them), all
+// of them once one does not.
+class SeenKeys {
+ public:
+  // Whether `key` is new (then it is seen); `all` lists every key seen so
+  // far, called once, when the keys first come out of order.
+  template <typename All>
+  bool Insert(std::string_view key, All all) {
+    if (ordered_ && (first_ || last_ < key)) {
+      first_ = false;
+      last_.assign(key);
+      return true;
+    }
+    if (ordered_ && last_ == key) return false;
+    if (ordered_) {
+      ordered_ = false;
+      all([&](std::string_view k) { set_.emplace(k); });
+    }
+    return set_.emplace(key).second;
+  }
+
+ private:
+  bool first_ = true;
+  bool ordered_ = true;
+  std::string last_;
+  std::unordered_set<std::string> set_;
+};
+
 class IndexBuilder final : public IndexListener {
  public:
-  Result<CheckpointIndex> Read(std::string_view text);
+  // `packed`: where the tensors go (the index returned has none), or null.
+  explicit IndexBuilder(PackedTensors* packed = nullptr) : packed_(packed) {}
+
+  // Parses the text from `first` to `last` (char iterators).
+  template <typename It>
+  Result<CheckpointIndex> Read(It first, It last);
 
   bool Name(int kind, std::string_view name) override;
   void End(int kind, size_t index, std::vector<FieldValue>& fields) override;
@@ -128,7 +185,13 @@ class IndexBuilder final : public IndexListener {
   void EndBlob(std::vector<FieldValue>& fields);
   void Finish(BlobOwner& b);
 
+  bool NameTensor(std::string_view name);
+  bool NamePackedTensor(std::string_view name);
+
   IndexSax sax_{kIndexSchema, this};
+  PackedTensors* packed_;
+  SeenKeys seen_;  // a packed index's keys
+  std::vector<std::string> failed_keys_;  // of its tensors that failed
   CheckpointIndex index_;
   std::array<Status, kStages> errors_;
   std::set<std::string> file_names_;
@@ -146,8 +209,9 @@ class IndexBuilder final : public IndexListener {
   std::vector<BlobOwner> waiting_blobs_;
 };
 
-Result<CheckpointIndex> IndexBuilder::Read(std::string_view text) {
-  const bool read = nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &sax_,
+template <typename It>
+Result<CheckpointIndex> IndexBuilder::Read(It first, It last) {
+  const bool read = nlohmann::json::sax_parse(std::move(first), std::move(last), &sax_,
                                               nlohmann::json::input_format_t::json,
                                               /*strict=*/true, /*ignore_comments=*/false);
   if (!read) return sax_.stopped();
@@ -161,14 +225,7 @@ Result<CheckpointIndex> IndexBuilder::Read(std::string_view text) {
 bool IndexBuilder::Name(int kind, std::string_view name) {
   CheckFiles(/*last_chance=*/false);  // world_size may have come after the files
   if (kind == kTensor) {
-    IndexTensors& tensors = index_.tensors;
-    // Keys come sorted from our writer: each goes in at the end, unsearched.
-    auto at = !tensors.empty() && std::prev(tensors.end())->first < name ? tensors.end()
-                                                                          : tensors.lower_bound(name);
-    const bool fresh = at == tensors.end() || at->first != name;
-    if (fresh) at = tensors.emplace_hint(at, std::string(name), IndexTensor());
-    if (!fresh) spare_tensor_ = IndexTensor();
-    tensor_ = TensorOwner(fresh ? &at->second : &spare_tensor_, kStageTensors, "tensor", at->first);
+    const bool fresh = packed_ ? NamePackedTensor(name) : NameTensor(name);
     Fail(kStageTensors, CheckKey("tensor", name));
     return fresh;
   }
@@ -177,6 +234,34 @@ bool IndexBuilder::Name(int kind, std::string_view name) {
   blob_ = BlobOwner(fresh ? &at->second : &spare_blob_, kStageBlobs, "blob", at->first);
   blob_ranks_.clear();
   Fail(kStageBlobs, CheckKey("blob", name));
+  return fresh;
+}
+
+bool IndexBuilder::NameTensor(std::string_view name) {
+  IndexTensors& tensors = index_.tensors;
+  // Keys come sorted from our writer: each goes in at the end, unsearched.
+  auto at = !tensors.empty() && std::prev(tensors.end())->first < name ? tensors.end()
+                                                                        : tensors.lower_bound(name);
+  const bool fresh = at == tensors.end() || at->first != name;
+  if (fresh) at = tensors.emplace_hint(at, std::string(name), IndexTensor());
+  if (!fresh) spare_tensor_ = IndexTensor();
+  tensor_ = TensorOwner(fresh ? &at->second : &spare_tensor_, kStageTensors, "tensor", at->first);
+  return fresh;
+}
+
+bool IndexBuilder::NamePackedTensor(std::string_view name) {
+  // The tensor before, neither packed nor waiting: it failed (and so will
+  // the parse); its key still counts as seen.
+  if (tensor_.own) failed_keys_.push_back(std::move(tensor_.own->key));
+  const bool fresh = seen_.Insert(name, [&](const auto& add) {
+    for (size_t t = 0; t < packed_->size(); ++t) add(packed_->key(t));
+    for (const TensorOwner& w : waiting_tensors_) add(w.own->key);
+    for (const std::string& k : failed_keys_) add(k);
+  });
+  auto own = std::make_unique<Unpacked>();
+  own->key.assign(name);
+  own->keep = fresh;
+  tensor_ = TensorOwner(std::move(own), kStageTensors, "tensor");
   return fresh;
 }
 
@@ -361,6 +446,14 @@ void IndexBuilder::EndTensor(std::vector<FieldValue>& fields) {
 void IndexBuilder::Finish(TensorOwner& t) {
   for (ChunkRead& read : t.held) Add(t, read);
   t.held = {};
+  if (t.own) {  // packed (its chunks with it), unless its key was repeated
+    t.target->chunks.swap(chunks_);
+    if (t.own->keep) packed_->Add(t.own->key, *t.target);
+    t.target->chunks.swap(chunks_);
+    t.own.reset();
+    chunks_.clear();
+    return;
+  }
   t.target->chunks.reserve(chunks_.size());
   std::move(chunks_.begin(), chunks_.end(), std::back_inserter(t.target->chunks));
   chunks_.clear();
@@ -409,118 +502,64 @@ void IndexBuilder::Finish(BlobOwner& b) {
   }
 }
 
-// --- No shared bytes -------------------------------------------------------------
+}  // namespace
 
-// A chunk's bytes in its data file: [begin, end), 16 bytes a chunk (the
-// file is that of the group the range is in).
-struct Range {
-  uint64_t begin;
-  uint64_t end;
-};
+namespace {
 
-// Calls `f(file, range)` for each chunk of the index that holds bytes.
-template <typename F>
-void ForEachRange(const CheckpointIndex& index, F f) {
-  auto of = [&](const auto& owners) {
-    for (const auto& [name, owner] : owners) {
-      for (const auto& c : owner.chunks) {
-        if (c.bytes > 0) f(c.file, Range{c.at, c.at + c.bytes});
-      }
-    }
-  };
-  of(index.tensors);
-  of(index.blobs);
+// The checks across the objects of a parsed index.
+Status CheckParsed(CheckpointIndex& index, PackedTensors* packed) {
+  if (packed != nullptr) {
+    packed->Seal();
+    SS_RETURN_IF_ERROR(CheckNoSharedBytes(index, *packed));
+  } else {
+    SS_RETURN_IF_ERROR(CheckNoSharedBytes(index));
+  }
+  SS_RETURN_IF_ERROR(CheckChecksumFiles(index));
+  SS_RETURN_IF_ERROR(CheckChunkTables(&index));
+  return packed != nullptr ? CheckTableRefs(index, packed) : CheckTableRefs(&index);
 }
 
-// A chunk and how messages name it: `tensor "k"<separator>chunk i`.
-struct NamedChunk {
-  const void* chunk = nullptr;
-  std::string name;
-};
-
-// The first chunk (tensors' in key order, then blobs') at `range` of file
-// `file` other than `other` (a search of the index: for a message only).
-NamedChunk ChunkAt(const CheckpointIndex& index, uint32_t file, const Range& range,
-                   const void* other, const char* separator) {
-  NamedChunk found;
-  auto search = [&](const auto& owners, const char* kind) {
-    for (const auto& [key, owner] : owners) {
-      for (size_t i = 0; i < owner.chunks.size(); ++i) {
-        const auto& c = owner.chunks[i];
-        if (c.file == file && c.at == range.begin && c.bytes == range.end - range.begin &&
-            &c != other) {
-          found = {&c, std::string(kind) + " \"" + key + "\"" + separator + "chunk " +
-                           std::to_string(i)};
-          return true;
-        }
-      }
-    }
-    return false;
-  };
-  if (!search(index.tensors, "tensor")) search(index.blobs, "blob");
-  return found;
+template <typename It>
+Result<CheckpointIndex> Parse(It first, It last, std::string_view source, PackedTensors* packed) {
+  Result<CheckpointIndex> index = IndexBuilder(packed).Read(std::move(first), std::move(last));
+  if (!index.ok()) return index.status().WithContext(source);
+  if (Status s = CheckParsed(*index, packed); !s.ok()) return s.WithContext(source);
+  return index;
 }
 
-// No byte of a data file belongs to two chunks: the streamed checksums
-// (engine/load/stream_checksums.h) rely on it, and a hostile index could
-// otherwise make one tensor's bytes pass for another's. The ranges are
-// grouped by file (a counting sort, which keeps the index's order) and
-// each group sorted by start: ranges overlap only if two neighbours do.
-Status NoSharedBytes(const CheckpointIndex& index) {
-  std::vector<size_t> group(index.files.size() + 1, 0);  // file f: [group[f], group[f+1])
-  ForEachRange(index, [&](uint32_t file, const Range&) { ++group[file + 1]; });
-  std::partial_sum(group.begin(), group.end(), group.begin());
-  std::vector<Range> ranges(group.back());
-  std::vector<size_t> next(group.begin(), group.end() - 1);
-  ForEachRange(index, [&](uint32_t file, const Range& r) { ranges[next[file]++] = r; });
-  for (uint32_t f = 0; f < index.files.size(); ++f) {
-    const auto first = ranges.begin() + group[f];
-    const auto last = ranges.begin() + group[f + 1];
-    // Stable: of two ranges that start together, the first in the index
-    // comes first (the one reported overlapped).
-    std::stable_sort(first, last, [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    const auto overlap = std::adjacent_find(
-        first, last, [](const Range& a, const Range& b) { return a.end > b.begin; });
-    if (overlap == last) continue;
-    const Range& a = overlap[0];
-    const Range& b = overlap[1];
-    const NamedChunk earlier = ChunkAt(index, f, a, nullptr, " ");
-    return Loss(ChunkAt(index, f, b, earlier.chunk, ": ").name,
-                "byte range [" + std::to_string(b.begin) + ", " + std::to_string(b.end) +
-                    ") of file " + index.files[f].name + " overlaps [" +
-                    std::to_string(a.begin) + ", " + std::to_string(a.end) + ") of " +
-                    earlier.name);
-  }
-  return Status();
+Result<CheckpointIndex> ParseText(std::string_view text, std::string_view source,
+                                  PackedTensors* packed) {
+  if (Status s = CheckText(text); !s.ok()) return s.WithContext(source);
+  return Parse(text.data(), text.data() + text.size(), source, packed);
 }
 
-// What the JSON grammar leaves to the reader.
-Status CheckText(std::string_view text) {
-  if (text.size() > kMaxIndexBytes) {
-    return DataLossError("index is " + std::to_string(text.size()) + " bytes, over the " +
-                         std::to_string(kMaxIndexBytes) + "-byte limit");
-  }
-  const size_t nul = text.find('\0');
-  if (nul != std::string_view::npos) {
-    return DataLossError("invalid JSON: NUL byte at offset " + std::to_string(nul));
-  }
-  if (text.starts_with("\xEF\xBB\xBF")) return DataLossError("invalid JSON: byte order mark");
-  return Status();
+Result<CheckpointIndex> ParsePieces(const IndexTextReader& next, std::string_view source,
+                                    PackedTensors* packed) {
+  PieceText text(next);
+  Result<CheckpointIndex> index = Parse(text.begin(), text.end(), source, packed);
+  if (!index.ok()) text.Drain();
+  if (Status s = text.status(); !s.ok()) return s.WithContext(source);
+  return index;
 }
 
 }  // namespace
 
 Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source) {
-  if (Status s = CheckText(text); !s.ok()) return s.WithContext(source);
-  Result<CheckpointIndex> index = IndexBuilder().Read(text);
-  if (!index.ok()) return index.status().WithContext(source);
-  if (Status s = NoSharedBytes(*index); !s.ok()) return s.WithContext(source);
-  if (Status s = CheckChecksumFiles(*index); !s.ok()) return s.WithContext(source);
-  if (Status s = CheckChunkTables(&*index); !s.ok()) return s.WithContext(source);
-  if (Status s = CheckTableRefs(&*index); !s.ok()) return s.WithContext(source);
-  return index;
+  return ParseText(text, source, nullptr);
 }
 
-Status internal::CheckNoSharedBytes(const CheckpointIndex& index) { return NoSharedBytes(index); }
+Result<CheckpointIndex> ParseIndex(const IndexTextReader& next, std::string_view source) {
+  return ParsePieces(next, source, nullptr);
+}
+
+Result<CheckpointIndex> ParseIndex(std::string_view text, std::string_view source,
+                                   PackedTensors* tensors) {
+  return ParseText(text, source, tensors);
+}
+
+Result<CheckpointIndex> ParseIndex(const IndexTextReader& next, std::string_view source,
+                                   PackedTensors* tensors) {
+  return ParsePieces(next, source, tensors);
+}
 
 }  // namespace shardsafe

@@ -15,9 +15,13 @@
 #include "format/safetensors.h"
 
 #include <algorithm>
+#include <deque>
+#include <functional>
+#include <map>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -115,6 +119,77 @@ Result<uint64_t> ValidateEntries(const std::vector<SafetensorsEntry>& entries) {
   return expected;
 }
 
+// Step 5 for a reader that keeps no entry: each TensorInfo, with its
+// number in the text, to `sink`.
+Status ParseEach(std::string_view text,
+                 const std::function<void(size_t, RawTensorInfo&&)>& sink) {
+  const size_t nul = text.find('\0');
+  if (nul != std::string_view::npos) {
+    return JsonError("NUL byte at index " + std::to_string(nul));
+  }
+  if (text.starts_with("\xEF\xBB\xBF")) return JsonError("expected value (byte order mark)");
+  internal::HeaderSaxHandler handler;
+  size_t n = 0;
+  handler.set_sink([&](RawTensorInfo&& t) { sink(n++, std::move(t)); });
+  const bool ok = nlohmann::json::sax_parse(text.data(), text.data() + text.size(), &handler,
+                                            nlohmann::json::input_format_t::json,
+                                            /*strict=*/true, /*ignore_comments=*/false);
+  if (!ok) return JsonError(handler.error());
+  return Status();
+}
+
+// The names of entries `wanted` (numbers in `text`, which parsed once).
+std::unordered_map<size_t, std::string> NamesOf(std::string_view text,
+                                                const std::vector<size_t>& wanted) {
+  std::unordered_map<size_t, std::string> names;
+  if (wanted.empty()) return names;
+  for (size_t i : wanted) names.emplace(i, std::string());
+  ParseEach(text, [&](size_t i, RawTensorInfo&& t) {
+    auto it = names.find(i);
+    if (it != names.end()) it->second = std::move(t.name);
+  }).IgnoreError();
+  return names;
+}
+
+// What the scan keeps of an entry: 32 bytes.
+struct Scanned {
+  uint64_t begin;
+  uint64_t end;
+  uint64_t hash;   // of its name
+  uint64_t index;  // its number in the text
+};
+
+// LastWins on scanned entries: drops all but the last of each repeated
+// name (found by hash, then by name), and lists the repeated names in the
+// order LastWins would.
+void DropRepeats(std::string_view text, std::deque<Scanned>& scanned,
+                 std::vector<std::string>* duplicates) {
+  std::sort(scanned.begin(), scanned.end(), [](const Scanned& a, const Scanned& b) {
+    return std::tie(a.hash, a.index) < std::tie(b.hash, b.index);
+  });
+  std::vector<size_t> candidates;  // entries whose name's hash another has
+  for (size_t i = 0; i < scanned.size(); ++i) {
+    const bool same_prev = i > 0 && scanned[i - 1].hash == scanned[i].hash;
+    const bool same_next = i + 1 < scanned.size() && scanned[i + 1].hash == scanned[i].hash;
+    if (same_prev || same_next) candidates.push_back(scanned[i].index);
+  }
+  if (candidates.empty()) return;
+  const std::unordered_map<size_t, std::string> names = NamesOf(text, candidates);
+  std::map<std::string_view, std::vector<size_t>> by_name;  // of the candidates, in text order
+  for (size_t i : candidates) by_name[names.at(i)].push_back(i);
+  std::vector<std::pair<size_t, std::string_view>> repeated;  // (second entry, name)
+  std::unordered_set<size_t> dropped;
+  for (auto& [name, entries] : by_name) {
+    if (entries.size() < 2) continue;
+    std::sort(entries.begin(), entries.end());
+    repeated.emplace_back(entries[1], name);
+    dropped.insert(entries.begin(), entries.end() - 1);
+  }
+  std::sort(repeated.begin(), repeated.end());
+  for (const auto& [second, name] : repeated) duplicates->emplace_back(name);
+  std::erase_if(scanned, [&](const Scanned& s) { return dropped.count(s.index) > 0; });
+}
+
 }  // namespace
 
 Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> prefix,
@@ -164,6 +239,78 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json,
                          std::to_string(file_size - kPrefixBytes - n) + ")");
   }
   return header;
+}
+
+Status ScanSafetensorsHeader(std::string_view header_json, uint64_t file_size,
+                             const std::function<void(const SafetensorsEntry&)>& each,
+                             std::vector<std::string>* duplicates) {
+  // Steps 2-4 as ParseSafetensorsHeader.
+  const uint64_t n = header_json.size();
+  if (n > kMaxSafetensorsHeaderBytes) return DataLossError("header too large");
+  if (file_size < kPrefixBytes || n > file_size - kPrefixBytes) {
+    return DataLossError("invalid header length");
+  }
+  if (auto bad = internal::CheckUtf8(header_json)) {
+    return DataLossError("invalid UTF-8 in header: " + *bad);
+  }
+  // 5. Each entry's range and name's hash, and where its size is wrong the
+  // error (reported if step 6 reaches it).
+  std::deque<Scanned> scanned;
+  std::map<uint64_t, Status> size_errors;
+  SS_RETURN_IF_ERROR(ParseEach(header_json, [&](size_t i, RawTensorInfo&& t) {
+    scanned.push_back({t.begin, t.end, std::hash<std::string_view>()(t.name), i});
+    if (t.end < t.begin) return;  // an offset error, found first
+    Status size = ValidateSize({std::move(t.name), t.dtype, std::move(t.shape), t.begin, t.end});
+    if (!size.ok()) size_errors.emplace(i, std::move(size));
+  }));
+  DropRepeats(header_json, scanned, duplicates);
+  // 6. Sorted by (begin, end, name) (names read again for ties only), then
+  // tiling from 0.
+  std::sort(scanned.begin(), scanned.end(), [](const Scanned& a, const Scanned& b) {
+    return std::tie(a.begin, a.end, a.index) < std::tie(b.begin, b.end, b.index);
+  });
+  std::vector<size_t> tied;
+  for (size_t i = 1; i < scanned.size(); ++i) {
+    if (scanned[i].begin == scanned[i - 1].begin && scanned[i].end == scanned[i - 1].end) {
+      if (tied.empty() || tied.back() != scanned[i - 1].index) tied.push_back(scanned[i - 1].index);
+      tied.push_back(scanned[i].index);
+    }
+  }
+  if (!tied.empty()) {
+    const std::unordered_map<size_t, std::string> names = NamesOf(header_json, tied);
+    std::stable_sort(scanned.begin(), scanned.end(), [&](const Scanned& a, const Scanned& b) {
+      if (std::tie(a.begin, a.end) != std::tie(b.begin, b.end)) {
+        return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+      }
+      return names.at(a.index) < names.at(b.index);
+    });
+  }
+  uint64_t data_bytes = 0;
+  for (const Scanned& e : scanned) {
+    if (e.begin != data_bytes || e.end < e.begin) {
+      return DataLossError("invalid offset for tensor " +
+                           Quoted(NamesOf(header_json, {e.index}).at(e.index)));
+    }
+    if (auto it = size_errors.find(e.index); it != size_errors.end()) return it->second;
+    data_bytes = e.end;
+  }
+  // 7. The data buffer ends exactly at the end of the file.
+  if (data_bytes != file_size - kPrefixBytes - n) {
+    return DataLossError("incomplete metadata, file not fully covered (entries end at byte " +
+                         std::to_string(data_bytes) + " of the data buffer, which holds " +
+                         std::to_string(file_size - kPrefixBytes - n) + ")");
+  }
+  // The entries the reference keeps, in the text's order.
+  std::vector<bool> kept;
+  for (const Scanned& e : scanned) {
+    if (e.index >= kept.size()) kept.resize(e.index + 1, false);
+    kept[e.index] = true;
+  }
+  return ParseEach(header_json, [&](size_t i, RawTensorInfo&& t) {
+    if (i < kept.size() && kept[i]) {
+      each(SafetensorsEntry{std::move(t.name), t.dtype, std::move(t.shape), t.begin, t.end});
+    }
+  });
 }
 
 }  // namespace shardsafe

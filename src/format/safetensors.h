@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -68,6 +69,17 @@ Result<uint64_t> ParseSafetensorsHeaderLength(std::span<const std::byte> prefix,
 Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view header_json,
                                                  uint64_t file_size);
 
+// ParseSafetensorsHeader's checks and errors without keeping the entries:
+// of each, only its byte range and a hash of its name (32 bytes, the text
+// aside; names are read again where hashes or ranges tie). Then `each`
+// gets every entry the reference keeps (the last of a repeated name), in
+// the text's order, and `duplicates` the repeated names, as
+// SafetensorsHeader::duplicate_names. For a reader of a header of many
+// entries that needs each once (`verify`).
+Status ScanSafetensorsHeader(std::string_view header_json, uint64_t file_size,
+                             const std::function<void(const SafetensorsEntry&)>& each,
+                             std::vector<std::string>* duplicates);
+
 // One entry to write: its bytes follow in the data buffer.
 struct EntrySpec {
   std::string name;
@@ -102,6 +114,22 @@ inline constexpr uint64_t kDataFileAlignment = 4096;
 // bytes/shape mismatch, a bad alignment, or a header over the size limit.
 Result<SafetensorsLayout> BuildSafetensorsHeader(
     std::span<const EntrySpec> entries,
+    const std::optional<std::map<std::string, std::string>>& metadata,
+    uint64_t data_alignment = 8);
+
+// An entry as the builder below reads it: views, no copy of its name or
+// shape.
+struct EntryRef {
+  std::string_view name;
+  DType dtype = DType::kF32;
+  std::span<const uint64_t> shape;
+  uint64_t bytes = 0;
+};
+// BuildSafetensorsHeader of `count` entries, entry i as `entry(i)` returns
+// it (its views valid until the next call), for a caller that holds many
+// entries in another form. Memory beyond the header: 20 bytes an entry.
+Result<SafetensorsLayout> BuildSafetensorsHeader(
+    size_t count, const std::function<EntryRef(size_t)>& entry,
     const std::optional<std::map<std::string, std::string>>& metadata,
     uint64_t data_alignment = 8);
 

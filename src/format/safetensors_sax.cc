@@ -337,7 +337,11 @@ bool HeaderSaxHandler::SetDtype(const std::string& name) {
 }
 
 bool HeaderSaxHandler::FinishTensor() {
-  header_.tensors.push_back(std::move(tensor_));
+  if (sink_) {
+    sink_(std::move(tensor_));
+  } else {
+    header_.tensors.push_back(std::move(tensor_));
+  }
   in_tensor_ = false;
   return true;
 }

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -91,6 +92,9 @@ class HeaderSaxHandler {
 
   const std::string& error() const { return error_; }
   RawHeader& header() { return header_; }
+  // Hands each TensorInfo, once read, to `sink` instead of keeping it in
+  // header().tensors (a reader of a header of many entries).
+  void set_sink(std::function<void(RawTensorInfo&&)> sink) { sink_ = std::move(sink); }
 
  private:
   // What the value (or container) being read means.
@@ -156,6 +160,7 @@ class HeaderSaxHandler {
   bool metadata_seen_ = false;
   bool in_tensor_ = false;  // errors then name tensor_.name
   RawHeader header_;
+  std::function<void(RawTensorInfo&&)> sink_;
   std::string error_;
 };
 

@@ -33,6 +33,7 @@
 #include "base/thread_pool.h"
 #include "format/safetensors.h"
 #include "hf/export_plan.h"
+#include "hf/piece_batch.h"
 #include "shardsafe/hf.h"
 #include "shardsafe/source.h"
 #include "storage/aligned_buffer.h"
@@ -47,12 +48,14 @@ const std::map<std::string, std::string> kHfMetadata = {{"format", "pt"}};
 
 struct Job {
   const ExportHfOptions& options;
-  const CheckpointSource& src;
+  const CheckpointSource& src;  // its tensors packed
   const ExportPlan& plan;
   FileSystem& fs;
   SourceReader& reader;
   std::string dir;  // the temporary directory
   std::atomic<uint64_t> written{0};
+
+  const PackedTensors& tensors() const { return *src.packed; }
 };
 
 Status WriteBytes(FileSystem& fs, const std::string& path, std::string_view data) {
@@ -99,7 +102,7 @@ class ShardWriter {
     if (start < header.size()) {
       std::memcpy(buf, header.data() + start, std::min<uint64_t>(len, header.size() - start));
     }
-    std::vector<SourcePiece> pieces;
+    PieceBatch pieces(job_.reader, job_.tensors(), window_);
     const uint64_t end = start + len;
     for (size_t j = next_; j < layout_.order.size(); ++j) {
       const uint32_t i = layout_.order[j];
@@ -112,18 +115,18 @@ class ShardWriter {
       char* dst = buf + (a - start);
       if (IsSubByte(e.dtype) || IsSubByte(e.src_dtype)) {
         if (off >= start && e_end <= end) {
-          pieces.push_back({KeyOf(e), Slice{e.box, std::nullopt}, dst, e.dtype});
+          SS_RETURN_IF_ERROR(pieces.Add(e.tensor, Slice{BoxOf(e), std::nullopt}, dst, e.dtype));
         } else {
           SS_RETURN_IF_ERROR(CopyStaged(i, e, a - off, b - a, dst));
         }
         continue;
       }
       const uint64_t es = DTypeBits(e.dtype) / 8;
-      Slice slice{e.box, std::nullopt};
+      Slice slice{BoxOf(e), std::nullopt};
       if (a > off || b < e_end) slice.flat = FlatRange{(a - off) / es, (b - off) / es};
-      pieces.push_back({KeyOf(e), std::move(slice), dst, e.dtype});
+      SS_RETURN_IF_ERROR(pieces.Add(e.tensor, std::move(slice), dst, e.dtype));
     }
-    return job_.reader.Read(pieces, window_);
+    return pieces.Flush();
   }
 
   // Bytes [at, at + n) of a sub-byte entry, read whole into a side buffer
@@ -131,7 +134,8 @@ class ShardWriter {
   Status CopyStaged(uint32_t i, const ExportEntry& e, uint64_t at, uint64_t n, char* dst) {
     if (staged_entry_ != static_cast<int64_t>(i)) {
       staged_ = AcquireAlignedBuffer(e.bytes);
-      SourcePiece whole{KeyOf(e), Slice{e.box, std::nullopt}, staged_.data(), e.dtype};
+      const std::string key(job_.plan.Key(e, job_.tensors()));
+      SourcePiece whole{&key, Slice{BoxOf(e), std::nullopt}, staged_.data(), e.dtype};
       SS_RETURN_IF_ERROR(job_.reader.Read({&whole, 1}, window_));
       staged_entry_ = i;
     }
@@ -139,10 +143,7 @@ class ShardWriter {
     return Status();
   }
 
-  // The index's own key string: one pointer per source tensor for the reader.
-  const std::string* KeyOf(const ExportEntry& e) const {
-    return &job_.src.index.tensors.find(e.key)->first;
-  }
+  Box BoxOf(const ExportEntry& e) const { return job_.plan.BoxOf(e, job_.tensors()); }
 
   Job& job_;
   const ExportShard& shard_;
@@ -154,17 +155,21 @@ class ShardWriter {
   int64_t staged_entry_ = -1;
 };
 
-Result<SafetensorsLayout> LayoutOf(const ExportPlan& plan, const ExportShard& shard) {
-  std::vector<EntrySpec> specs;
-  for (uint32_t e : shard.entries) {
-    const ExportEntry& entry = plan.entries[e];
-    specs.push_back({entry.name, entry.dtype, entry.shape, entry.bytes});
-  }
-  return BuildSafetensorsHeader(specs, kHfMetadata);
+// The shard's header, from the plan's entries as they are (no copy of
+// their names and shapes: a shard of many tensors has a large header).
+Result<SafetensorsLayout> LayoutOf(const ExportPlan& plan, const ExportShard& shard,
+                                   const PackedTensors& tensors) {
+  return BuildSafetensorsHeader(
+      shard.entries.size(),
+      [&](size_t i) {
+        const ExportEntry& e = plan.entries[shard.entries[i]];
+        return EntryRef{plan.Name(e, tensors), e.dtype, plan.Dims(e, tensors), e.bytes};
+      },
+      kHfMetadata);
 }
 
 Status WriteShard(Job& job, const ExportShard& shard) {
-  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(job.plan, shard));
+  SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(job.plan, shard, job.tensors()));
   WriteOptions wo;
   wo.direct = job.options.direct_io;
   wo.size_hint = layout.file_size;
@@ -190,10 +195,10 @@ Shards ShareOf(const ExportPlan& plan, int index, int count) {
 Status WriteShards(Job& job, const Shards& shards) {
   if (shards.empty()) return Status();
   uint64_t total = 0;
-  std::set<std::string> keys;
+  std::vector<bool> sources(job.tensors().size());  // the source tensors written
   for (const ExportShard* shard : shards) {
     total += shard->bytes;
-    for (uint32_t e : shard->entries) keys.insert(job.plan.entries[e].key);
+    for (uint32_t e : shard->entries) sources[job.plan.entries[e].tensor] = true;
   }
   {
     ThreadPool pool(std::min<size_t>(std::max(job.options.io_threads, 1), shards.size()));
@@ -211,17 +216,24 @@ Status WriteShards(Job& job, const Shards& shards) {
     report();
   }
   if (job.options.progress) job.options.progress({"verify", 0, 0});
-  return job.reader.VerifyRest(keys, job.options.io_threads);
+  const PackedTensors& tensors = job.tensors();
+  return job.reader.VerifyRest(
+      [&](std::string_view key) {
+        const std::optional<size_t> t = tensors.Find(key);
+        return t && sources[*t];
+      },
+      job.options.io_threads);
 }
 
 // The weight files of `shards` and what they hold, into `stats`.
-void CountShards(const ExportPlan& plan, const Shards& shards, ExportHfStats* stats) {
+void CountShards(const ExportPlan& plan, const PackedTensors& tensors, const Shards& shards,
+                 ExportHfStats* stats) {
   for (const ExportShard* shard : shards) {
     stats->files.push_back(shard->file);
     stats->tensors += shard->entries.size();
     stats->bytes += shard->bytes;
     for (uint32_t e : shard->entries) {
-      stats->total_parameters += *NumElements(plan.entries[e].shape);
+      stats->total_parameters += *NumElements(plan.ShapeOf(plan.entries[e], tensors));
     }
   }
 }
@@ -307,11 +319,25 @@ Status Publish(FileSystem& fs, const std::string& tmp, const std::string& out, b
   return Status();
 }
 
+// Whether `file` starts with `header`, read a piece at a time (a shard of
+// many tensors has a header of tens of megabytes).
+Result<bool> StartsWith(const RandomAccessFile& file, std::string_view header) {
+  constexpr size_t kPiece = size_t{1} << 20;
+  std::string piece;
+  for (size_t at = 0; at < header.size(); at += kPiece) {
+    piece.resize(std::min(kPiece, header.size() - at));
+    SS_RETURN_IF_ERROR(file.ReadAt(at, piece.data(), piece.size()));
+    if (header.substr(at, piece.size()) != piece) return false;
+  }
+  return true;
+}
+
 // Step 5's check: every shard in `dir` with the plan's size and header
 // (another process wrote it from its own plan).
-Status CheckShards(FileSystem& fs, const ExportPlan& plan, const std::string& dir) {
+Status CheckShards(FileSystem& fs, const ExportPlan& plan, const PackedTensors& tensors,
+                   const std::string& dir) {
   for (const ExportShard& shard : plan.shards) {
-    SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(plan, shard));
+    SS_ASSIGN_OR_RETURN(SafetensorsLayout layout, LayoutOf(plan, shard, tensors));
     const std::string path = JoinPath(dir, shard.file);
     Result<FileInfo> info = fs.Stat(path);
     if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
@@ -319,12 +345,12 @@ Status CheckShards(FileSystem& fs, const ExportPlan& plan, const std::string& di
                                      "it is did not write it here (a file system not shared?)");
     }
     SS_RETURN_IF_ERROR(info.status());
-    std::string header(layout.header.size(), '\0');
-    if (info->size == layout.file_size) {
+    bool same = info->size == layout.file_size;
+    if (same) {
       SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, ReadOptions{}));
-      SS_RETURN_IF_ERROR(file->ReadAt(0, header.data(), header.size()));
+      SS_ASSIGN_OR_RETURN(same, StartsWith(*file, layout.header));
     }
-    if (info->size != layout.file_size || header != layout.header) {
+    if (!same) {
       return FailedPreconditionError(
           shard.file + " differs from this process's plan (" + std::to_string(info->size) +
           " bytes, planned " + std::to_string(layout.file_size) +
@@ -390,8 +416,8 @@ Result<std::unique_ptr<ExportHfStaging>> ExportHfStaging::Create(const std::stri
   SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
                          .WithContext("weights name"));
   if (options.progress) options.progress({"plan", 0, 0});
-  SS_ASSIGN_OR_RETURN(s->src, OpenSource(*s->src_fs, source));
-  SS_ASSIGN_OR_RETURN(s->plan, PlanExport(s->src.index.tensors, options));
+  SS_ASSIGN_OR_RETURN(s->src, OpenSourcePacked(*s->src_fs, source));
+  SS_ASSIGN_OR_RETURN(s->plan, PlanExport(*s->src.packed, options));
   SS_ASSIGN_OR_RETURN(s->files, SavedFiles(*s->src_fs, s->src, s->plan, &s->warnings));
 
   s->exists = fs.Stat(out).ok();
@@ -424,13 +450,13 @@ Result<ExportHfStats> ExportHfStaging::Finish() {
   s.finished = true;
   FileSystem& fs = *s.fs;
   ExportHfStats stats;
-  Status st = CheckShards(fs, s.plan, s.tmp);
+  Status st = CheckShards(fs, s.plan, *s.src.packed, s.tmp);
   for (auto it = s.files.begin(); st.ok() && it != s.files.end(); ++it) {
     st = WriteBytes(fs, JoinPath(s.tmp, it->first), it->second);
     stats.copied.push_back(it->first);
   }
   if (st.ok() && !s.plan.index_file.empty()) {  // last: in place, it makes OUT loadable
-    st = WriteBytes(fs, JoinPath(s.tmp, s.plan.index_file), s.plan.index_json);
+    st = WriteBytes(fs, JoinPath(s.tmp, s.plan.index_file), IndexJson(s.plan, *s.src.packed));
   }
   if (st.ok() && !fs.IsObjectStore()) st = Publish(fs, s.tmp, s.out, s.exists, &s.warnings);
   if (!st.ok()) {
@@ -442,7 +468,7 @@ Result<ExportHfStats> ExportHfStaging::Finish() {
   stats.source = s.src.path;
   Shards all;
   for (const ExportShard& shard : s.plan.shards) all.push_back(&shard);
-  CountShards(s.plan, all, &stats);
+  CountShards(s.plan, *s.src.packed, all, &stats);
   if (!s.plan.index_file.empty()) stats.files.push_back(s.plan.index_file);
   stats.warnings = s.warnings;
   return stats;
@@ -477,8 +503,8 @@ Result<ExportHfStats> ExportHfPart(const std::string& source, const std::string&
   SS_RETURN_IF_ERROR(ValidateSavedFileName(options.weights_name + ".safetensors")
                          .WithContext("weights name"));
   if (options.progress) options.progress({"plan", 0, 0});
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSource(*src_fs, source));
-  SS_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(src.index.tensors, options));
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenSourcePacked(*src_fs, source));
+  SS_ASSIGN_OR_RETURN(ExportPlan plan, PlanExport(*src.packed, options));
   Result<FileInfo> info = fs.Stat(dir);
   // An object store's OUT exists once something is in it (ExportHfStaging).
   if (!fs.IsObjectStore() && (!info.ok() || !info->is_dir)) {
@@ -494,7 +520,7 @@ Result<ExportHfStats> ExportHfPart(const std::string& source, const std::string&
       src.path + " into " + dir));
   ExportHfStats stats;
   stats.source = src.path;
-  CountShards(plan, share, &stats);
+  CountShards(plan, *src.packed, share, &stats);
   stats.bytes_read = reader.bytes_read();
   stats.chunks_verified = reader.chunks_verified();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -41,27 +43,37 @@ std::string ShardFileName(const std::string& weights_name, size_t i, size_t n) {
   return weights_name + buf;
 }
 
-// The output entries of one source tensor (several for a grouped expert
-// tensor), before renaming.
-Result<std::vector<ExportEntry>> EntriesOf(const std::string& key, const std::string& name,
-                                           const IndexTensor& t, const ExportHfOptions& options) {
-  const DType out = options.dtype && IsFloat(t.dtype) ? *options.dtype : t.dtype;
-  std::vector<ExportEntry> entries;
-  SS_ASSIGN_OR_RETURN(std::vector<ExpertPart> parts, SplitExperts(name, t.shape, options.experts));
-  if (parts.empty()) parts.push_back({name, Box::Whole(t.shape), t.shape});
-  for (ExpertPart& p : parts) {
-    SS_ASSIGN_OR_RETURN(uint64_t n, NumElements(p.shape));
-    SS_ASSIGN_OR_RETURN(uint64_t bytes, NumBytes(out, n));
-    entries.push_back({std::move(p.name), key, std::move(p.box), std::move(p.shape), t.dtype,
-                       out, bytes});
-  }
-  return entries;
+}  // namespace
+
+std::string_view ExportPlan::Key(const ExportEntry& e, const PackedTensors& tensors) const {
+  return tensors.key(e.tensor);
 }
 
-std::string IndexJson(const ExportPlan& plan) {
+std::string_view ExportPlan::Name(const ExportEntry& e, const PackedTensors& tensors) const {
+  return e.name == ExportEntry::kKey ? Key(e, tensors) : std::string_view(names[e.name]);
+}
+
+Box ExportPlan::BoxOf(const ExportEntry& e, const PackedTensors& tensors) const {
+  return e.part == ExportEntry::kWhole ? Box::Whole(tensors.shape(e.tensor)) : parts[e.part].box;
+}
+
+Shape ExportPlan::ShapeOf(const ExportEntry& e, const PackedTensors& tensors) const {
+  const std::span<const uint64_t> d = Dims(e, tensors);
+  return Shape(d.begin(), d.end());
+}
+
+std::span<const uint64_t> ExportPlan::Dims(const ExportEntry& e,
+                                           const PackedTensors& tensors) const {
+  if (e.part == ExportEntry::kWhole) return tensors.dims(e.tensor);
+  return parts[e.part].shape;
+}
+
+std::string IndexJson(const ExportPlan& plan, const PackedTensors& tensors) {
   nlohmann::json weight_map = nlohmann::json::object();
   for (const ExportShard& s : plan.shards) {
-    for (uint32_t e : s.entries) weight_map[plan.entries[e].name] = s.file;
+    for (uint32_t e : s.entries) {
+      weight_map[std::string(plan.Name(plan.entries[e], tensors))] = s.file;
+    }
   }
   nlohmann::json index = {
       {"metadata", {{"total_parameters", plan.total_parameters}, {"total_size", plan.total_bytes}}},
@@ -69,6 +81,8 @@ std::string IndexJson(const ExportPlan& plan) {
   // json.dumps(indent=2, sort_keys=True): nlohmann objects are sorted maps.
   return index.dump(2, ' ', /*ensure_ascii=*/true) + "\n";
 }
+
+namespace {
 
 }  // namespace
 
@@ -105,8 +119,77 @@ std::vector<std::vector<uint32_t>> AssignShards(const std::vector<uint64_t>& siz
   return shards;
 }
 
-Result<ExportPlan> PlanExport(const IndexTensors& tensors,
-                              const ExportHfOptions& options) {
+namespace {
+
+// Adds the output entries of source tensor t, selected under `name` (its
+// key less the prefix): several for a grouped expert tensor, renamed.
+Status AddEntries(const PackedTensors& tensors, size_t t, const std::string& name,
+                  const Renamer& renamer, const ExportHfOptions& options, ExportPlan* plan) {
+  const DType src = tensors.dtype(t);
+  const DType out = options.dtype && IsFloat(src) ? *options.dtype : src;
+  const Shape shape = tensors.shape(t);
+  SS_ASSIGN_OR_RETURN(std::vector<ExpertPart> parts, SplitExperts(name, shape, options.experts));
+  if (parts.empty()) parts.push_back({name, Box::Whole(shape), shape});
+  const bool whole = parts.size() == 1 && parts[0].box == Box::Whole(shape);
+  for (ExpertPart& p : parts) {
+    Result<std::string> renamed = renamer.Apply(p.name);
+    if (!renamed.ok()) return renamed.status().WithContext("renaming \"" + p.name + "\"");
+    if (renamed->empty()) {
+      return InvalidArgumentError("tensor \"" + std::string(tensors.key(t)) + "\" renamed to \"\"");
+    }
+    SS_ASSIGN_OR_RETURN(uint64_t n, NumElements(p.shape));
+    SS_ASSIGN_OR_RETURN(uint64_t bytes, NumBytes(out, n));
+    ExportEntry e;
+    if (*renamed != tensors.key(t)) {
+      e.name = static_cast<uint32_t>(plan->names.size());
+      plan->names.push_back(std::move(*renamed));
+    }
+    e.tensor = static_cast<uint32_t>(t);
+    if (!whole) {
+      e.part = static_cast<uint32_t>(plan->parts.size());
+      plan->parts.push_back({std::move(p.box), std::move(p.shape)});
+    }
+    e.src_dtype = src;
+    e.dtype = out;
+    e.bytes = bytes;
+    plan->total_bytes += bytes;
+    plan->total_parameters += n;
+    plan->entries.push_back(std::move(e));
+  }
+  return Status();
+}
+
+// Sorts the entries in natural order of their names; InvalidArgument
+// naming both sources where two share a name (of those, the pair whose
+// second entry was made first, as a check at each entry would find it).
+Status SortEntries(const PackedTensors& tensors, ExportPlan* plan) {
+  std::vector<uint32_t> order(plan->entries.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto name = [&](uint32_t i) { return plan->Name(plan->entries[i], tensors); };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return NaturalLess(name(a), name(b)); });
+  std::optional<size_t> clash;  // in `order`: the second of two of one name
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (name(order[i]) == name(order[i - 1]) && (!clash || order[i] < order[*clash])) clash = i;
+  }
+  if (clash) {
+    const ExportEntry& a = plan->entries[order[*clash - 1]];
+    const ExportEntry& b = plan->entries[order[*clash]];
+    return InvalidArgumentError("two tensors would be exported as \"" +
+                                std::string(plan->Name(b, tensors)) + "\": from \"" +
+                                std::string(plan->Key(a, tensors)) + "\" and \"" +
+                                std::string(plan->Key(b, tensors)) + "\"");
+  }
+  std::vector<ExportEntry> sorted;
+  sorted.reserve(order.size());
+  for (uint32_t i : order) sorted.push_back(std::move(plan->entries[i]));
+  plan->entries = std::move(sorted);
+  return Status();
+}
+
+}  // namespace
+
+Result<ExportPlan> PlanExport(const PackedTensors& tensors, const ExportHfOptions& options) {
   if (options.dtype && !IsFloat(*options.dtype)) {
     return InvalidArgumentError("export dtype must be F16, BF16, F32 or F64, not " +
                                 std::string(DTypeName(*options.dtype)));
@@ -115,33 +198,16 @@ Result<ExportPlan> PlanExport(const IndexTensors& tensors,
   SS_ASSIGN_OR_RETURN(KeyFilter filter, KeyFilter::Create(options));
   SS_ASSIGN_OR_RETURN(Renamer renamer, Renamer::Create(options));
   ExportPlan plan;
-  std::map<std::string, std::string> source_of;  // output name -> source key
-  for (const auto& [key, t] : tensors) {
-    std::optional<std::string> name = filter.Select(key);
-    if (!name) continue;
-    SS_ASSIGN_OR_RETURN(std::vector<ExportEntry> entries, EntriesOf(key, *name, t, options));
-    for (ExportEntry& e : entries) {
-      Result<std::string> renamed = renamer.Apply(e.name);
-      if (!renamed.ok()) return renamed.status().WithContext("renaming \"" + e.name + "\"");
-      e.name = std::move(*renamed);
-      if (e.name.empty()) return InvalidArgumentError("tensor \"" + key + "\" renamed to \"\"");
-      auto [it, added] = source_of.emplace(e.name, key);
-      if (!added) {
-        return InvalidArgumentError("two tensors would be exported as \"" + e.name +
-                                    "\": from \"" + it->second + "\" and \"" + key + "\"");
-      }
-      plan.total_bytes += e.bytes;
-      plan.total_parameters += *NumElements(e.shape);
-      plan.entries.push_back(std::move(e));
-    }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    std::optional<std::string> name = filter.Select(std::string(tensors.key(t)));
+    if (name) SS_RETURN_IF_ERROR(AddEntries(tensors, t, *name, renamer, options, &plan));
   }
   if (plan.entries.empty()) {
     return InvalidArgumentError("nothing to export: no tensor of the " +
                                 std::to_string(tensors.size()) +
                                 " in the source is selected by the prefix and patterns");
   }
-  std::sort(plan.entries.begin(), plan.entries.end(),
-            [](const ExportEntry& a, const ExportEntry& b) { return NaturalLess(a.name, b.name); });
+  SS_RETURN_IF_ERROR(SortEntries(tensors, &plan));
   std::vector<uint64_t> sizes;
   for (const ExportEntry& e : plan.entries) sizes.push_back(e.bytes);
   const auto groups = AssignShards(sizes, std::max<uint64_t>(options.max_shard_bytes, 1));
@@ -150,10 +216,7 @@ Result<ExportPlan> PlanExport(const IndexTensors& tensors,
     for (uint32_t e : shard.entries) shard.bytes += plan.entries[e].bytes;
     plan.shards.push_back(std::move(shard));
   }
-  if (plan.shards.size() > 1) {
-    plan.index_file = options.weights_name + ".safetensors.index.json";
-    plan.index_json = IndexJson(plan);
-  }
+  if (plan.shards.size() > 1) plan.index_file = options.weights_name + ".safetensors.index.json";
   return plan;
 }
 

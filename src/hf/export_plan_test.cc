@@ -12,10 +12,17 @@ using ::testing::HasSubstr;
 
 IndexTensor Tensor(DType dtype, Shape shape) { return IndexTensor{dtype, std::move(shape), {}}; }
 
-std::vector<std::string> Names(const ExportPlan& plan) {
+std::vector<std::string> Names(const ExportPlan& plan, const PackedTensors& tensors) {
   std::vector<std::string> out;
-  for (const ExportEntry& e : plan.entries) out.push_back(e.name);
+  for (const ExportEntry& e : plan.entries) out.emplace_back(plan.Name(e, tensors));
   return out;
+}
+
+// PlanExport of `tensors`, packed (into `*packed`, which the plan refers to).
+Result<ExportPlan> Plan(const IndexTensors& tensors, const ExportHfOptions& options,
+                        PackedTensors* packed) {
+  *packed = PackedTensors::From(tensors);
+  return PlanExport(*packed, options);
 }
 
 TEST(NaturalLessTest, NumbersCompareAsNumbers) {
@@ -41,7 +48,8 @@ TEST(AssignShardsTest, GreedyAsHuggingFaceHub) {
 
 TEST(PlanExportTest, SingleFileNoIndex) {
   IndexTensors t = {{"w", Tensor(DType::kF32, {2, 3})}};
-  auto plan = PlanExport(t, {});
+  PackedTensors packed;
+  auto plan = Plan(t, {}, &packed);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_EQ(plan->shards.size(), 1u);
   EXPECT_EQ(plan->shards[0].file, "model.safetensors");
@@ -58,24 +66,27 @@ TEST(PlanExportTest, ShardsIndexAndNaturalOrder) {
   t["model.embed"] = Tensor(DType::kF32, {100});  // 400 B: bigger than the cap
   ExportHfOptions o;
   o.max_shard_bytes = 450;
-  auto plan = PlanExport(t, o);
+  PackedTensors packed;
+  auto plan = Plan(t, o, &packed);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
-  EXPECT_EQ(plan->entries[0].name, "model.embed");
-  EXPECT_EQ(plan->entries[1].name, "model.layers.0.w");
-  EXPECT_EQ(plan->entries[3].name, "model.layers.2.w");
-  EXPECT_EQ(plan->entries[11].name, "model.layers.10.w");
+  const std::vector<std::string> names = Names(*plan, packed);
+  EXPECT_EQ(names[0], "model.embed");
+  EXPECT_EQ(names[1], "model.layers.0.w");
+  EXPECT_EQ(names[3], "model.layers.2.w");
+  EXPECT_EQ(names[11], "model.layers.10.w");
   ASSERT_EQ(plan->shards.size(), 7u);  // [embed] [0,1] [2,3] ... [10,11]
   EXPECT_EQ(plan->shards[0].file, "model-00001-of-00007.safetensors");
   EXPECT_EQ(plan->shards[6].file, "model-00007-of-00007.safetensors");
   EXPECT_EQ(plan->index_file, "model.safetensors.index.json");
-  auto index = nlohmann::json::parse(plan->index_json);
+  const std::string index_json = IndexJson(*plan, packed);
+  auto index = nlohmann::json::parse(index_json);
   EXPECT_EQ(index["metadata"]["total_size"], 400 + 12 * 200);
   EXPECT_EQ(index["metadata"]["total_parameters"], 100 + 12 * 100);
   EXPECT_EQ(index["weight_map"]["model.layers.11.w"], "model-00007-of-00007.safetensors");
   EXPECT_EQ(index["weight_map"].size(), 13u);
   // json.dumps(indent=2, sort_keys=True) + "\n"
-  EXPECT_EQ(plan->index_json.substr(0, 40), "{\n  \"metadata\": {\n    \"total_parameters\"");
-  EXPECT_EQ(plan->index_json.back(), '\n');
+  EXPECT_EQ(index_json.substr(0, 40), "{\n  \"metadata\": {\n    \"total_parameters\"");
+  EXPECT_EQ(index_json.back(), '\n');
 }
 
 TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
@@ -89,9 +100,10 @@ TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
   o.experts = Qwen2MoeExperts();
   o.rename = {{R"(\.mlp\.)", ".block_sparse_moe."}};
   o.dtype = DType::kBF16;
-  auto plan = PlanExport(t, o);
+  PackedTensors packed;
+  auto plan = Plan(t, o, &packed);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
-  EXPECT_THAT(Names(*plan),
+  EXPECT_THAT(Names(*plan, packed),
               ElementsAre("model.layers.0.block_sparse_moe.experts.0.down_proj.weight",
                           "model.layers.0.block_sparse_moe.experts.0.gate_proj.weight",
                           "model.layers.0.block_sparse_moe.experts.0.up_proj.weight",
@@ -100,9 +112,9 @@ TEST(PlanExportTest, PrefixExpertsRenameAndDtype) {
                           "model.layers.0.block_sparse_moe.experts.1.up_proj.weight",
                           "model.layers.0.block_sparse_moe.gate.weight"));
   const ExportEntry& up1 = plan->entries[5];
-  EXPECT_EQ(up1.key, "model.model.layers.0.mlp.experts.gate_up_proj");
-  EXPECT_EQ(up1.box, (Box{{1, 4, 0}, {1, 4, 4}}));
-  EXPECT_EQ(up1.shape, (Shape{4, 4}));
+  EXPECT_EQ(plan->Key(up1, packed), "model.model.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_EQ(plan->BoxOf(up1, packed), (Box{{1, 4, 0}, {1, 4, 4}}));
+  EXPECT_EQ(plan->ShapeOf(up1, packed), (Shape{4, 4}));
   EXPECT_EQ(up1.dtype, DType::kBF16);
   EXPECT_EQ(up1.bytes, 32u);
   EXPECT_EQ(plan->entries[6].dtype, DType::kI64);  // not a float: kept
@@ -112,7 +124,8 @@ TEST(PlanExportTest, CollisionNamesBothSources) {
   IndexTensors t = {{"a.w", Tensor(DType::kF32, {1})}, {"b.w", Tensor(DType::kF32, {1})}};
   ExportHfOptions o;
   o.rename = {{"^[ab]", "c"}};
-  auto plan = PlanExport(t, o);
+  PackedTensors packed;
+  auto plan = Plan(t, o, &packed);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(plan.status().message(), HasSubstr("\"c.w\": from \"a.w\" and \"b.w\""));
@@ -122,12 +135,13 @@ TEST(PlanExportTest, NothingSelectedAndBadDtypeAreErrors) {
   IndexTensors t = {{"a", Tensor(DType::kF32, {1})}};
   ExportHfOptions o;
   o.prefix = "model.";
-  auto plan = PlanExport(t, o);
+  PackedTensors packed;
+  auto plan = Plan(t, o, &packed);
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(plan.status().message(), HasSubstr("nothing to export"));
   ExportHfOptions d;
   d.dtype = DType::kI32;
-  EXPECT_EQ(PlanExport(t, d).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Plan(t, d, &packed).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

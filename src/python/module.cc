@@ -22,6 +22,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -104,8 +105,38 @@ SaveState MakeState(std::vector<Spec>&& tensors, WholeShards* whole, nb::list bl
   return state;
 }
 
-LoadRequest MakeRequest(std::vector<Spec>&& targets, WholeTargets* whole = nullptr) {
-  return LoadRequest{Items(std::move(targets), whole)};
+LoadRequest MakeRequest(std::vector<Spec>&& targets) {
+  return LoadRequest{Items<TensorTarget>(std::move(targets), nullptr)};
+}
+
+// Whether the tensors `whole` names are the same (key, dtype, shape, by
+// number) in `tensors`: planned against another open of the checkpoint.
+bool SameTensors(const WholeTargets& whole, const PackedTensors& tensors) {
+  const PackedTensors& planned = *whole.tensors;
+  for (const WholeTensorTarget& t : whole.items) {
+    const size_t n = t.tensor;
+    if (n >= tensors.size() || planned.key(n) != tensors.key(n) ||
+        planned.dtype(n) != tensors.dtype(n) ||
+        !std::ranges::equal(planned.dims(n), tensors.dims(n))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The targets a load's fast path planned against `source` (or another
+// open of its checkpoint; moved out, once).
+std::vector<WholeTensorTarget> TakeWhole(WholeTargets* whole, const CheckpointSource& source) {
+  if (whole == nullptr) return {};
+  if (whole->handed_over) {
+    throw nb::value_error("a fast path's plan goes to one engine call; plan again");
+  }
+  if (whole->tensors != source.packed && !SameTensors(*whole, *source.packed)) {
+    throw nb::value_error("a fast path's plan goes to a load of the checkpoint it was planned "
+                          "for");
+  }
+  whole->handed_over = true;
+  return std::exchange(whole->items, {});
 }
 
 // Options come as a dict of keyword arguments; an unknown key is an error so
@@ -347,6 +378,7 @@ nb::dict ToDict(const CheckpointInfo& c) {
   d["committed_ns"] = c.committed_ns;
   d["moved_latest"] = c.moved_latest;
   d["is_latest"] = c.is_latest;
+  d["order_fault"] = c.order_fault.empty() ? nb::none() : nb::cast(c.order_fault);
   return d;
 }
 
@@ -525,10 +557,12 @@ NB_MODULE(_C, m) {
   m.attr("DEFAULT_DEVICE_STAGING_BYTES") = LoadOptions{}.device_staging_bytes;
   BindOpenedSource(m);
   BindDownload(m);
-  BindWhole<TensorTarget>(m, "WholeTargets");
+  nb::class_<WholeTargets>(m, "WholeTargets")
+      .def("specs", [](const WholeTargets& w) { return WholeSpecs(w); })
+      .def("__len__", [](const WholeTargets& w) { return w.items.size(); });
   BindWhole<TensorShard>(m, "WholeShards");
   nb::class_<AskedTensors>(m, "AskedTensors")
-      .def("__len__", [](const AskedTensors& a) { return a.asked.size(); });
+      .def("__len__", [](const AskedTensors& a) { return a.count; });
   m.def("ask_tensors", &AskTensors, "keys"_a, "tensors"_a, "plain_types"_a, "strided"_a,
         "dtype_names"_a);
   m.def(
@@ -536,11 +570,12 @@ NB_MODULE(_C, m) {
       [](AskedTensors& asked, const OpenedSource& s) { return PlanWhole(asked, s.source); },
       "asked"_a, "source"_a);
   m.def("plan_save_whole", &PlanSaveWhole, "asked"_a);
-  // `whole` (from plan_whole) is moved into the request: a second use raises.
+  // `whole` (from plan_whole) is moved into the load: a second use raises.
   m.def("load_source",
         [](std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
            nb::dict options, WholeTargets* whole, DeviceArg device) {
-          LoadRequest request = MakeRequest(std::move(targets), whole);
+          const std::vector<WholeTensorTarget> whole_targets = TakeWhole(whole, s.source);
+          LoadRequest request = MakeRequest(std::move(targets));
           LoadOptions o = ParseLoadOptions(options);
           DeviceCall call;
           if (device) {
@@ -557,7 +592,8 @@ NB_MODULE(_C, m) {
             o.device = call.memory;
           }
           std::unique_ptr<Comm> c = MakeComm(comm);
-          return ToDict(Released([&] { return LoadOpenedSource(request, s.source, *c, o); }));
+          return ToDict(Released(
+              [&] { return LoadOpenedSource(request, whole_targets, s.source, *c, o); }));
         },
         "targets"_a, "source"_a, "comm"_a.none(), "options"_a, "whole"_a.none() = nb::none(),
         "device"_a.none() = nb::none());
@@ -689,7 +725,12 @@ NB_MODULE(_C, m) {
              return out;
            })
       .def("prune", [](CheckpointManager& m, int keep) {
-        return Released([&] { return m.Prune(keep); });
+        std::vector<std::string> warnings;
+        auto removed = Released([&] { return m.Prune(keep, &warnings); });
+        for (const std::string& w : warnings) {  // checkpoints kept for an unknown order
+          if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw nb::python_error();
+        }
+        return removed;
       });
 
 }

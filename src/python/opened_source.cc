@@ -18,6 +18,7 @@
 #include "python/py_comm.h"
 #include "python/status_error.h"
 #include "python/whole_targets.h"
+#include "format/index_packed.h"
 #include "shardsafe/source.h"
 
 namespace nb = nanobind;
@@ -39,16 +40,21 @@ class DTypeNames {
   std::array<nb::object, kNumDTypes> names_;
 };
 
-// (dtype name, shape tuple) of a saved tensor.
-nb::tuple Entry(DTypeNames& names, const IndexTensor& t) {
-  return nb::make_tuple(names.Of(t.dtype), ShapeTuple(t.shape));
+// (dtype name, shape tuple) of saved tensor t.
+nb::tuple Entry(DTypeNames& names, const PackedTensors& tensors, size_t t) {
+  return nb::make_tuple(names.Of(tensors.dtype(t)), ShapeTuple(tensors.shape(t)));
+}
+
+nb::str KeyStr(const PackedTensors& tensors, size_t t) {
+  const std::string_view key = tensors.key(t);
+  return nb::str(key.data(), key.size());
 }
 
 // {key: (dtype name, shape tuple)} of every tensor.
-nb::dict TensorsDict(const IndexTensors& tensors) {
+nb::dict TensorsDict(const PackedTensors& tensors) {
   nb::dict d;
   DTypeNames names;
-  for (const auto& [key, t] : tensors) d[nb::str(key.data(), key.size())] = Entry(names, t);
+  for (size_t t = 0; t < tensors.size(); ++t) d[KeyStr(tensors, t)] = Entry(names, tensors, t);
   return d;
 }
 
@@ -59,35 +65,53 @@ class SavedTensors {
  public:
   explicit SavedTensors(nb::object opened)
       : opened_(std::move(opened)),
-        tensors_(nb::cast<const OpenedSource&>(opened_).source.index.tensors) {}
+        tensors_(*nb::cast<const OpenedSource&>(opened_).source.packed) {}
 
   size_t size() const { return tensors_.size(); }
-  bool contains(nb::handle key) const { return Find(key) != tensors_.end(); }
+  bool contains(nb::handle key) const { return Find(key).has_value(); }
   nb::tuple at(nb::handle key) {
-    const auto it = Find(key);
-    if (it == tensors_.end()) {
+    const std::optional<size_t> t = Find(key);
+    if (!t) {
       PyErr_SetObject(PyExc_KeyError, key.ptr());
       throw nb::python_error();
     }
-    return Entry(names_, it->second);
+    return Entry(names_, tensors_, *t);
   }
   nb::dict to_dict() const { return TensorsDict(tensors_); }
-  nb::iterator iter() const {
-    nb::list keys;
-    for (const auto& [key, t] : tensors_) keys.append(nb::str(key.data(), key.size()));
-    return nb::iter(keys);
-  }
+  // The keys, each made as it is reached (no list of them all).
+  nb::object iter(nb::handle self) const;
+  const PackedTensors& tensors() const { return tensors_; }
 
  private:
-  IndexTensors::const_iterator Find(nb::handle key) const {
+  std::optional<size_t> Find(nb::handle key) const {
     const std::optional<std::string_view> utf8 = Utf8Of(key);  // not a str: no such key
-    return utf8 ? tensors_.find(*utf8) : tensors_.end();
+    return utf8 ? tensors_.Find(*utf8) : std::nullopt;
   }
 
   nb::object opened_;  // keeps tensors_ alive
-  const IndexTensors& tensors_;
+  const PackedTensors& tensors_;
   DTypeNames names_;
 };
+
+// An iterator over a SavedTensors' keys (which it keeps alive).
+class SavedKeys {
+ public:
+  explicit SavedKeys(nb::object saved)
+      : saved_(std::move(saved)), tensors_(nb::cast<const SavedTensors&>(saved_).tensors()) {}
+  nb::str next() {
+    if (next_ >= tensors_.size()) throw nb::stop_iteration();
+    return KeyStr(tensors_, next_++);
+  }
+
+ private:
+  nb::object saved_;
+  const PackedTensors& tensors_;
+  size_t next_ = 0;
+};
+
+nb::object SavedTensors::iter(nb::handle self) const {
+  return nb::cast(SavedKeys(nb::borrow(self)));
+}
 
 // An open on a thread of its own; see the header.
 class PendingSource {
@@ -129,11 +153,11 @@ class PendingSource {
   }
 
  private:
-  // OpenSource, with what it throws (no memory for a large index) as a
-  // Status: an exception must not leave the thread.
+  // OpenSourcePacked, with what it throws (no memory for a large index) as
+  // a Status: an exception must not leave the thread.
   static Result<CheckpointSource> Open(const std::string& path) {
     try {
-      return OpenSource(path);
+      return OpenSourcePacked(path);
     } catch (const std::bad_alloc&) {
       return ResourceExhaustedError("no memory to open " + path);
     } catch (const std::exception& e) {
@@ -172,9 +196,9 @@ nb::dict Fields(const CheckpointSource& source) {
 }
 
 nb::dict Describe(const std::string& path) {
-  const CheckpointSource source = Released([&] { return OpenSource(path); });
+  const CheckpointSource source = Released([&] { return OpenSourcePacked(path); });
   nb::dict d = Fields(source);
-  d["tensors"] = TensorsDict(source.index.tensors);
+  d["tensors"] = TensorsDict(*source.packed);
   return d;
 }
 
@@ -186,18 +210,22 @@ void BindOpenedSource(nb::module_& m) {
         [](const std::string& path, nb::handle comm) {
           std::unique_ptr<Comm> c = MakeComm(comm);
           return OpenedSource{
-              Released([&] { return OpenSourceCollective(path, *c); })};
+              Released([&] { return OpenSourceCollectivePacked(path, *c); })};
         },
         "path"_a, "comm"_a.none());
   nb::class_<PendingSource>(m, "PendingSource")
       .def(nb::init<std::string>(), "path"_a)
       .def("wait", &PendingSource::wait)
       .def("result", &PendingSource::result);
+  nb::class_<SavedKeys>(m, "SavedKeys")
+      .def("__iter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__next__", &SavedKeys::next);
   nb::class_<SavedTensors>(m, "SavedTensors")
       .def("__len__", &SavedTensors::size)
       .def("__contains__", &SavedTensors::contains)
       .def("__getitem__", &SavedTensors::at)
-      .def("__iter__", &SavedTensors::iter)
+      .def("__iter__",
+           [](nb::handle self) { return nb::cast<const SavedTensors&>(self).iter(self); })
       .def("to_dict", &SavedTensors::to_dict);
   m.def("describe_source",
         [](nb::object opened) {

@@ -1,7 +1,8 @@
 // A checkpoint opened for a load, as the Python side holds it: its index
 // read and validated once (by rank 0, then broadcast to every rank:
-// OpenSourceCollective), described to Python without copying the index,
-// planned against (whole_targets.h) and handed to the engine's load.
+// OpenSourceCollectivePacked), its tensors packed, described to Python
+// without copying the index, planned against (whole_targets.h) and handed
+// to the engine's load.
 #ifndef SHARDSAFE_PYTHON_OPENED_SOURCE_H_
 #define SHARDSAFE_PYTHON_OPENED_SOURCE_H_
 
@@ -24,9 +25,10 @@ struct OpenedSource {
 //   second call raises ValueError). Dropped unwaited, it joins the thread.
 // - describe_source(opened): {path, tag, native, values, metadata, blobs,
 //   tensors}, where tensors is a SavedTensors: a read-only view {key:
-//   (dtype name, shape tuple)} of the index that builds the entry looked up
-//   (keys in sorted order; it keeps the OpenedSource alive), to_dict() all
-//   of them as a dict (for many lookups: ~0.2 us each, a dict's ~0.01).
+//   (dtype name, shape tuple)} of the index's packed tensors that builds
+//   the entry looked up, and each key as iteration reaches it (keys in
+//   sorted order; it keeps the OpenedSource alive), to_dict() all of them
+//   as a dict (for many lookups: ~0.2 us each, a dict's ~0.01).
 // - describe(path): the same for a path, tensors a dict.
 void BindOpenedSource(nanobind::module_& m);
 

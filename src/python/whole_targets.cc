@@ -1,8 +1,11 @@
 #include "python/whole_targets.h"
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
 #include <utility>
+
+#include "format/index_packed.h"
 
 namespace nb = nanobind;
 
@@ -95,55 +98,49 @@ Shape ShapeOf(nb::handle size) {
 // safetensors stores, on the CPU, contiguous, with neither the negative nor
 // (the one complex dtype, C64) the conjugate bit. Each question only once
 // the ones before have passed, as the Python planners ask them (a sparse
-// tensor has no is_contiguous).
-std::optional<AskedTensor> AskPlain(TensorQuestions& ask, std::string_view key, nb::handle t) {
-  if (!ask.PlainType(t) || !ask.Strided(t)) return std::nullopt;
+// tensor has no is_contiguous). Its shape goes to `dims`.
+AskedTensor AskPlain(TensorQuestions& ask, std::string_view key, nb::handle t,
+                     std::vector<uint64_t>* dims) {
+  AskedTensor asked{key};
+  if (!ask.PlainType(t) || !ask.Strided(t)) return asked;
   const std::optional<DType> dtype = ask.StoredDType(t);
-  if (!dtype) return std::nullopt;
-  Shape shape = ShapeOf(ask.Shape(t));
+  if (!dtype) return asked;
+  const Shape shape = ShapeOf(ask.Shape(t));
   if (!ask.OnCpu(t) || !ask.Contiguous(t) || ask.Negated(t) ||
       (*dtype == DType::kC64 && ask.Conjugated(t))) {
-    return std::nullopt;
+    return asked;
   }
-  return AskedTensor{key, *dtype, std::move(shape), ask.Data(t)};
+  asked.data = ask.Data(t);
+  asked.dims_at = static_cast<uint32_t>(dims->size());
+  asked.ndim = static_cast<uint8_t>(shape.size());
+  asked.dtype = *dtype;
+  asked.plain = true;
+  dims->insert(dims->end(), shape.begin(), shape.end());
+  return asked;
 }
 
-// The fast path's loop over the tensors asked: `take(t)` says whether the
-// tensor asked plain is taken whole under its key. Returns the items and
-// fills `rest` with the indexes left and `taken` (unless null) with the
-// keys taken.
-template <typename Item, typename Take>
-Whole<Item> PlanEach(AskedTensors& asked, Take take, nb::list* taken, nb::list* rest) {
+// The fast paths' loop over the tensors asked: `take(i, t)` takes the
+// tensor asked plain (whole, under its key) or leaves it, whose index
+// then goes to `rest`. Frees what was asked.
+template <typename Take>
+void PlanEach(AskedTensors& asked, Take take, nb::list* rest) {
   if (asked.planned) throw nb::value_error("these tensors were planned already");
   asked.planned = true;
-  Whole<Item> whole;
-  whole.items.reserve(asked.asked.size());
   for (size_t i = 0; i < asked.asked.size(); ++i) {
-    std::optional<AskedTensor>& t = asked.asked[i];
-    if (!t || !take(*t)) {
-      rest->append(i);
-      continue;
-    }
-    Box box = Box::Whole(t->shape);
-    whole.items.push_back(Item{std::string(t->key), t->dtype, std::move(t->shape),
-                               Slice{std::move(box), {}}, t->data});
-    if (taken != nullptr) taken->append(asked.keys[i]);
+    const AskedTensor& t = asked.asked[i];
+    if (!t.plain || !take(i, t)) rest->append(i);
   }
-  return whole;
+  std::vector<AskedTensor>().swap(asked.asked);
+  std::vector<uint64_t>().swap(asked.dims);
 }
 
-// (key, dtype name, shape, offset, size, data address) of each item.
-template <typename Item>
-nb::list SpecsOf(const Whole<Item>& whole) {
-  nb::list out;
-  for (const Item& t : whole.items) {
-    const std::string_view dtype = DTypeName(t.dtype);
-    out.append(nb::make_tuple(nb::str(t.key.data(), t.key.size()),
-                              nb::str(dtype.data(), dtype.size()), ShapeTuple(t.shape),
-                              ShapeTuple(t.slice.box.offset), ShapeTuple(t.slice.box.size),
-                              nb::int_(reinterpret_cast<uintptr_t>(t.data))));
-  }
-  return out;
+nb::str Str(std::string_view s) { return nb::str(s.data(), s.size()); }
+
+// (key, dtype name, shape, offset, size, data address) of a whole tensor.
+nb::tuple Spec(std::string_view key, DType dtype, const Shape& shape, const void* data) {
+  return nb::make_tuple(Str(key), Str(DTypeName(dtype)), ShapeTuple(shape),
+                        ShapeTuple(Shape(shape.size(), 0)), ShapeTuple(shape),
+                        nb::int_(reinterpret_cast<uintptr_t>(data)));
 }
 
 }  // namespace
@@ -152,33 +149,64 @@ AskedTensors AskTensors(nb::list keys, nb::list tensors, nb::tuple plain_types,
                         nb::handle strided, nb::dict dtype_names) {
   if (keys.size() != tensors.size()) throw nb::value_error("keys and tensors differ in length");
   TensorQuestions ask(plain_types, strided, dtype_names);
-  AskedTensors out{keys, {}, false};
+  AskedTensors out;
+  out.keys = keys;
+  out.count = keys.size();
   out.asked.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     // A key that is not a str is the general path's to deal with.
     const std::optional<std::string_view> key = Utf8Of(keys[i]);
-    out.asked.push_back(key ? AskPlain(ask, *key, tensors[i]) : std::nullopt);
+    out.asked.push_back(key ? AskPlain(ask, *key, tensors[i], &out.dims) : AskedTensor{});
   }
   return out;
 }
 
 nb::tuple PlanWhole(AskedTensors& asked, const CheckpointSource& src) {
-  TensorFinder saved(src.index);
+  const PackedTensors& saved = *src.packed;  // open_source and PendingSource pack them
+  size_t next = 0;  // keys asked in the index's order are found without a search
   nb::list taken, rest;
-  WholeTargets whole = PlanEach<TensorTarget>(
+  WholeTargets whole;
+  whole.tensors = src.packed;
+  whole.items.reserve(asked.asked.size());
+  PlanEach(
       asked,
-      [&](const AskedTensor& t) {
-        const auto it = saved.Find(t.key);
-        return it != saved.end() && it->second.dtype == t.dtype && it->second.shape == t.shape;
+      [&](size_t i, const AskedTensor& t) {
+        std::optional<size_t> found;
+        if (next < saved.size() && saved.key(next) == t.key) {
+          found = next;
+        } else {
+          found = saved.Find(t.key);
+        }
+        if (!found) return false;
+        next = *found + 1;
+        const std::span<const uint64_t> dims = asked.DimsOf(t), want = saved.dims(*found);
+        if (saved.dtype(*found) != t.dtype ||
+            !std::equal(dims.begin(), dims.end(), want.begin(), want.end())) {
+          return false;
+        }
+        whole.items.push_back({static_cast<uint32_t>(*found), t.data});
+        taken.append(asked.keys[i]);
+        return true;
       },
-      &taken, &rest);
+      &rest);
   return nb::make_tuple(std::move(whole), taken, rest);
 }
 
 nb::tuple PlanSaveWhole(AskedTensors& asked) {
   nb::list rest;
-  WholeShards whole =
-      PlanEach<TensorShard>(asked, [](const AskedTensor&) { return true; }, nullptr, &rest);
+  WholeShards whole;
+  whole.items.reserve(asked.asked.size());
+  PlanEach(
+      asked,
+      [&](size_t, const AskedTensor& t) {
+        const std::span<const uint64_t> dims = asked.DimsOf(t);
+        Shape shape(dims.begin(), dims.end());
+        Box box = Box::Whole(shape);
+        whole.items.push_back(TensorShard{std::string(t.key), t.dtype, std::move(shape),
+                                          Slice{std::move(box), {}}, t.data});
+        return true;
+      },
+      &rest);
   return nb::make_tuple(std::move(whole), rest);
 }
 
@@ -203,7 +231,19 @@ nb::tuple ShapeTuple(const Shape& shape) {
   return out;
 }
 
-nb::list WholeSpecs(const WholeTargets& whole) { return SpecsOf(whole); }
-nb::list WholeSpecs(const WholeShards& whole) { return SpecsOf(whole); }
+nb::list WholeSpecs(const WholeTargets& whole) {
+  nb::list out;
+  for (const WholeTensorTarget& t : whole.items) {
+    const PackedTensors& saved = *whole.tensors;
+    out.append(Spec(saved.key(t.tensor), saved.dtype(t.tensor), saved.shape(t.tensor), t.data));
+  }
+  return out;
+}
+
+nb::list WholeSpecs(const WholeShards& whole) {
+  nb::list out;
+  for (const TensorShard& t : whole.items) out.append(Spec(t.key, t.dtype, t.shape, t.data));
+  return out;
+}
 
 }  // namespace shardsafe::python

@@ -16,10 +16,13 @@
 
 #include <nanobind/nanobind.h>
 
+#include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
+#include "format/index_packed.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/source.h"
 
@@ -34,23 +37,40 @@ struct Whole {
   std::vector<Item> items;
   bool handed_over = false;
 };
-using WholeTargets = Whole<TensorTarget>;  // a load's
-using WholeShards = Whole<TensorShard>;    // a save's
+using WholeShards = Whole<TensorShard>;  // a save's
+// A load's: the engine's whole-tensor targets (16 bytes each, where a
+// TensorTarget takes ~270), by their place in the opened source's packed
+// tensors, which this keeps alive (for specs()).
+struct WholeTargets {
+  std::vector<WholeTensorTarget> items;
+  std::shared_ptr<const PackedTensors> tensors;
+  bool handed_over = false;
+};
 
 // What both fast paths need to know of a state's tensors, asked once: the
 // load asks while its checkpoint is opened on another thread (the first
 // touch of each tensor's objects, scattered among the tensors' data, is most
 // of the cost: ~1 us a tensor), then plans once the index is there.
+// (32 bytes a tensor, and its dimensions: what a load of many tensors
+// holds of each while its checkpoint is opened.)
 struct AskedTensor {
   std::string_view key;  // UTF-8 of a str that `AskedTensors::keys` holds
-  DType dtype;
-  Shape shape;
-  void* data;
+  void* data = nullptr;
+  uint32_t dims_at = 0;  // into AskedTensors::dims
+  uint8_t ndim = 0;
+  DType dtype = DType::kF32;
+  bool plain = false;    // asked plain; else the general path's
 };
 struct AskedTensors {
-  nanobind::list keys;                           // the state's keys, as given
-  std::vector<std::optional<AskedTensor>> asked; // nullopt: the general path's
-  bool planned = false;                          // a plan moves the shapes out
+  nanobind::list keys;              // the state's keys, as given
+  std::vector<AskedTensor> asked;   // emptied by a plan
+  std::vector<uint64_t> dims;       // the plain ones' shapes
+  size_t count = 0;                 // tensors asked
+  bool planned = false;
+
+  std::span<const uint64_t> DimsOf(const AskedTensor& t) const {
+    return std::span<const uint64_t>(dims).subspan(t.dims_at, t.ndim);
+  }
 };
 
 // Asks tensors[i] what both fast paths take: a tensor whose type is one of
@@ -62,10 +82,11 @@ AskedTensors AskTensors(nanobind::list keys, nanobind::list tensors,
                         nanobind::tuple plain_types, nanobind::handle strided,
                         nanobind::dict dtype_names);
 
-// A load's: a tensor asked plain whose key names a tensor of `src` with its
-// dtype and shape becomes a whole-tensor target reading into it. Returns
-// (the items, the keys taken, the indexes of the tensors left to the general
-// planner, in order). ValueError when `asked` was planned already.
+// A load's: a tensor asked plain whose key names a tensor of `src` (packed)
+// with its dtype and shape becomes a whole-tensor target reading into it.
+// Returns (the WholeTargets, the keys taken, the indexes of the tensors
+// left to the general planner, in order), and frees what was asked.
+// ValueError when `asked` was planned already.
 nanobind::tuple PlanWhole(AskedTensors& asked, const CheckpointSource& src);
 // A save's: every tensor asked plain becomes the whole-tensor shard of its
 // key. Returns (the items, the indexes left, in order): a save has no use

@@ -405,8 +405,30 @@ def test_prune_keep_1_removes_older_keeps_latest(run, tmp_path):
 def test_prune_json_lists_removed_tags(run, tmp_path):
     root = make_root_with_steps(run, tmp_path, [1, 2, 3], latest=3)
     assert run.json("prune", root, "--keep", "1") == {
-        "removed": ["step-00000001", "step-00000002"]}
+        "removed": ["step-00000001", "step-00000002"], "warnings": []}
     assert not (root / "step-00000001").exists()
+
+
+def test_an_unreadable_commit_record_is_marked_reported_and_kept(run, tmp_path):
+    root = make_root_with_steps(run, tmp_path, [1, 2, 3], latest=3)
+    record = root / "step-00000002" / "commit.json"
+    record.write_text("xx{")
+    listing = run.json("ls", root)
+    assert [(e["step"], e["latest"]) for e in listing] == [(1, False), (3, True), (2, False)]
+    assert listing[2]["order_fault"] == f"{record}: not JSON"
+    assert listing[0]["order_fault"] is None
+    proc = run("ls", root)
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert "step-00000002" in proc.stdout and "order unknown" in proc.stdout
+    proc = run("verify", root)
+    assert proc.returncode == EXIT_PROBLEMS, describe(proc)
+    assert f"{record}: not JSON" in proc.stdout
+    proc = run("prune", root, "--keep", "1")
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert "removed step-00000001" in proc.stdout
+    assert "warning: retention kept step-00000002" in proc.stderr
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "latest", "step-00000002", "step-00000003"]
 
 
 def test_prune_never_removes_the_checkpoint_latest_names(run, tmp_path):

@@ -316,7 +316,7 @@ def test_read_assembles_tp_and_pp_shards_bit_exact(ckpt):
     # the chunked column (q, k, v) really is interleaved per rank: rank 1's
     # file starts with q rows 16:32, not rows 32:64
     tp1_file = weight_path(root, QKV, "_pp-rank-0-of-2_tp-rank-1-of-2")
-    tp1 = _nanotron_weights.read_tensor(str(tp1_file), QKV)
+    tp1 = _nanotron_weights.read_tensor(str(tp1_file), QKV, ck.path)
     assert torch.equal(bits(tp1[:16]), bits(weights[QKV][16:32]))
     assert torch.equal(bits(tp1[16:24]), bits(weights[QKV][40:48]))
     ck.close()

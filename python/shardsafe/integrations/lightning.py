@@ -70,6 +70,7 @@ from lightning.fabric.plugins import CheckpointIO  # noqa: E402
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402
 
 from .. import _paths  # noqa: E402
+from .._files import fd_path, open_read  # noqa: E402
 from .._load import load  # noqa: E402
 from .._options import SaveOptions  # noqa: E402
 from .._save import async_save, release_async_save, save  # noqa: E402
@@ -252,9 +253,11 @@ class ShardsafeCheckpointIO(CheckpointIO):
                         weights_only: bool | None = None) -> dict[str, Any]:
         path = os.fspath(path)
         if os.path.isfile(path):  # a torch.save checkpoint (before switching): Lightning's own
-            return TorchCheckpointIO().load_checkpoint(
-                path, map_location=map_location if map_location is not None
-                else (lambda storage, loc: storage), weights_only=weights_only)
+            # reader, given the descriptor opened checked (it takes a path only).
+            with open_read(path) as f:
+                return TorchCheckpointIO().load_checkpoint(
+                    fd_path(f), map_location=map_location if map_location is not None
+                    else (lambda storage, loc: storage), weights_only=weights_only)
         from .. import describe
 
         desc = describe(path)

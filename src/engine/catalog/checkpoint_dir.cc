@@ -4,6 +4,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -132,6 +133,9 @@ bool Older(const CheckpointInfo& a, const CheckpointInfo& b) {
   return a.tag < b.tag;
 }
 
+// A record is a few dozen bytes; a larger commit.json is no record.
+constexpr uint64_t kMaxCommitRecordBytes = 4096;
+
 struct LatestPointer {
   std::string tag;
   int64_t mtime_ns = 0;
@@ -149,32 +153,140 @@ std::optional<LatestPointer> ReadLatestFile(FileSystem& fs, const std::string& r
 }
 
 // Which checkpoint is the latest (docs/format.md §1), `list` in commit
-// order, `index_mtime_ns` parallel to it: the one `latest` names, unless a
-// later commit that moved `latest` wrote its index after `latest` was
-// written (its pointer update failed): then the newest such. A `latest`
-// written after every commit (a rollback) and saves that did not move it
-// stay behind it. Without a valid `latest`: the newest that moved it, or
-// the newest of all. Where times are whole seconds (an object store's
-// Last-Modified) a commit in the same second as `latest` counts as after
-// it: there `latest` only moves forward (compare-and-swap), so a tie is a
-// save cut short between its index and its `latest`, not a rollback.
-void MarkLatest(std::vector<CheckpointInfo>& list, const std::vector<int64_t>& index_mtime_ns,
-                const std::optional<LatestPointer>& latest, bool whole_seconds) {
-  if (list.empty()) return;
-  size_t named = list.size();
+// order (those whose order is unknown last), `index_mtime_ns` parallel to
+// it: the one `latest` names, unless a later commit that moved `latest`
+// wrote its index after `latest` was written (its pointer update failed):
+// then the newest such. A `latest` written after every commit (a rollback)
+// and saves that did not move it stay behind it. Without a valid `latest`:
+// the newest that moved it, or the newest of all. Where times are whole
+// seconds (an object store's Last-Modified) a commit in the same second as
+// `latest` counts as after it: there `latest` only moves forward
+// (compare-and-swap), so a tie is a save cut short between its index and
+// its `latest`, not a rollback.
+//
+// A checkpoint whose order is unknown might be newer than that choice when
+// there is no valid `latest`, or when its index was written after `latest`
+// (a save whose pointer update failed, for all anyone can tell): then
+// nothing is marked, and the DataLoss returned says why.
+Status MarkLatest(const std::string& root, std::vector<CheckpointInfo>& list,
+                  const std::vector<int64_t>& index_mtime_ns,
+                  const std::optional<LatestPointer>& latest, bool whole_seconds) {
+  const size_t none = list.size();
+  size_t named = none;
   for (size_t i = 0; latest && i < list.size(); ++i) {
     if (list[i].tag == latest->tag) named = i;
   }
-  for (size_t i = list.size(); i-- > 0;) {
+  const auto after_latest = [&](size_t i) {
+    return named == none || index_mtime_ns[i] > latest->mtime_ns ||
+           (whole_seconds && index_mtime_ns[i] == latest->mtime_ns);
+  };
+  const size_t known = static_cast<size_t>(std::count_if(
+      list.begin(), list.end(), [](const CheckpointInfo& c) { return c.order_fault.empty(); }));
+  size_t chosen = none;
+  for (size_t i = known; i-- > 0;) {
     if (i == named) break;
-    const bool after = named == list.size() || index_mtime_ns[i] > latest->mtime_ns ||
-                       (whole_seconds && index_mtime_ns[i] == latest->mtime_ns);
-    if (list[i].moved_latest && after) {
-      list[i].is_latest = true;
-      return;
+    if (list[i].moved_latest && after_latest(i)) {
+      chosen = i;
+      break;
     }
   }
-  list[named == list.size() ? list.size() - 1 : named].is_latest = true;
+  if (chosen == none) chosen = named != none ? named : known > 0 ? known - 1 : none;
+  if (chosen == none && list.size() == 1) chosen = 0;  // the only one
+  for (size_t i = known; i < list.size(); ++i) {
+    if (i == chosen || !after_latest(i)) continue;
+    return DataLossError(
+        root + ": which checkpoint is the latest cannot be told: the commit order of " +
+        list[i].tag + " is unknown (" + list[i].order_fault + "), and it may be newer than " +
+        (chosen == none ? std::string("the others") : list[chosen].tag) +
+        "; load a checkpoint by its path, or repair or remove " + list[i].tag);
+  }
+  if (chosen != none) list[chosen].is_latest = true;
+  return Status();
+}
+
+// The order of recordless checkpoints is that of a root from before commit
+// records (docs/format.md §1); one whose index was written after a record's
+// commit time was committed since, by something that wrote no record (or
+// lost it): its order is unknown.
+void FlagMissingRecords(std::vector<std::pair<CheckpointInfo, int64_t>>& found) {
+  const CheckpointInfo* first = nullptr;  // the earliest commit with a record
+  for (const auto& [c, index_mtime_ns] : found) {
+    if (c.sequence != 0 && (!first || c.committed_ns < first->committed_ns)) first = &c;
+  }
+  if (!first) return;
+  const std::string first_tag = first->tag;
+  const int64_t first_ns = first->committed_ns;
+  for (auto& [c, index_mtime_ns] : found) {
+    if (c.sequence != 0 || !c.order_fault.empty() || index_mtime_ns <= first_ns) continue;
+    c.order_fault = JoinPath(c.path, kCommitFileName) +
+                    ": missing, yet the checkpoint's index was written after " + first_tag +
+                    " was committed with a record";
+  }
+}
+
+// Where a checkpoint goes in a listing: commit order (Older), those whose
+// order is unknown after every other, by tag.
+bool ListedBefore(const CheckpointInfo& a, const CheckpointInfo& b) {
+  if (a.order_fault.empty() != b.order_fault.empty()) return a.order_fault.empty();
+  if (!a.order_fault.empty()) return a.tag < b.tag;
+  return Older(a, b);
+}
+
+// A commit record's JSON, checked (ReadCommitRecord's contract).
+Result<CommitRecord> ParseCommitRecord(std::string_view text, const std::string& path) {
+  using nlohmann::json;
+  std::set<std::string> keys;
+  std::string duplicate;
+  const json::parser_callback_t note_keys = [&](int depth, json::parse_event_t event,
+                                                json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !keys.insert(parsed).second) {
+      duplicate = parsed;
+    }
+    return true;
+  };
+  const json j = json::parse(text, note_keys, /*allow_exceptions=*/false);
+  const auto bad = [&](const std::string& why) { return DataLossError(path + ": " + why); };
+  if (j.is_discarded()) return bad("not JSON");
+  if (!j.is_object()) return bad("not a JSON object");
+  if (!duplicate.empty()) return bad("field \"" + duplicate + "\" appears twice");
+  const auto shown = [](const json& v) {
+    std::string text = v.dump();
+    return text.size() > 40 ? text.substr(0, 40) + "..." : text;
+  };
+  CommitRecord r;
+  const auto sequence = j.find("sequence");
+  if (sequence == j.end()) return bad("no sequence");
+  if (!sequence->is_number_unsigned() || sequence->get<uint64_t>() == 0 ||
+      sequence->get<uint64_t>() > kMaxCommitSequence) {
+    return bad("sequence " + shown(*sequence) + " is not a whole number from 1 to 2^53");
+  }
+  r.sequence = sequence->get<uint64_t>();
+  // A whole number from 0 to INT64_MAX (time_ns, step).
+  const auto count = [&](const json& v, const char* name) -> Result<int64_t> {
+    if (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t{INT64_MAX}) {
+      return static_cast<int64_t>(v.get<uint64_t>());
+    }
+    return bad(std::string(name) + " " + shown(v) + " is not a whole number from 0 to 2^63-1");
+  };
+  const auto time_ns = j.find("time_ns");
+  if (time_ns == j.end()) return bad("no time_ns");
+  SS_ASSIGN_OR_RETURN(r.time_ns, count(*time_ns, "time_ns"));
+  if (const auto step = j.find("step"); step != j.end()) {
+    SS_ASSIGN_OR_RETURN(r.step, count(*step, "step"));
+  }
+  if (const auto moved = j.find("moved_latest"); moved != j.end()) {
+    if (!moved->is_boolean()) return bad("moved_latest " + shown(*moved) + " is not a boolean");
+    r.moved_latest = moved->get<bool>();
+  }
+  return r;
+}
+
+// True when `dir` lists an entry `name` (one that opening did not find: a
+// dangling symbolic link).
+bool Lists(FileSystem& fs, const std::string& dir, std::string_view name) {
+  auto entries = fs.ListDir(dir);
+  return entries.ok() && std::any_of(entries->begin(), entries->end(),
+                                     [&](const DirEntry& e) { return e.name == name; });
 }
 
 }  // namespace
@@ -231,41 +343,56 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root, Fil
   return ListCommitted(fs, root, /*data_bytes=*/true);
 }
 
-Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root,
-                                                  bool data_bytes) {
+Result<RootListing> ListRoot(FileSystem& fs, const std::string& root, bool data_bytes) {
   SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
   const std::optional<LatestPointer> latest = ReadLatestFile(fs, root);
   std::vector<std::pair<CheckpointInfo, int64_t>> found;  // with its index's mtime_ns
   for (const DirEntry& e : entries) {
     const std::string dir = JoinPath(root, e.name);
     if (!e.is_dir || !ValidateTag(e.name).ok() || !IsCommitted(fs, dir)) continue;
-    CheckpointInfo info{.tag = e.name, .path = dir, .step = StepOfTag(e.name),
-                        .bytes = data_bytes ? DataBytes(fs, dir) : 0};
+    CheckpointInfo info;
+    info.tag = e.name;
+    info.path = dir;
+    info.step = StepOfTag(e.name);
+    info.bytes = data_bytes ? DataBytes(fs, dir) : 0;
     auto st = fs.Stat(JoinPath(dir, kIndexFileName));
     if (st.ok()) info.mtime_unix = st->mtime_seconds;
-    if (auto record = ReadCommitRecord(fs, dir)) {
-      info.sequence = record->sequence;
-      info.committed_ns = record->time_ns;
-      if (record->step) info.step = record->step;
-      info.moved_latest = record->moved_latest;
+    Result<std::optional<CommitRecord>> record = ReadCommitRecord(fs, dir);
+    if (!record.ok()) {
+      info.order_fault = record.status().message();
+    } else if (*record) {
+      info.sequence = (*record)->sequence;
+      info.committed_ns = (*record)->time_ns;
+      if ((*record)->step) info.step = (*record)->step;
+      info.moved_latest = (*record)->moved_latest;
     }
     found.emplace_back(std::move(info), st.ok() ? st->mtime_ns : 0);
   }
+  FlagMissingRecords(found);
   std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return Older(a.first, b.first); });
-  std::vector<CheckpointInfo> out;
+            [](const auto& a, const auto& b) { return ListedBefore(a.first, b.first); });
+  RootListing listing;
   std::vector<int64_t> index_mtime_ns;
   for (auto& [info, mtime] : found) {
-    out.push_back(std::move(info));
+    listing.checkpoints.push_back(std::move(info));
     index_mtime_ns.push_back(mtime);
   }
-  MarkLatest(out, index_mtime_ns, latest, fs.IsObjectStore());
-  return out;
+  if (latest) listing.latest_pointer = latest->tag;
+  listing.latest_unknown = MarkLatest(root, listing.checkpoints, index_mtime_ns, latest,
+                                      fs.IsObjectStore());
+  return listing;
+}
+
+Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root,
+                                                  bool data_bytes) {
+  SS_ASSIGN_OR_RETURN(RootListing listing, ListRoot(fs, root, data_bytes));
+  return std::move(listing.checkpoints);
 }
 
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root) {
-  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root, /*data_bytes=*/false));
-  for (const auto& c : list) {
+  SS_ASSIGN_OR_RETURN(RootListing listing, ListRoot(fs, root, /*data_bytes=*/false));
+  SS_RETURN_IF_ERROR(listing.latest_unknown);
+  for (const auto& c : listing.checkpoints) {
     if (c.is_latest) return std::optional<std::string>(c.tag);
   }
   return std::optional<std::string>();
@@ -312,11 +439,20 @@ Result<CommitRecord> NextCommitRecord(FileSystem& fs, const std::string& root,
   // only once committed (it is written inside the temporary directory).
   SS_ASSIGN_OR_RETURN(auto entries, fs.ListDir(root));
   CommitRecord record;
+  std::string newest;  // the tag holding the largest sequence
   for (const DirEntry& e : entries) {
     if (!e.is_dir || !ValidateTag(e.name).ok()) continue;
-    if (auto r = ReadCommitRecord(fs, JoinPath(root, e.name))) {
-      record.sequence = std::max(record.sequence, r->sequence);
+    auto r = ReadCommitRecord(fs, JoinPath(root, e.name));
+    if (r.ok() && *r && (*r)->sequence > record.sequence) {
+      record.sequence = (*r)->sequence;
+      newest = e.name;
     }
+  }
+  if (record.sequence >= kMaxCommitSequence) {
+    return ResourceExhaustedError(
+        root + ": no commit sequence is left: " + newest + "'s record holds " +
+        std::to_string(record.sequence) +
+        ", the largest a record may hold (docs/format.md §1); save to another root");
   }
   ++record.sequence;
   record.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -335,21 +471,19 @@ std::string SerializeCommitRecord(const CommitRecord& record) {
   return j.dump() + "\n";
 }
 
-std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& dir) {
-  auto text =
-      ReadFileToString(fs, JoinPath(dir, kCommitFileName), 4096, ReadOptions{.within = dir});
-  if (!text.ok()) return std::nullopt;
-  const auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("sequence") || !j["sequence"].is_number_unsigned() ||
-      !j.value("time_ns", nlohmann::json()).is_number_integer()) {
-    return std::nullopt;
+Result<std::optional<CommitRecord>> ReadCommitRecord(FileSystem& fs, const std::string& dir) {
+  const std::string path = JoinPath(dir, kCommitFileName);
+  auto text = ReadFileToString(fs, path, kMaxCommitRecordBytes, ReadOptions{.within = dir});
+  if (text.ok()) {
+    SS_ASSIGN_OR_RETURN(CommitRecord record, ParseCommitRecord(*text, path));
+    return std::optional<CommitRecord>(record);
   }
-  CommitRecord r;
-  r.sequence = j["sequence"].get<uint64_t>();
-  r.time_ns = j["time_ns"].get<int64_t>();
-  if (j.contains("step") && j["step"].is_number_integer()) r.step = j["step"].get<int64_t>();
-  r.moved_latest = j.value("moved_latest", false) == true;
-  return r;
+  if (text.status().code() != StatusCode::kNotFound) {
+    return DataLossError(path + ": cannot be read: " + text.status().message());
+  }
+  // Not found by opening it; a name there is a dangling symbolic link.
+  if (!Lists(fs, dir, kCommitFileName)) return std::optional<CommitRecord>();
+  return DataLossError(path + ": cannot be read: a symbolic link to nothing");
 }
 
 Result<std::unique_ptr<FileLock>> LockRoot(FileSystem& fs, const std::string& root,
@@ -394,14 +528,25 @@ Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs) {
 }
 
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
-                                                   int keep, std::vector<std::string>* tags) {
+                                                   int keep, std::vector<std::string>* tags,
+                                                   std::vector<std::string>* warnings) {
   if (keep < 1) return InvalidArgumentError("prune must keep at least 1 checkpoint");
-  SS_ASSIGN_OR_RETURN(auto list, ListCommitted(fs, root, /*data_bytes=*/false));
+  SS_ASSIGN_OR_RETURN(RootListing listing, ListRoot(fs, root, /*data_bytes=*/false));
+  const std::vector<CheckpointInfo>& list = listing.checkpoints;
+  size_t known = 0;  // those whose order is known come first
+  for (const CheckpointInfo& c : list) {
+    if (c.order_fault.empty()) {
+      ++known;
+    } else if (warnings) {
+      warnings->push_back("retention kept " + c.tag +
+                          ": its place in the commit order is unknown (" + c.order_fault + ")");
+    }
+  }
   std::vector<ClaimedDir> hidden;
-  int to_remove = static_cast<int>(list.size()) - keep;
-  for (size_t i = 0; i + 1 < list.size() && to_remove > 0; ++i) {  // oldest first; never the newest
+  int64_t to_remove = static_cast<int64_t>(known) - keep;
+  for (size_t i = 0; i + 1 < known && to_remove > 0; ++i) {  // oldest first; never the newest
     const CheckpointInfo& c = list[i];
-    if (c.is_latest) continue;  // nor the one `latest` names
+    if (c.is_latest || c.tag == listing.latest_pointer) continue;  // nor the one `latest` names
     std::optional<ClaimedDir> claimed = ClaimDir(fs, c.path);
     if (!claimed) continue;  // a load is reading it
     // Hidden by one atomic rename, so a crash mid-removal never leaves a
@@ -424,12 +569,12 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
 }
 
 Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
-                                                  int keep) {
+                                                  int keep, std::vector<std::string>* warnings) {
   std::vector<std::string> tags;
   std::vector<ClaimedDir> hidden, leftovers;
   {
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
-    SS_ASSIGN_OR_RETURN(hidden, HideOldCheckpoints(fs, root, keep, &tags));
+    SS_ASSIGN_OR_RETURN(hidden, HideOldCheckpoints(fs, root, keep, &tags, warnings));
     leftovers = ClaimLeftovers(fs, root);
   }
   SS_RETURN_IF_ERROR(RemoveClaimed(fs, std::move(hidden)));

@@ -44,14 +44,29 @@ struct CommitRecord {
   bool moved_latest = false;
 };
 
+// The largest sequence a record may hold (docs/format.md §1): 2^53, which
+// every JSON reader holds exactly, and which a root committing a million
+// checkpoints a second would reach in 285 years. A record beyond it comes
+// from no real commit; a root whose newest record holds it takes no more
+// commits (NextCommitRecord fails; it never wraps).
+inline constexpr uint64_t kMaxCommitSequence = uint64_t{1} << 53;
+
 // The record to commit a checkpoint under `root` with: the next sequence
-// after every committed checkpoint's there, and the time now.
+// after every trusted record's there (records ReadCommitRecord refuses take
+// no part), and the time now. ResourceExhausted, naming the checkpoint, when
+// that sequence would pass kMaxCommitSequence.
 Result<CommitRecord> NextCommitRecord(FileSystem& fs, const std::string& root,
                                       std::optional<int64_t> step, bool moves_latest);
 std::string SerializeCommitRecord(const CommitRecord& record);
-// The record of the checkpoint in `dir`; nullopt if it has none (older
-// checkpoints) or it cannot be parsed.
-std::optional<CommitRecord> ReadCommitRecord(FileSystem& fs, const std::string& dir);
+// The record of the checkpoint in `dir`: nullopt when it has no commit.json
+// (committed before records existed). DataLoss naming the file and the
+// problem when its record cannot be trusted: a commit.json that is not a
+// regular file (a directory, a FIFO, a dangling or outward symbolic link),
+// cannot be read, exceeds 4 KiB, is not one JSON object with unique keys,
+// or holds a field out of range (sequence an integer in [1,
+// kMaxCommitSequence], time_ns an integer >= 0, step an integer >= 0,
+// moved_latest a boolean).
+Result<std::optional<CommitRecord>> ReadCommitRecord(FileSystem& fs, const std::string& dir);
 
 // True if `dir` is a committed checkpoint (has an index).
 bool IsCommitted(FileSystem& fs, const std::string& dir);
@@ -66,17 +81,31 @@ bool IsSavedFile(std::string_view name);
 // shardsafe.NONCE.chunks).
 bool WrittenBySave(std::string_view name, std::string_view suffix);
 
+// A root's committed checkpoints in commit order, as ListCheckpoints
+// gives them (CheckpointInfo: those whose order is unknown last, by tag),
+// with what decided the latest.
+struct RootListing {
+  std::vector<CheckpointInfo> checkpoints;
+  // The tag `latest` holds when it is a valid tag (named checkpoint or not).
+  std::optional<std::string> latest_pointer;
+  // DataLoss when the latest cannot be told (no checkpoint is_latest then):
+  // a checkpoint whose order is unknown might be newer than the one the
+  // rules of docs/format.md §1 pick. Names it and why.
+  Status latest_unknown;
+};
+
 // ListCheckpoints without taking the root's lock: call with it held (either
 // mode), or the listing may miss a checkpoint being renamed meanwhile.
 // Without `data_bytes`, CheckpointInfo::bytes is left 0 (no data file is
 // stat'ed: what resolving `latest` and retention need, under the lock).
+Result<RootListing> ListRoot(FileSystem& fs, const std::string& root, bool data_bytes);
 Result<std::vector<CheckpointInfo>> ListCommitted(FileSystem& fs, const std::string& root,
                                                   bool data_bytes);
 
-// The tag `latest` names if it is committed, else the newest committed
-// checkpoint's tag by commit order (preferring those that moved `latest`);
-// nullopt if the root holds none. NotFound if `root` does not exist. Call
-// with the root's lock held (either mode).
+// The tag of the latest checkpoint (docs/format.md §1); nullopt if the root
+// holds none. NotFound if `root` does not exist; DataLoss when it cannot be
+// told (RootListing::latest_unknown). Call with the root's lock held (either
+// mode).
 Result<std::optional<std::string>> ResolveLatestTag(FileSystem& fs, const std::string& root);
 
 // The lock on a root's names (docs/design.md, "Locks"): held exclusively
@@ -108,21 +137,25 @@ Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs);
 std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir);
 
 // With the root locked: hides the oldest committed checkpoints under
-// `root` (commit order) until `keep` remain (keep >= 1, else
-// InvalidArgument), but never the newest one, the latest one, nor one a
-// load is reading (it stays until a later prune finds it unused); each is
-// hidden by an atomic rename to a temporary name (on an object store: its
-// index is deleted, which un-commits it). Returns them, claimed,
-// with their tags in `*tags` when it is set.
+// `root` (commit order) until `keep` of those whose order is known remain
+// (keep >= 1, else InvalidArgument), but never the newest one, the one
+// `latest` names, one a load is reading (it stays until a later prune finds
+// it unused), nor one whose order is unknown (CheckpointInfo::order_fault:
+// kept and counted apart, with a warning naming it and why in `*warnings`
+// when set); each is hidden by an atomic rename to a temporary name (on an
+// object store: its index is deleted, which un-commits it). Returns them,
+// claimed, with their tags in `*tags` when it is set.
 Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::string& root,
                                                    int keep,
-                                                   std::vector<std::string>* tags = nullptr);
+                                                   std::vector<std::string>* tags = nullptr,
+                                                   std::vector<std::string>* warnings = nullptr);
 
 // HideOldCheckpoints under the root's lock, then deletes what it hid and
 // the leftovers of interrupted saves (ClaimLeftovers). Returns the tags
-// removed.
+// removed; the checkpoints kept for an unknown order are in `*warnings`.
 Result<std::vector<std::string>> PruneCheckpoints(FileSystem& fs, const std::string& root,
-                                                  int keep);
+                                                  int keep,
+                                                  std::vector<std::string>* warnings = nullptr);
 
 // With the root locked: removes `.latest.tmp.*` files left in `root` by
 // interrupted saves and claims the `.tmp-*` directories nobody uses (a save

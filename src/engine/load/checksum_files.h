@@ -12,6 +12,8 @@
 
 namespace shardsafe {
 
+class PackedTensors;  // format/index_packed.h
+
 // Fills the crc32c of every chunk `index` holds that has none (all of a
 // version-3 table's, none of an older index's), reading the checksum files
 // of the ranks that wrote them (each whole, once; several at a time) from
@@ -21,5 +23,9 @@ namespace shardsafe {
 // missing from it.
 Status FillChecksums(FileSystem& fs, const std::string& dir, const ReadOptions& options,
                      CheckpointIndex* index, uint64_t* bytes_read = nullptr);
+// The same for the chunks `tensors` (of `index`) holds.
+Status FillChecksums(FileSystem& fs, const std::string& dir, const ReadOptions& options,
+                     const CheckpointIndex& index, PackedTensors* tensors,
+                     uint64_t* bytes_read = nullptr);
 
 }  // namespace shardsafe

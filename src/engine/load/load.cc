@@ -20,45 +20,42 @@
 namespace shardsafe {
 namespace {
 
-// The targets matched against the index, as planner input.
-struct Matched {
-  std::vector<SavedTensor> tensors;
-  std::vector<Want> wants;
-  std::vector<LoadDestination> dests;
-  LoadSources sources;
-  std::vector<DeviceTarget> device;  // loaded apart (engine/load/device_load.h)
-};
+// Chunks a batch of a one-rank load plans and reads at most (bounding the
+// planner's memory, ~0.4 KB a chunk, whatever the size of the load); the
+// targets of one tensor are never split.
+constexpr uint64_t kBatchChunks = 1 << 14;
 
-Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOptions& options) {
+Status CheckTarget(const TensorTarget& t, DType saved_dtype, const Shape& saved_shape,
+                   const LoadOptions& options) {
   // Built only for a message: a load checks every target (20,000 and more).
   auto who = [&t] { return "tensor \"" + t.key + "\""; };
   if (t.on_device && !options.device) {
     return InvalidArgumentError(who() + ": the target is on a device, but LoadOptions::device is "
                                 "not set");
   }
-  if (t.shape != saved.shape) {
+  if (t.shape != saved_shape) {
     return InvalidArgumentError(who() + ": shape mismatch: checkpoint has " +
-                                ShapeToString(saved.shape) + ", target has " +
+                                ShapeToString(saved_shape) + ", target has " +
                                 ShapeToString(t.shape))
         .WithDetail(ErrorDetail::kShapeMismatch);
   }
-  if (t.dtype != saved.dtype) {
+  if (t.dtype != saved_dtype) {
     if (!options.convert_dtypes) {
       return InvalidArgumentError(who() + ": dtype mismatch: checkpoint has " +
-                                  std::string(DTypeName(saved.dtype)) + ", target has " +
+                                  std::string(DTypeName(saved_dtype)) + ", target has " +
                                   std::string(DTypeName(t.dtype)) +
                                   " (allow conversion with convert_dtypes)")
           .WithDetail(ErrorDetail::kDTypeMismatch);
     }
-    if (!CanConvert(saved.dtype, t.dtype)) {
+    if (!CanConvert(saved_dtype, t.dtype)) {
       return InvalidArgumentError(who() + ": cannot convert " +
-                                  std::string(DTypeName(saved.dtype)) + " to " +
+                                  std::string(DTypeName(saved_dtype)) + " to " +
                                   std::string(DTypeName(t.dtype)))
           .WithDetail(ErrorDetail::kDTypeMismatch);
     }
   }
   Status s = ValidateSlice(t.slice, t.shape, t.dtype);
-  if (s.ok() && t.dtype != saved.dtype) s = ValidateSlice(t.slice, t.shape, saved.dtype);
+  if (s.ok() && t.dtype != saved_dtype) s = ValidateSlice(t.slice, t.shape, saved_dtype);
   if (!s.ok()) return s.WithContext(who());
   if (t.data == nullptr && t.slice.NumElements() > 0) {
     return InvalidArgumentError(who() + ": null destination");
@@ -66,63 +63,186 @@ Status CheckTarget(const TensorTarget& t, const IndexTensor& saved, const LoadOp
   return Status();
 }
 
-std::string ListKeys(const std::vector<std::string>& keys) {
+std::string ListKeys(const std::vector<std::string>& keys, size_t total) {
   std::string s;
   for (size_t i = 0; i < keys.size() && i < 20; ++i) s += (i ? ", " : "") + keys[i];
-  if (keys.size() > 20) s += ", ... (" + std::to_string(keys.size()) + " in all)";
+  if (total > 20) s += ", ... (" + std::to_string(total) + " in all)";
   return s;
 }
 
-Result<Matched> MatchTargets(const LoadRequest& request, const CheckpointSource& src,
+// Finds a load's tensors in a packed index: targets in key order (as the
+// keys of many state dicts are) are found without a search, the tensor
+// after the previous one found tried first.
+class PackedFinder {
+ public:
+  explicit PackedFinder(const PackedTensors& tensors) : tensors_(tensors) {}
+  std::optional<size_t> Find(std::string_view key) {
+    std::optional<size_t> t;
+    if (next_ < tensors_.size() && tensors_.key(next_) == key) {
+      t = next_;
+    } else {
+      t = tensors_.Find(key);
+    }
+    if (t) next_ = *t + 1;
+    return t;
+  }
+
+ private:
+  const PackedTensors& tensors_;
+  size_t next_ = 0;
+};
+
+// A host target matched: request.tensors[target], of tensor `tensor` of the
+// source's PackedTensors (chunks from `chunks_of` in a load's own tensors
+// where its chunk table was read for it).
+struct HostTarget {
+  uint32_t target;
+  uint32_t tensor;
+};
+
+// A load's targets: `request`'s, then the whole-tensor ones (numbered
+// after them in HostTarget::target).
+struct Targets {
+  const LoadRequest& request;
+  std::span<const WholeTensorTarget> whole;
+};
+
+// The targets matched against the index, in batches for the planner.
+struct Matched {
+  std::vector<HostTarget> host;      // grouped by tensor
+  std::vector<DeviceTarget> device;  // loaded apart (engine/load/device_load.h)
+};
+
+// Matches every target against `all` (the source's tensors: missing and
+// unexpected keys, dtypes and shapes), before anything is read.
+Result<Matched> MatchTargets(const Targets& targets, const CheckpointSource& src,
                              const LoadOptions& options, LoadResult* result) {
+  const LoadRequest& request = targets.request;
+  const PackedTensors& all = *src.packed;
   Matched m;
-  m.sources = FileSources(src);
-  // Saved tensor -> its index in m.tensors (keys point into the index).
-  std::unordered_map<std::string_view, uint32_t> tensor_ids;
-  tensor_ids.reserve(request.tensors.size());
-  TensorFinder finder(src.index);
-  for (const TensorTarget& t : request.tensors) {
-    auto it = finder.Find(t.key);
-    if (it == finder.end()) {
+  std::vector<bool> wanted(all.size());
+  PackedFinder finder(all);
+  for (size_t i = 0; i < request.tensors.size(); ++i) {
+    const TensorTarget& t = request.tensors[i];
+    const std::optional<size_t> found = finder.Find(t.key);
+    if (!found) {
       result->missing.push_back(t.key);
       continue;
     }
-    SS_RETURN_IF_ERROR(CheckTarget(t, it->second, options));
-    auto [pos, added] = tensor_ids.emplace(it->first, static_cast<uint32_t>(m.tensors.size()));
-    if (added) {
-      SavedTensor saved{it->second.dtype, it->second.shape, {}};
-      std::vector<std::optional<uint32_t>> crcs;
-      saved.chunks.reserve(it->second.chunks.size());
-      crcs.reserve(it->second.chunks.size());
-      for (const IndexChunk& c : it->second.chunks) {
-        saved.chunks.push_back({c.slice, c.file, c.at});
-        crcs.push_back(c.crc32c);
-      }
-      m.tensors.push_back(std::move(saved));
-      m.sources.tensor_keys.push_back(t.key);
-      m.sources.crcs.push_back(std::move(crcs));
-    }
+    SS_RETURN_IF_ERROR(CheckTarget(t, all.dtype(*found), all.shape(*found), options));
+    wanted[*found] = true;
     if (t.on_device) {
-      m.device.push_back({&t, &it->first});
-      continue;
+      m.device.push_back({&t, &t.key});
+    } else {
+      m.host.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(*found)});
     }
-    m.wants.push_back({pos->second, t.slice});
-    m.dests.push_back({t.data, t.dtype});
   }
-  if (tensor_ids.size() < src.index.tensors.size()) {  // some saved tensor no target wants
-    for (const auto& [key, tensor] : src.index.tensors) {
-      if (!tensor_ids.count(key)) result->unexpected.push_back(key);
+  for (size_t j = 0; j < targets.whole.size(); ++j) {
+    const WholeTensorTarget& w = targets.whole[j];
+    if (w.tensor >= all.size()) {
+      return InvalidArgumentError("whole-tensor target " + std::to_string(j) + " names tensor " +
+                                  std::to_string(w.tensor) + " of " + std::to_string(all.size()));
     }
+    const Shape shape = all.shape(w.tensor);
+    if (w.data == nullptr && *NumElements(shape) > 0) {  // the index checked the count
+      return InvalidArgumentError("tensor \"" + std::string(all.key(w.tensor)) +
+                                  "\": null destination");
+    }
+    wanted[w.tensor] = true;
+    m.host.push_back({static_cast<uint32_t>(request.tensors.size() + j), w.tensor});
+  }
+  for (size_t t = 0; t < all.size(); ++t) {  // saved tensors no target wants
+    if (!wanted[t]) result->unexpected.emplace_back(all.key(t));
   }
   std::sort(result->missing.begin(), result->missing.end());
   result->missing.erase(std::unique(result->missing.begin(), result->missing.end()),
                         result->missing.end());
   if (!result->missing.empty() && !options.allow_partial) {
     return NotFoundError("keys missing from checkpoint " + src.path + ": " +
-                         ListKeys(result->missing));
+                         ListKeys(result->missing, result->missing.size()));
   }
+  std::stable_sort(m.host.begin(), m.host.end(),
+                   [](const HostTarget& a, const HostTarget& b) { return a.tensor < b.tensor; });
   return m;
 }
+
+// Ends of the batches of `host` (grouped by tensor): consecutive targets
+// whose tensors hold at most kBatchChunks chunks together (or one tensor
+// with more).
+std::vector<size_t> BatchEnds(const std::vector<HostTarget>& host, const PackedTensors& chunks,
+                              const std::function<std::optional<size_t>(size_t)>& chunks_of) {
+  std::vector<size_t> ends;
+  uint64_t in_batch = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (i > 0 && host[i].tensor == host[i - 1].tensor) continue;
+    const std::optional<size_t> t = chunks_of(host[i].tensor);
+    const uint64_t n = t ? chunks.chunk_count(*t) : 0;
+    if (in_batch > 0 && in_batch + n > kBatchChunks) {
+      ends.push_back(i);
+      in_batch = 0;
+    }
+    in_batch += n;
+  }
+  ends.push_back(host.size());
+  return ends;
+}
+
+// The planner's input for targets host[first, last).
+struct BatchInput {
+  std::vector<SavedTensor> tensors;
+  std::vector<Want> wants;
+  std::vector<LoadDestination> dests;
+  LoadSources sources;
+};
+
+// `src`: where the chunks are read (its data files); `all`: the source's
+// tensors (host targets' numbers); `chunks`: where their chunks are.
+BatchInput MakeBatch(const Targets& targets, const CheckpointSource& src,
+                     std::span<const HostTarget> host, const PackedTensors& all,
+                     const PackedTensors& chunks,
+                     const std::function<std::optional<size_t>(size_t)>& chunks_of) {
+  const LoadRequest& request = targets.request;
+  BatchInput in;
+  in.sources = FileSources(src);
+  for (size_t i = 0; i < host.size(); ++i) {
+    const uint32_t tensor = host[i].tensor;
+    if (i == 0 || tensor != host[i - 1].tensor) {
+      in.tensors.push_back(SavedTensor{all.dtype(tensor), all.shape(tensor), {}});
+      std::vector<std::optional<uint32_t>> crcs;
+      if (const std::optional<size_t> c = chunks_of(tensor)) {
+        AddSavedChunks(chunks, *c, &in.tensors.back(), &crcs);
+      }
+      in.sources.tensor_keys.emplace_back(all.key(tensor));
+      in.sources.crcs.push_back(std::move(crcs));
+    }
+    const uint32_t want = static_cast<uint32_t>(in.tensors.size() - 1);
+    if (host[i].target < request.tensors.size()) {
+      const TensorTarget& t = request.tensors[host[i].target];
+      in.wants.push_back({want, t.slice});
+      in.dests.push_back({t.data, t.dtype});
+    } else {
+      const WholeTensorTarget& w = targets.whole[host[i].target - request.tensors.size()];
+      in.wants.push_back({want, Slice{Box::Whole(in.tensors.back().shape), std::nullopt}});
+      in.dests.push_back({w.data, all.dtype(tensor)});
+    }
+  }
+  return in;
+}
+
+}  // namespace
+
+void AddSavedChunks(const PackedTensors& tensors, size_t t, SavedTensor* saved,
+                    std::vector<std::optional<uint32_t>>* crcs) {
+  const uint64_t first = tensors.first_chunk(t), n = tensors.chunk_count(t);
+  saved->chunks.reserve(saved->chunks.size() + n);
+  crcs->reserve(crcs->size() + n);
+  for (uint64_t c = first; c < first + n; ++c) {
+    saved->chunks.push_back({tensors.slice(t, c), tensors.file(c), tensors.at(c)});
+    crcs->push_back(tensors.crc32c(c));
+  }
+}
+
+namespace {
 
 Status ReadBlobs(FileSystem& fs, const CheckpointSource& src, int rank, LoadResult* result) {
   for (const auto& [name, blob] : src.index.blobs) {
@@ -160,83 +280,165 @@ Status ReadBlob(FileSystem& fs, const CheckpointSource& src, const std::string& 
 
 namespace {
 
-struct Prepared {
-  Matched m;
-  LoadPlan plan;
+// The tensors a load reads the chunks of: the source's own, or where its
+// chunk table was not read, those read from it for this load (`read`,
+// numbered apart: chunks_of maps the source's tensor numbers to them).
+struct LoadTensors {
+  const CheckpointSource* src = nullptr;  // a packed source (its tensors, all of them)
+  CheckpointSource view;                  // `src` whose tensors are `read` (table reads)
+  const PackedTensors* chunks = nullptr;  // where the chunks are
+  std::function<std::optional<size_t>(size_t)> chunks_of;
+  const CheckpointSource& reading() const { return chunks == src->packed.get() ? *src : view; }
 };
 
-Result<Prepared> Prepare(const LoadRequest& request, const CheckpointSource& src,
-                         const LoadOptions& options, LoadResult* result) {
-  SS_ASSIGN_OR_RETURN(Matched m, MatchTargets(request, src, options, result));
-  LoadPlanOptions popts;
-  popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
-  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(m.tensors, m.wants, popts));
-  result->bytes_needed = plan.bytes_needed;
-  return Prepared{std::move(m), std::move(plan)};
+Result<std::unique_ptr<LoadTensors>> ReadLoadTensors(FileSystem& fs, const CheckpointSource& src,
+                                                     const Targets& targets) {
+  auto out = std::make_unique<LoadTensors>();
+  out->src = &src;
+  out->chunks = src.packed.get();
+  out->chunks_of = [](size_t t) { return std::optional<size_t>(t); };
+  if (!src.chunks_pending) return out;
+  SS_ASSIGN_OR_RETURN(PackedTensors read,
+                      ReadTableChunks(fs, src, targets.request, targets.whole));
+  out->view.path = src.path;
+  out->view.data_dir = src.data_dir;
+  out->view.native = src.native;
+  out->view.index = src.index;  // no tensors: they are packed
+  out->view.packed = std::make_shared<const PackedTensors>(std::move(read));
+  out->chunks = out->view.packed.get();
+  const PackedTensors* all = src.packed.get();
+  const PackedTensors* chunks = out->chunks;
+  out->chunks_of = [all, chunks](size_t t) { return chunks->Find(all->key(t)); };
+  return out;
 }
 
-Status Execute(Prepared& p, const CheckpointSource& src, std::optional<int> blobs_of_rank,
-               FileSystem& fs, const LoadOptions& options, LoadResult* result) {
+// Keys of the tensors whose targets a load began to fill, for its error:
+// the first 20 and how many.
+struct Touched {
+  std::vector<std::string> first;
+  size_t count = 0;
+  void Add(const std::vector<std::string>& keys) {
+    for (size_t i = 0; i < keys.size() && first.size() < 20; ++i) first.push_back(keys[i]);
+    count += keys.size();
+  }
+};
+
+// Plans and reads host targets m.host[first, last) (one batch).
+Status ReadBatch(const Targets& targets, const LoadTensors& lt, const Matched& m,
+                 size_t first, size_t last, FileSystem& fs, const LoadOptions& options,
+                 LoadResult* result, Touched* touched) {
+  BatchInput in = MakeBatch(targets, lt.reading(), std::span(m.host).subspan(first, last - first),
+                            *lt.src->packed, *lt.chunks, lt.chunks_of);
+  LoadPlanOptions popts;
+  popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
+  SS_ASSIGN_OR_RETURN(LoadPlan plan, PlanLoad(in.tensors, in.wants, popts));
+  result->bytes_needed += plan.bytes_needed;
+  touched->Add(in.sources.tensor_keys);
   LoadCounters counters;
-  Status s = ExecuteLoadPlan(p.plan, p.m.tensors, p.m.wants, p.m.dests, p.m.sources, fs, options,
+  Status s = ExecuteLoadPlan(plan, in.tensors, in.wants, in.dests, in.sources, fs, options,
                              &counters);
-  result->bytes_read = counters.bytes_read.load();
-  result->chunks_verified = counters.chunks_verified.load();
-  SS_RETURN_IF_ERROR(s);
-  if (!p.m.device.empty()) {
-    SS_ASSIGN_OR_RETURN(DeviceLoadStats device, LoadIntoDevice(p.m.device, src, fs, options));
+  result->bytes_read += counters.bytes_read.load();
+  result->chunks_verified += counters.chunks_verified.load();
+  return s;
+}
+
+// The device targets, then the blobs.
+Status FinishLoad(const Matched& m, const LoadTensors& lt, std::optional<int> blobs_of_rank,
+                  FileSystem& fs, const LoadOptions& options, LoadResult* result,
+                  Touched* touched) {
+  if (!m.device.empty()) {
+    std::vector<std::string> keys;
+    for (const DeviceTarget& d : m.device) {
+      if (keys.empty() || keys.back() != *d.key) keys.push_back(*d.key);
+    }
+    touched->Add(keys);
+    SS_ASSIGN_OR_RETURN(DeviceLoadStats device,
+                        LoadIntoDevice(m.device, lt.reading(), fs, options));
     result->bytes_read += device.bytes_read;
     result->chunks_verified += device.chunks_verified;
   }
-  return blobs_of_rank ? ReadBlobs(fs, src, *blobs_of_rank, result) : Status();
+  return blobs_of_rank ? ReadBlobs(fs, *lt.src, *blobs_of_rank, result) : Status();
+}
+
+// Loads `request` from the packed `src` on this process alone, batch by
+// batch.
+Status LoadAlone(const Targets& targets, const CheckpointSource& src,
+                 std::optional<int> blobs_of_rank, FileSystem& fs, const LoadOptions& options,
+                 LoadResult* result, Touched* touched) {
+  SS_ASSIGN_OR_RETURN(std::unique_ptr<LoadTensors> lt, ReadLoadTensors(fs, src, targets));
+  SS_ASSIGN_OR_RETURN(Matched m, MatchTargets(targets, src, options, result));
+  const std::vector<size_t> ends = BatchEnds(m.host, *lt->chunks, lt->chunks_of);
+  for (size_t b = 0, first = 0; b < ends.size(); first = ends[b++]) {
+    SS_RETURN_IF_ERROR(
+        ReadBatch(targets, *lt, m, first, ends[b], fs, options, result, touched));
+  }
+  return FinishLoad(m, *lt, blobs_of_rank, fs, options, result, touched);
 }
 
 // How long a shared read waits for another rank's progress before it
 // decides that rank is gone (engine/shared_reads/shared_ring.h).
 constexpr std::chrono::milliseconds kRingStallTimeout = std::chrono::minutes(5);
 
-// Runs this rank's part of a collective load: the shared-reads collective,
-// then the local load. `*written` receives the keys of the checkpoint
-// tensors whose targets the load began to fill (empty if it never read).
-Status LoadLocal(const LoadRequest& request, const CheckpointSource& opened, Comm& comm,
-                 FileSystem& fs, const LoadOptions& options, LoadResult* result,
-                 std::vector<std::string>* written) {
-  Result<CheckpointSource> filled = CheckpointSource();
-  if (opened.chunks_pending) filled = ReadChunksFor(fs, opened, request);
-  const CheckpointSource& src = opened.chunks_pending && filled.ok() ? *filled : opened;
-  Result<Prepared> prepared =
-      filled.ok() ? Prepare(request, src, options, result) : Result<Prepared>(filled.status());
-  std::unique_ptr<RingReads> rings;
-  if (options.share_reads) {  // the same on every rank: the plan is collective
-    SharedReadsOptions share;
-    share.enabled = options.direct_io;  // buffered reads share the page cache already
-    share.rings = options.shared_memory;
-    std::vector<uint64_t> file_sizes;
-    for (const IndexFile& f : src.index.files) file_sizes.push_back(f.bytes);
-    SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
-                        PlanSharedReads(comm, prepared.ok() ? &prepared->plan : nullptr,
-                                        file_sizes, share));
-    SS_ASSIGN_OR_RETURN(rings, SetUpRings(comm, shared, file_sizes, kRingStallTimeout));
-    if (prepared.ok()) prepared->m.sources.rings = rings.get();
-    if (prepared.ok() && shared.bytes_shared > 0) {
-      prepared->m.sources.buffered = std::move(shared.buffered);
-      // Spread the ranks' starting points over the files (LoadSources::first_file).
-      prepared->m.sources.first_file = static_cast<uint32_t>(
-          uint64_t{static_cast<uint32_t>(comm.rank())} * src.index.files.size() / comm.size());
-    }
-    result->bytes_shared = shared.bytes_shared;
+// Runs this rank's part of a collective load that shares reads: the
+// shared-reads collective over the whole plan (one batch, the same on
+// every rank), then the local load.
+Status LoadShared(const Targets& targets, const CheckpointSource& src, Comm& comm,
+                  FileSystem& fs, const LoadOptions& options, LoadResult* result,
+                  Touched* touched) {
+  Result<std::unique_ptr<LoadTensors>> lt = ReadLoadTensors(fs, src, targets);
+  Result<Matched> m = lt.ok() ? MatchTargets(targets, src, options, result)
+                              : Result<Matched>(lt.status());
+  Result<BatchInput> in = m.ok() ? Result<BatchInput>(MakeBatch(
+                                       targets, (*lt)->reading(), m->host, *src.packed,
+                                       *(*lt)->chunks, (*lt)->chunks_of))
+                                 : Result<BatchInput>(m.status());
+  LoadPlanOptions popts;
+  popts.max_read_bytes = std::max<uint64_t>(options.scratch_bytes, 1 << 20);
+  Result<LoadPlan> plan = in.ok() ? PlanLoad(in->tensors, in->wants, popts)
+                                  : Result<LoadPlan>(in.status());
+  SharedReadsOptions share;
+  share.enabled = options.direct_io;  // buffered reads share the page cache already
+  share.rings = options.shared_memory;
+  std::vector<uint64_t> file_sizes;
+  for (const IndexFile& f : src.index.files) file_sizes.push_back(f.bytes);
+  SS_ASSIGN_OR_RETURN(SharedReadPlan shared,
+                      PlanSharedReads(comm, plan.ok() ? &*plan : nullptr, file_sizes, share));
+  SS_ASSIGN_OR_RETURN(std::unique_ptr<RingReads> rings,
+                      SetUpRings(comm, shared, file_sizes, kRingStallTimeout));
+  result->bytes_shared = shared.bytes_shared;
+  if (!plan.ok()) return plan.status();
+  in->sources.rings = rings.get();
+  if (shared.bytes_shared > 0) {
+    in->sources.buffered = std::move(shared.buffered);
+    // Spread the ranks' starting points over the files (LoadSources::first_file).
+    in->sources.first_file = static_cast<uint32_t>(
+        uint64_t{static_cast<uint32_t>(comm.rank())} * src.index.files.size() / comm.size());
   }
-  if (!prepared.ok()) return prepared.status();
-  *written = prepared->m.sources.tensor_keys;
-  return Execute(*prepared, src, comm.rank(), fs, options, result);
+  result->bytes_needed = plan->bytes_needed;
+  touched->Add(in->sources.tensor_keys);
+  LoadCounters counters;
+  Status s = ExecuteLoadPlan(*plan, in->tensors, in->wants, in->dests, in->sources, fs, options,
+                             &counters);
+  result->bytes_read = counters.bytes_read.load();
+  result->chunks_verified = counters.chunks_verified.load();
+  SS_RETURN_IF_ERROR(s);
+  return FinishLoad(*m, **lt, comm.rank(), fs, options, result, touched);
 }
 
 // A failed load says which of this rank's targets it may have changed.
-Status NameTouchedTargets(const Status& s, const std::vector<std::string>& written) {
-  if (s.ok() || written.empty()) return s;
+Status NameTouchedTargets(const Status& s, const Touched& touched) {
+  if (s.ok() || touched.count == 0) return s;
   return Status(s.code(), s.message() + "; this rank's targets may be partly overwritten: " +
-                              ListKeys(written))
+                              ListKeys(touched.first, touched.count))
       .WithDetail(s.detail());
+}
+
+// `src` with its tensors packed: itself, or a packed copy in `*copy`.
+const CheckpointSource& Packed(const CheckpointSource& src, CheckpointSource* copy) {
+  if (src.packed) return src;
+  *copy = src;
+  Repack(copy, /*packed=*/true);
+  return *copy;
 }
 
 }  // namespace
@@ -244,12 +446,10 @@ Status NameTouchedTargets(const Status& s, const std::vector<std::string>& writt
 Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
                       std::optional<int> blobs_of_rank, FileSystem& fs,
                       const LoadOptions& options, LoadResult* result) {
-  if (src.chunks_pending) {
-    SS_ASSIGN_OR_RETURN(CheckpointSource filled, ReadChunksFor(fs, src, request));
-    return LoadFromSource(request, filled, blobs_of_rank, fs, options, result);
-  }
-  SS_ASSIGN_OR_RETURN(Prepared p, Prepare(request, src, options, result));
-  return Execute(p, src, blobs_of_rank, fs, options, result);
+  CheckpointSource copy;
+  Touched ignored;
+  return LoadAlone(Targets{request, {}}, Packed(src, &copy), blobs_of_rank, fs, options, result,
+                   &ignored);
 }
 
 namespace {
@@ -262,8 +462,8 @@ Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std
   Result<std::string> opened = std::string();
   if (comm.rank() == 0) {
     std::string text;
-    local_src = fs.ok() ? OpenSource(**fs, path, comm.size() > 1 ? &text : nullptr,
-                                     /*whole=*/false)
+    local_src = fs.ok() ? OpenSource(**fs, path, OpenHow{comm.size() > 1 ? &text : nullptr,
+                                                         /*whole=*/false, /*packed=*/true})
                         : Result<CheckpointSource>(fs.status());
     opened = !local_src.ok()     ? Result<std::string>(local_src.status())
              : comm.size() > 1 ? Result<std::string>(EncodeSource(*local_src, text))
@@ -274,22 +474,44 @@ Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std
   return local_src;
 }
 
-}  // namespace
-
-Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
-                                              Comm& comm) {
-  return OpenOnRankZero(&fs, path, comm);
-}
-
-Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm) {
-  // Only rank 0 reads here; a rank that cannot reach the store fails later,
-  // in LoadOpenedSource's agreement.
+// OpenOnRankZero on the file system `path` lies on (FileSystemFor), or
+// `fs` when set. Only rank 0 reads; a rank that cannot reach the store
+// fails later, in LoadOpenedSource's agreement.
+Result<CheckpointSource> OpenOnRankZero(FileSystem* fs, const std::string& path, Comm& comm) {
+  if (fs != nullptr) return OpenOnRankZero(Result<FileSystem*>(fs), path, comm);
   return OpenOnRankZero(comm.rank() == 0 ? FileSystemFor(path) : Result<FileSystem*>(nullptr),
                         path, comm);
 }
 
+Result<CheckpointSource> Unpacked(Result<CheckpointSource> src) {
+  if (src.ok()) Repack(&*src, /*packed=*/false);
+  return src;
+}
+
+}  // namespace
+
+Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string& path,
+                                              Comm& comm) {
+  return Unpacked(OpenOnRankZero(&fs, path, comm));
+}
+
+Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm) {
+  return Unpacked(OpenOnRankZero(nullptr, path, comm));
+}
+
+Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm) {
+  return OpenOnRankZero(nullptr, path, comm);
+}
+
 Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,
                                     Comm& comm, const LoadOptions& options) {
+  return LoadOpenedSource(request, {}, src, comm, options);
+}
+
+Result<LoadResult> LoadOpenedSource(const LoadRequest& request,
+                                    std::span<const WholeTensorTarget> whole,
+                                    const CheckpointSource& src, Comm& comm,
+                                    const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   Result<FileSystem*> fs = FileSystemFor(src.path, options.fs);
   LoadResult result;
@@ -299,9 +521,19 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
   result.metadata = src.index.metadata;
   result.layout = src.index.layout;
   result.saved_world_size = src.index.world_size;
-  std::vector<std::string> written;
+  Touched touched;
+  CheckpointSource copy;
+  const CheckpointSource& packed = Packed(src, &copy);
   Status local = fs.status();
-  if (local.ok()) local = LoadLocal(request, src, comm, **fs, options, &result, &written);
+  if (!whole.empty() && !src.packed) {
+    local = InvalidArgumentError("whole-tensor targets name tensors of a packed source only");
+  }
+  const Targets targets{request, whole};
+  if (local.ok() && options.share_reads && comm.size() > 1) {
+    local = LoadShared(targets, packed, comm, **fs, options, &result, &touched);
+  } else if (local.ok()) {
+    local = LoadAlone(targets, packed, comm.rank(), **fs, options, &result, &touched);
+  }
   if (local.code() == StatusCode::kNotFound && src.native && (*fs)->IsObjectStore() &&
       !IsCommitted(**fs, src.path)) {
     // No read lease on an object store: retention or prune got there first.
@@ -310,7 +542,7 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
                           local.message());
   }
   SS_RETURN_IF_ERROR(
-      NameTouchedTargets(AgreeOnStatus(comm, local).WithContext("loading " + src.path), written));
+      NameTouchedTargets(AgreeOnStatus(comm, local).WithContext("loading " + src.path), touched));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -318,9 +550,7 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const Checkpoint
 Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
                         const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  Result<CheckpointSource> opened = options.fs ? OpenSourceCollective(*options.fs, path, comm)
-                                                : OpenSourceCollective(path, comm);
-  SS_ASSIGN_OR_RETURN(CheckpointSource src, std::move(opened));
+  SS_ASSIGN_OR_RETURN(CheckpointSource src, OpenOnRankZero(options.fs, path, comm));
   SS_ASSIGN_OR_RETURN(LoadResult result, LoadOpenedSource(request, src, comm, options));
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

@@ -5,9 +5,16 @@
 #include <optional>
 
 #include "engine/load/source.h"
+#include "format/index_packed.h"
+#include "layout/load_planner.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {
+
+// Appends tensor t of `tensors` to `saved` as the planner takes it (its
+// chunks), and their checksums to `crcs`.
+void AddSavedChunks(const PackedTensors& tensors, size_t t, SavedTensor* saved,
+                    std::vector<std::optional<uint32_t>>* crcs);
 
 // Loads `request` from `src` on this process alone (no collectives), plus,
 // when `blobs_of_rank` is set, the global blobs and that rank's per-rank

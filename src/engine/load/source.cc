@@ -9,6 +9,7 @@
 #include "engine/load/checksum_files.h"
 #include "format/chunk_table.h"
 #include "format/index.h"
+#include "format/index_packed.h"
 #include "comm/wire.h"
 #include "layout/tiling.h"
 
@@ -21,13 +22,19 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// Index text read at a time, when it is not read whole.
+constexpr uint64_t kIndexPieceBytes = uint64_t{4} << 20;
+
 // Checks that every tensor's chunks tile it (DataLoss naming the tensor).
-Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source) {
+Status CheckIndexTiling(const PackedTensors& tensors, const std::string& source) {
   std::vector<Slice> slices;
-  for (const auto& [key, tensor] : index.tensors) {
+  for (size_t t = 0; t < tensors.size(); ++t) {
     slices.clear();
-    for (const IndexChunk& c : tensor.chunks) slices.push_back(c.slice);
-    Status s = CheckTiling(key, tensor.shape, slices);
+    const uint64_t first = tensors.first_chunk(t);
+    for (uint64_t i = 0; i < tensors.chunk_count(t); ++i) {
+      slices.push_back(tensors.slice(t, first + i));
+    }
+    Status s = CheckTiling(std::string(tensors.key(t)), tensors.shape(t), slices);
     if (!s.ok()) return DataLossError(source + ": " + s.message());
   }
   return Status();
@@ -36,12 +43,15 @@ Status CheckIndexTiling(const CheckpointIndex& index, const std::string& source)
 // A shardsafe checkpoint records a checksum for every chunk and blob chunk
 // (only foreign files have none): one without is DataLoss, not a chunk
 // left unchecked.
-Status CheckChecksumsRecorded(const CheckpointIndex& index, const std::string& source) {
-  for (const auto& [key, tensor] : index.tensors) {
-    for (const IndexChunk& c : tensor.chunks) {
-      if (!c.crc32c) {
-        return DataLossError(source + ": tensor \"" + key + "\" chunk " +
-                             SliceToString(c.slice) + " has no crc32c");
+Status CheckChecksumsRecorded(const CheckpointIndex& index, const PackedTensors& tensors,
+                              const std::string& source) {
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const uint64_t first = tensors.first_chunk(t);
+    for (uint64_t c = first; c < first + tensors.chunk_count(t); ++c) {
+      if (!tensors.crc32c(c)) {
+        return DataLossError(source + ": tensor \"" + std::string(tensors.key(t)) +
+                             "\" chunk " + SliceToString(tensors.slice(t, c)) +
+                             " has no crc32c");
       }
     }
   }
@@ -91,37 +101,67 @@ Result<std::shared_ptr<FileLock>> Pin(FileSystem& fs, const std::string& dir) {
 }
 
 // Fills every tensor's chunks from the chunk table `index` names (every
-// part of it).
-Status ReadWholeTable(FileSystem& fs, const std::string& dir, CheckpointIndex* index) {
-  std::vector<std::string> tables, paths;
-  for (const IndexChunkTable& t : index->chunk_tables) {
-    paths.push_back(JoinPath(dir, t.name));
-    SS_ASSIGN_OR_RETURN(tables.emplace_back(),
-                        ReadFileToString(fs, paths.back(), t.bytes, Within(dir)));
-  }
-  SS_RETURN_IF_ERROR(FillChunksFromTables(tables, paths, index));
-  return FillChecksums(fs, dir, Within(dir), index);
+// part of it, one at a time), then their checksums.
+Status ReadWholeTable(FileSystem& fs, const std::string& dir, const CheckpointIndex& index,
+                      PackedTensors* tensors) {
+  std::vector<std::string> paths;
+  for (const IndexChunkTable& t : index.chunk_tables) paths.push_back(JoinPath(dir, t.name));
+  auto read_part = [&](uint32_t p) {
+    return ReadFileToString(fs, paths[p], index.chunk_tables[p].bytes, Within(dir));
+  };
+  SS_RETURN_IF_ERROR(FillChunksFromTables(read_part, paths, index, tensors));
+  return FillChecksums(fs, dir, Within(dir), index, tensors);
 }
 
-// `*text` (when set) receives the index bytes read; `whole`: a chunk table
-// is read too. The tag is the directory's name (what a root lists and
-// `latest` names), not the index's field.
-Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, std::string* text,
-                                    bool whole) {
+// Parses the index at `path` in `dir`, its tensors into `*tensors`. Read
+// whole where `*text` is to receive it (to be sent to other ranks) or the
+// file system is an object store (one GET, one version of the object);
+// else a piece at a time, never held whole.
+Result<CheckpointIndex> ReadIndex(FileSystem& fs, const std::string& dir, const std::string& path,
+                                  std::string* text, PackedTensors* tensors) {
+  if (text != nullptr || fs.IsObjectStore()) {
+    SS_ASSIGN_OR_RETURN(std::string read, ReadFileToString(fs, path, kMaxIndexBytes, Within(dir)));
+    SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, path, tensors));
+    if (text != nullptr) *text = std::move(read);
+    return index;
+  }
+  SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, Within(dir)));
+  const uint64_t size = file->size();
+  if (size > kMaxIndexBytes) {  // as ReadFileToString says it
+    return ResourceExhaustedError("reading " + path + ": file has " + std::to_string(size) +
+                                  " bytes, more than the limit of " +
+                                  std::to_string(kMaxIndexBytes));
+  }
+  std::string piece;
+  uint64_t offset = 0;
+  const IndexTextReader next = [&]() -> Result<std::string_view> {
+    piece.resize(std::min(kIndexPieceBytes, size - offset));
+    SS_RETURN_IF_ERROR(file->ReadAt(offset, piece.data(), piece.size()));
+    offset += piece.size();
+    return std::string_view(piece);
+  };
+  return ParseIndex(next, path, tensors);
+}
+
+// `how.text` (when set) receives the index bytes read; `how.whole`: a
+// chunk table is read too. The tensors go to CheckpointSource::packed. The
+// tag is the directory's name (what a root lists and `latest` names), not
+// the index's field.
+Result<CheckpointSource> OpenNative(FileSystem& fs, const std::string& dir, const OpenHow& how) {
   const std::string index_path = JoinPath(dir, kIndexFileName);
   SS_ASSIGN_OR_RETURN(std::shared_ptr<FileLock> pin, Pin(fs, dir));
-  SS_ASSIGN_OR_RETURN(std::string read,
-                      ReadFileToString(fs, index_path, kMaxIndexBytes, Within(dir)));
-  SS_ASSIGN_OR_RETURN(CheckpointIndex index, ParseIndex(read, index_path));
+  auto tensors = std::make_shared<PackedTensors>();
+  SS_ASSIGN_OR_RETURN(CheckpointIndex index,
+                      ReadIndex(fs, dir, index_path, how.text, tensors.get()));
   const bool table = !index.chunk_tables.empty();
-  const bool pending = table && !whole;
-  if (table && whole) SS_RETURN_IF_ERROR(ReadWholeTable(fs, dir, &index));
-  if (!pending) SS_RETURN_IF_ERROR(CheckIndexTiling(index, index_path));
-  SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, index_path));
+  const bool pending = table && !how.whole;
+  if (table && how.whole) SS_RETURN_IF_ERROR(ReadWholeTable(fs, dir, index, tensors.get()));
+  if (!pending) SS_RETURN_IF_ERROR(CheckIndexTiling(*tensors, index_path));
+  SS_RETURN_IF_ERROR(CheckChecksumsRecorded(index, *tensors, index_path));
   index.tag = BaseName(dir);
-  if (text != nullptr) *text = std::move(read);
   CheckpointSource src{dir, dir, true, std::move(index)};
   src.chunks_pending = pending;
+  src.packed = std::move(tensors);
   src.pin = std::move(pin);
   return src;
 }
@@ -216,8 +256,8 @@ bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
 }
 
 Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
-                                       std::string* text, bool whole) {
-  if (IsCommitted(fs, dir)) return OpenNative(fs, dir, text, whole);
+                                       const OpenHow& how) {
+  if (IsCommitted(fs, dir)) return OpenNative(fs, dir, how);
   const std::string hf_index = JoinPath(dir, kHfIndexName);
   if (fs.Stat(hf_index).ok()) {
     SS_ASSIGN_OR_RETURN(auto map, ReadHfWeightMap(fs, hf_index));
@@ -233,7 +273,7 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
     // shared, so no commit or retention renames anything in between.
     SS_ASSIGN_OR_RETURN(auto shared, LockRoot(fs, dir, LockMode::kShared));
     SS_ASSIGN_OR_RETURN(auto latest, ResolveLatestTag(fs, dir));
-    if (latest) return OpenNative(fs, JoinPath(dir, *latest), text, whole);
+    if (latest) return OpenNative(fs, JoinPath(dir, *latest), how);
   }
   SS_ASSIGN_OR_RETURN(auto names, SafetensorsFilesIn(fs, dir));
   if (LooksLikeUncommittedCheckpoint(names)) {
@@ -261,8 +301,12 @@ LoadSources FileSources(const CheckpointSource& src) {
   return sources;
 }
 
-Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
-                                                uint64_t* file_size, const ReadOptions& options) {
+namespace {
+
+// The header text of the safetensors file at `path` (steps 1-3 of the
+// reference reader on its prefix), and the file's size.
+Result<std::string> ReadHeaderText(FileSystem& fs, const std::string& path,
+                                   const ReadOptions& options, uint64_t* file_size) {
   SS_ASSIGN_OR_RETURN(auto file, fs.NewRandomAccessFile(path, options));
   *file_size = file->size();
   std::byte prefix[8] = {};
@@ -272,14 +316,31 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::strin
   if (!len.ok()) return len.status().WithContext(path);
   std::string header(*len, '\0');
   SS_RETURN_IF_ERROR(file->ReadAt(8, header.data(), header.size()));
+  return header;
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(FileSystem& fs, const std::string& path,
+                                                uint64_t* file_size, const ReadOptions& options) {
+  SS_ASSIGN_OR_RETURN(std::string header, ReadHeaderText(fs, path, options, file_size));
   auto parsed = ParseSafetensorsHeader(header, *file_size);
   if (!parsed.ok()) return parsed.status().WithContext(path);
   return parsed;
 }
 
+Status ScanSafetensorsHeader(FileSystem& fs, const std::string& path, const ReadOptions& options,
+                             uint64_t* file_size, uint64_t* data_start,
+                             const std::function<void(const SafetensorsEntry&)>& each,
+                             std::vector<std::string>* duplicates) {
+  SS_ASSIGN_OR_RETURN(std::string header, ReadHeaderText(fs, path, options, file_size));
+  *data_start = 8 + header.size();
+  Status s = ScanSafetensorsHeader(header, *file_size, each, duplicates);
+  return s.ok() ? s : s.WithContext(path);
+}
 
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path) {
-  return OpenSource(fs, path, nullptr, /*whole=*/true);
+  return OpenSource(fs, path, OpenHow{nullptr, /*whole=*/true, /*packed=*/false});
 }
 
 Result<CheckpointSource> OpenSource(const std::string& path) {
@@ -287,8 +348,17 @@ Result<CheckpointSource> OpenSource(const std::string& path) {
   return OpenSource(*fs, path);
 }
 
+Result<CheckpointSource> OpenSourcePacked(FileSystem& fs, const std::string& path) {
+  return OpenSource(fs, path, OpenHow{});
+}
+
+Result<CheckpointSource> OpenSourcePacked(const std::string& path) {
+  SS_ASSIGN_OR_RETURN(FileSystem * fs, FileSystemFor(path));
+  return OpenSourcePacked(*fs, path);
+}
+
 Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
-                                    std::string* index_text, bool whole) {
+                                    const OpenHow& how) {
   auto info = fs.Stat(path);
   if (!info.ok()) {
     if (info.status().code() == StatusCode::kNotFound) {
@@ -296,8 +366,21 @@ Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
     }
     return info.status();
   }
-  if (info->is_dir) return OpenDirectory(fs, path, index_text, whole);
-  return OpenForeign(fs, ParentDir(path), {BaseName(path)}, path);
+  Result<CheckpointSource> src = info->is_dir ? OpenDirectory(fs, path, how)
+                                              : OpenForeign(fs, ParentDir(path), {BaseName(path)},
+                                                            path);
+  if (src.ok()) Repack(&*src, how.packed);
+  return src;
+}
+
+void Repack(CheckpointSource* src, bool packed) {
+  if (packed && !src->packed) {
+    src->packed = std::make_shared<const PackedTensors>(PackedTensors::From(src->index.tensors));
+    src->index.tensors.clear();
+  } else if (!packed && src->packed) {
+    src->index.tensors = src->packed->Unpack();
+    src->packed = nullptr;
+  }
 }
 
 std::string EncodeSource(const CheckpointSource& source, std::string_view index_text) {
@@ -307,6 +390,10 @@ std::string EncodeSource(const CheckpointSource& source, std::string_view index_
   w.U8(source.native);
   if (!index_text.empty()) {
     w.Str(index_text);
+  } else if (source.packed) {  // a synthesized index: every chunk inline (version 1)
+    std::string text;
+    SerializeIndex(source.index, *source.packed, [&](std::string_view s) { text += s; });
+    w.Str(text);
   } else {
     w.Str(SerializeIndex(source.index));
   }
@@ -322,7 +409,9 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   src.native = native != 0;
   // Parsed in place: a copy would add the index's size to every rank's peak.
   SS_ASSIGN_OR_RETURN(std::string_view text, r.View());
-  SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path));
+  auto tensors = std::make_shared<PackedTensors>();
+  SS_ASSIGN_OR_RETURN(src.index, ParseIndex(text, src.path, tensors.get()));
+  src.packed = std::move(tensors);
   if (src.native) src.index.tag = BaseName(src.path);  // as OpenNative
   src.chunks_pending = !src.index.chunk_tables.empty();
   return src;

@@ -8,6 +8,7 @@
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
 #include "engine/load/load_executor.h"
+#include "engine/load/load_internal.h"
 #include "engine/load/source.h"
 #include "engine/load/stream_checksums.h"
 #include "shardsafe/source.h"
@@ -44,18 +45,31 @@ void AppendInWindows(ReadOp read, uint64_t window, std::span<const SavedTensor> 
   }
 }
 
+// `src` with its tensors packed: itself, or a packed copy in `*copy`.
+const CheckpointSource& PackedSource(const CheckpointSource& src,
+                                     std::unique_ptr<CheckpointSource>* copy) {
+  if (src.packed) return src;
+  *copy = std::make_unique<CheckpointSource>(src);
+  Repack(copy->get(), /*packed=*/true);
+  return **copy;
+}
+
 }  // namespace
 
 struct SourceReader::Impl {
   Impl(const CheckpointSource& src, FileSystem& fs, bool verify, SourceReadTuning tuning)
-      : src_(src), fs_(fs), verify_(verify), tuning_(tuning), files_(FileSources(src)),
-        stream_(src.index, files_.file_paths) {}
+      : src_(PackedSource(src, &copy_)), tensors_(*src_.packed), fs_(fs), verify_(verify),
+        tuning_(tuning), files_(FileSources(src_)), stream_(tensors_, files_.file_paths) {}
 
   Status Read(std::span<const SourcePiece> pieces, uint64_t max_read_bytes);
   Status VerifyChunk(const std::string& key, uint32_t chunk);
-  Status VerifyRest(const std::set<std::string>& keys, int threads);
+  Status VerifyRest(const std::function<bool(std::string_view)>& of, int threads);
+  // The tensor of key `key` (of a piece: one the caller found in the index).
+  size_t TensorOf(const std::string& key) const;
 
+  std::unique_ptr<CheckpointSource> copy_;  // of a source given unpacked
   const CheckpointSource& src_;
+  const PackedTensors& tensors_;
   FileSystem& fs_;
   const bool verify_;
   const SourceReadTuning tuning_;
@@ -75,7 +89,18 @@ Status SourceReader::Read(std::span<const SourcePiece> pieces, uint64_t max_read
 }
 
 Status SourceReader::VerifyRest(const std::set<std::string>& keys, int threads) {
-  return impl_->VerifyRest(keys, threads);
+  return impl_->VerifyRest(
+      [&](std::string_view key) { return keys.count(std::string(key)) > 0; }, threads);
+}
+
+Status SourceReader::VerifyRest(const std::function<bool(std::string_view)>& of, int threads) {
+  return impl_->VerifyRest(of, threads);
+}
+
+size_t SourceReader::Impl::TensorOf(const std::string& key) const {
+  const std::optional<size_t> t = tensors_.Find(key);
+  if (!t) throw std::out_of_range("SourceReader: no tensor \"" + key + "\"");  // a caller's bug
+  return *t;
 }
 
 uint64_t SourceReader::bytes_read() const { return impl_->bytes_read_.load(); }
@@ -93,13 +118,10 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
   for (const SourcePiece& p : pieces) {
     auto [it, added] = ids.emplace(p.key, static_cast<uint32_t>(tensors.size()));
     if (added) {
-      const IndexTensor& t = src_.index.tensors.at(*p.key);
-      SavedTensor saved{t.dtype, t.shape, {}};
+      const size_t t = TensorOf(*p.key);
+      SavedTensor saved{tensors_.dtype(t), tensors_.shape(t), {}};
       std::vector<std::optional<uint32_t>> crcs;
-      for (const IndexChunk& c : t.chunks) {
-        saved.chunks.push_back({c.slice, c.file, c.at});
-        crcs.push_back(c.crc32c);
-      }
+      AddSavedChunks(tensors_, t, &saved, &crcs);
       tensors.push_back(std::move(saved));
       sources.tensor_keys.push_back(*p.key);
       sources.crcs.push_back(std::move(crcs));
@@ -132,7 +154,8 @@ Status SourceReader::Impl::Read(std::span<const SourcePiece> pieces, uint64_t ma
 }
 
 Status SourceReader::Impl::VerifyChunk(const std::string& key, uint32_t chunk) {
-  const IndexChunk& c = src_.index.tensors.at(key).chunks[chunk];
+  const size_t t = TensorOf(key);
+  const IndexChunk c = tensors_.chunk(t, tensors_.first_chunk(t) + chunk);
   const std::string& path = files_.file_paths[c.file];
   SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, SourceReadOptions(src_)));
   std::vector<char> buf(std::min(c.bytes, kVerifyPieceBytes));
@@ -154,10 +177,11 @@ Status SourceReader::Impl::VerifyChunk(const std::string& key, uint32_t chunk) {
   return Status();
 }
 
-Status SourceReader::Impl::VerifyRest(const std::set<std::string>& keys, int threads) {
+Status SourceReader::Impl::VerifyRest(const std::function<bool(std::string_view)>& of,
+                                      int threads) {
   if (!verify_) return Status();
   SS_RETURN_IF_ERROR(stream_.status());
-  const auto todo = stream_.Unverified(keys);
+  const auto todo = stream_.Unverified(of);
   ThreadPool pool(std::min<size_t>(std::max(threads, 1), todo.size()));
   TaskGroup group(&pool);
   for (const auto& [key, chunk] : todo) {

@@ -7,17 +7,28 @@
 
 namespace shardsafe {
 
-StreamChecksums::StreamChecksums(const CheckpointIndex& index, std::vector<std::string> file_paths)
-    : file_paths_(std::move(file_paths)) {
-  for (size_t i = 0; i < index.files.size(); ++i) files_.push_back(std::make_unique<File>());
-  for (const auto& [key, tensor] : index.tensors) {
-    for (uint32_t i = 0; i < tensor.chunks.size(); ++i) {
-      const IndexChunk& c = tensor.chunks[i];
-      if (!c.crc32c || c.bytes == 0 || c.file >= files_.size()) continue;
-      files_[c.file]->chunks.push_back(
-          {c.at, c.at + c.bytes, *c.crc32c, State::kPending, {}, &key, &c, i});
+StreamChecksums::StreamChecksums(const PackedTensors& tensors, std::vector<std::string> file_paths)
+    : tensors_(tensors), file_paths_(std::move(file_paths)) {
+  for (size_t i = 0; i < file_paths_.size(); ++i) files_.push_back(std::make_unique<File>());
+  // Each file's chunks at their exact count: counted, then placed.
+  auto each = [&](auto f) {
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const uint64_t first = tensors.first_chunk(t);
+      for (uint64_t c = first; c < first + tensors.chunk_count(t); ++c) {
+        if (!tensors.crc32c(c) || tensors.bytes(c) == 0 || tensors.file(c) >= files_.size()) {
+          continue;
+        }
+        f(t, c);
+      }
     }
-  }
+  };
+  std::vector<size_t> count(files_.size());
+  each([&](size_t, uint64_t c) { ++count[tensors.file(c)]; });
+  for (size_t f = 0; f < files_.size(); ++f) files_[f]->chunks.reserve(count[f]);
+  each([&](size_t t, uint64_t c) {
+    files_[tensors.file(c)]->chunks.push_back(
+        {tensors.at(c), c, static_cast<uint32_t>(t), State::kPending});
+  });
   for (auto& f : files_) {
     std::sort(f->chunks.begin(), f->chunks.end(),
               [](const Chunk& a, const Chunk& b) { return a.begin < b.begin; });
@@ -35,18 +46,21 @@ void StreamChecksums::Add(uint32_t file, uint64_t offset, uint64_t n, const char
                              [](uint64_t o, const Chunk& c) { return o < c.begin; });
   if (it != f.chunks.begin()) --it;
   for (; it != f.chunks.end() && it->begin < offset + n; ++it) {
-    if (it->end <= offset) continue;
-    const uint64_t a = std::max(it->begin, offset), b = std::min(it->end, offset + n);
+    const uint64_t end = End(*it);
+    if (end <= offset) continue;
+    const uint64_t a = std::max(it->begin, offset), b = std::min(end, offset + n);
     const uint32_t crc = Crc32c(data + (a - offset), b - a);
     std::lock_guard<std::mutex> lock(f.mu);
-    Record(*it, a, b, crc, offset, data, file);
+    Record(f, *it, a, b, crc, offset, data, file);
   }
 }
 
-void StreamChecksums::Record(Chunk& c, uint64_t a, uint64_t b, uint32_t crc, uint64_t offset,
-                             const char* data, uint32_t file) {
+void StreamChecksums::Record(File& f, Chunk& c, uint64_t a, uint64_t b, uint32_t crc,
+                             uint64_t offset, const char* data, uint32_t file) {
   if (c.state != State::kPending) return;
-  auto& segs = c.segments;
+  const uint64_t end = End(c);
+  if (a == c.begin && b == end && !f.seen.count(c.number)) return Check(c, crc, file);  // whole
+  Segments& segs = f.seen[c.number];
   // The parts of [a, b) no segment holds yet (bytes read twice count once).
   std::vector<std::pair<uint64_t, uint64_t>> fresh;
   auto next = segs.upper_bound(a);
@@ -81,28 +95,30 @@ void StreamChecksums::Record(Chunk& c, uint64_t a, uint64_t b, uint32_t crc, uin
       segs.erase(right);
     }
   }
-  Check(c, file);
+  if (segs.size() != 1) return;
+  const auto& [start, seg] = *segs.begin();
+  if (start != c.begin || seg.end != end) return;
+  const uint32_t whole = seg.crc;
+  f.seen.erase(c.number);
+  Check(c, whole, file);
 }
 
-void StreamChecksums::Check(Chunk& c, uint32_t file) {
-  if (c.segments.size() != 1) return;
-  const auto& [start, seg] = *c.segments.begin();
-  if (start != c.begin || seg.end != c.end) return;
-  const uint32_t crc = seg.crc;
-  c.segments.clear();
-  if (crc == c.expected) {
+void StreamChecksums::Check(Chunk& c, uint32_t crc, uint32_t file) {
+  const uint32_t expected = *tensors_.crc32c(c.number);
+  if (crc == expected) {
     c.state = State::kVerified;
     ++verified_;
     return;
   }
   c.state = State::kBroken;
   char msg[96];
-  std::snprintf(msg, sizeof msg, ": checksum mismatch (recorded %08x, computed %08x)", c.expected,
+  std::snprintf(msg, sizeof msg, ": checksum mismatch (recorded %08x, computed %08x)", expected,
                 crc);
   std::lock_guard<std::mutex> lock(error_mu_);
   if (error_.ok()) {
-    error_ = DataLossError("tensor \"" + *c.key + "\" chunk " + SliceToString(c.chunk->slice) +
-                           " in " + file_paths_[file] + msg);
+    error_ = DataLossError("tensor \"" + std::string(tensors_.key(c.tensor)) + "\" chunk " +
+                           SliceToString(tensors_.slice(c.tensor, c.number)) + " in " +
+                           file_paths_[file] + msg);
   }
 }
 
@@ -112,15 +128,23 @@ Status StreamChecksums::status() const {
 }
 
 std::vector<std::pair<std::string, uint32_t>> StreamChecksums::Unverified(
-    const std::set<std::string>& keys) const {
+    const std::function<bool(std::string_view)>& of) const {
   std::vector<std::pair<std::string, uint32_t>> out;
   for (const auto& f : files_) {
     std::lock_guard<std::mutex> lock(f->mu);
     for (const Chunk& c : f->chunks) {
-      if (c.state != State::kVerified && keys.count(*c.key)) out.emplace_back(*c.key, c.index);
+      if (c.state == State::kVerified) continue;
+      const std::string_view key = tensors_.key(c.tensor);
+      if (!of(key)) continue;
+      out.emplace_back(key, static_cast<uint32_t>(c.number - tensors_.first_chunk(c.tensor)));
     }
   }
   return out;
+}
+
+std::vector<std::pair<std::string, uint32_t>> StreamChecksums::Unverified(
+    const std::set<std::string>& keys) const {
+  return Unverified([&](std::string_view key) { return keys.count(std::string(key)) > 0; });
 }
 
 }  // namespace shardsafe

@@ -30,9 +30,14 @@ struct Fixture {
   void Add(StreamChecksums& s, uint64_t lo, uint64_t hi) const {
     s.Add(0, lo, hi - lo, data.data() + lo);
   }
+  const PackedTensors& Packed() {
+    packed = PackedTensors::From(index.tensors);
+    return packed;
+  }
 
   std::vector<char> data;
   CheckpointIndex index;
+  PackedTensors packed;
 };
 
 TEST(StreamChecksumsTest, PiecesInAnyOrderOnAnyThreadVerifyEveryChunk) {
@@ -48,7 +53,7 @@ TEST(StreamChecksumsTest, PiecesInAnyOrderOnAnyThreadVerifyEveryChunk) {
     at += n;
   }
   std::shuffle(pieces.begin(), pieces.end(), rng);
-  StreamChecksums s(f.index, {"data.safetensors"});
+  StreamChecksums s(f.Packed(), {"data.safetensors"});
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -63,7 +68,7 @@ TEST(StreamChecksumsTest, PiecesInAnyOrderOnAnyThreadVerifyEveryChunk) {
 
 TEST(StreamChecksumsTest, AChunkNotWhollyReadStaysUnverified) {
   Fixture f;
-  StreamChecksums s(f.index, {"data.safetensors"});
+  StreamChecksums s(f.Packed(), {"data.safetensors"});
   f.Add(s, 8, 2000);
   f.Add(s, 2100, 4008);  // a gap of 100 bytes in "a"; "b" untouched
   EXPECT_EQ(s.verified_count(), 0u);
@@ -75,7 +80,7 @@ TEST(StreamChecksumsTest, AChunkNotWhollyReadStaysUnverified) {
 
 TEST(StreamChecksumsTest, AFlippedByteInAnyPieceIsAMismatchNamingTheChunk) {
   Fixture f;
-  StreamChecksums s(f.index, {"data.safetensors"});
+  StreamChecksums s(f.Packed(), {"data.safetensors"});
   std::vector<char> bad = f.data;
   bad[3000] ^= 0x10;
   s.Add(0, 2500, 1508, bad.data() + 2500);  // the later piece first

@@ -7,10 +7,14 @@
 #include "base/thread_pool.h"
 #include "engine/load/checksum_files.h"
 #include "format/chunk_table.h"
+#include "format/index_packed.h"
 #include "layout/tiling.h"
 
 namespace shardsafe {
 namespace {
+
+// Tensors a packed load reads the table for at once (ReadTableChunks).
+constexpr size_t kTableReadGroup = 4096;
 
 // How a load reads the table: spans closer than `join_gap` in one request,
 // `parallel` requests in flight.
@@ -104,29 +108,34 @@ Result<SpanReads> ReadSpans(const TableFiles& table, const std::vector<PartSpan>
 // entries (of `level`) that meet them: the next round reads what they
 // cover.
 struct Wanted {
-  const std::string* key = nullptr;
-  const IndexTensor* tensor = nullptr;
+  std::string_view key;  // as the index holds it
+  IndexTensor tensor;    // its dtype, shape and table ref (no chunks)
   std::vector<Bounds> wants;  // of its targets' slices
   size_t level = 0;
   std::vector<std::pair<uint64_t, BlockEntry>> meeting;  // (index in its level, entry)
   std::vector<IndexChunk> chunks;
 
-  size_t ndim() const { return tensor->shape.size(); }
-  const IndexTableRef& ref() const { return *tensor->table; }
+  size_t ndim() const { return tensor.shape.size(); }
+  const IndexTableRef& ref() const { return *tensor.table; }
   uint32_t part() const { return ref().part; }
 };
 
-std::vector<Wanted> WantedTensors(const CheckpointIndex& index, const LoadRequest& request) {
+// The tensors `request` wants, in key order; `find(key)` returns a
+// tensor's key as the index holds it and its dtype, shape and table ref,
+// or nullopt.
+template <typename Find>
+std::vector<Wanted> WantedTensors(const LoadRequest& request, Find find) {
   std::map<std::string_view, Wanted> by_key;
-  TensorFinder finder(index);
   for (const TensorTarget& t : request.tensors) {
-    const auto it = finder.Find(t.key);
+    auto found = find(t.key);
     // A target of another shape fails the load when it is matched; it
     // reads nothing here.
-    if (it == finder.end() || it->second.shape != t.shape) continue;
-    Wanted& w = by_key[it->first];
-    w.key = &it->first;
-    w.tensor = &it->second;
+    if (!found || found->second.shape != t.shape) continue;
+    Wanted& w = by_key[found->first];
+    if (w.wants.empty()) {
+      w.key = found->first;
+      w.tensor = std::move(found->second);
+    }
     w.wants.push_back(BoundsOf(t.slice));
   }
   std::vector<Wanted> wanted;
@@ -165,7 +174,7 @@ Status DescendOneLevel(const TableFiles& table, ReadShape shape, std::vector<Wan
     Wanted& w = wanted[parents[k].first];
     const auto& [index, entry] = w.meeting[parents[k].second];
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> children,
-                        DecodeEntries(read.views[k], w.ndim(), entry.crc32c, *w.key,
+                        DecodeEntries(read.views[k], w.ndim(), entry.crc32c, w.key,
                                       table.paths[w.part()]));
     KeepMeeting(w, children, index * kChunksPerBlock, &below[parents[k].first]);
   }
@@ -180,17 +189,14 @@ Status DescendOneLevel(const TableFiles& table, ReadShape shape, std::vector<Wan
 // Opens the parts that hold `wanted` tensors, several at once (in an
 // object store each open may cost a request), each checked against the
 // size the index records.
+// (`parts`: the parts needed, each once.)
 Result<TableFiles> OpenParts(FileSystem& fs, const CheckpointSource& src,
-                             const std::vector<Wanted>& wanted, ReadShape shape) {
+                             const std::vector<uint32_t>& needed, ReadShape shape) {
   const std::vector<IndexChunkTable>& parts = src.index.chunk_tables;
   TableFiles table;
   table.files.resize(parts.size());
   table.paths.resize(parts.size());
-  std::vector<uint32_t> needed;
-  for (const Wanted& w : wanted) {
-    if (table.paths[w.part()].empty()) needed.push_back(w.part());
-    table.paths[w.part()] = JoinPath(src.data_dir, parts[w.part()].name);
-  }
+  for (uint32_t p : needed) table.paths[p] = JoinPath(src.data_dir, parts[p].name);
   ThreadPool pool(needed.size() > 1 ? shape.parallel : 0);
   TaskGroup opens(&pool);
   for (uint32_t p : needed) {
@@ -208,16 +214,22 @@ Result<TableFiles> OpenParts(FileSystem& fs, const CheckpointSource& src,
   return table;
 }
 
-}  // namespace
+// The parts `wanted` tensors lie in, each once.
+std::vector<uint32_t> PartsOf(const std::vector<Wanted>& wanted, size_t parts) {
+  std::vector<bool> seen(parts);
+  std::vector<uint32_t> needed;
+  for (const Wanted& w : wanted) {
+    if (!seen[w.part()]) needed.push_back(w.part());
+    seen[w.part()] = true;
+  }
+  return needed;
+}
 
-Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& src,
-                                       const LoadRequest& request, TableReadStats* stats) {
-  TableReadStats ignored;
-  if (stats == nullptr) stats = &ignored;
-  const CheckpointIndex& index = src.index;
-  const ReadShape shape = ShapeFor(fs);
-  std::vector<Wanted> wanted = WantedTensors(index, request);
-  SS_ASSIGN_OR_RETURN(TableFiles table, OpenParts(fs, src, wanted, shape));
+// Reads, for each of `wanted`, the chunks that can hold its targets'
+// slices, into Wanted::chunks: the rounds of the header's comment, in the
+// parts `table` has open.
+Status ReadWanted(const TableFiles& table, ReadShape shape, const CheckpointSource& src,
+                  std::vector<Wanted>& wanted, TableReadStats* stats) {
   // Round 1: the top level of every directory.
   std::vector<PartSpan> spans;
   for (Wanted& w : wanted) {
@@ -229,7 +241,7 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   for (size_t i = 0; i < wanted.size(); ++i) {
     Wanted& w = wanted[i];
     SS_ASSIGN_OR_RETURN(std::vector<BlockEntry> entries,
-                        DecodeEntries(tops.views[i], w.ndim(), w.ref().directory_crc32c, *w.key,
+                        DecodeEntries(tops.views[i], w.ndim(), w.ref().directory_crc32c, w.key,
                                       table.paths[w.part()]));
     KeepMeeting(w, entries, 0, &w.meeting);
     depth = std::max(depth, w.level);
@@ -252,23 +264,116 @@ Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& s
   for (size_t k = 0; k < blocks.size(); ++k) {
     Wanted& w = wanted[blocks[k].first];
     const auto& [block, entry] = w.meeting[blocks[k].second];
-    SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], block, entry, *w.tensor, *w.key,
-                                   index, table.paths[w.part()], &w.chunks));
+    SS_RETURN_IF_ERROR(DecodeBlock(records.views[k], block, entry, w.tensor, w.key, src.index,
+                                   table.paths[w.part()], &w.chunks));
   }
-  CheckpointSource out = src;
-  out.chunks_pending = false;
   std::vector<Slice> slices;
   for (Wanted& w : wanted) {
     slices.clear();
     for (const IndexChunk& c : w.chunks) slices.push_back(c.slice);
-    Status s = CheckNoOverlap(*w.key, slices);
+    Status s = CheckNoOverlap(std::string(w.key), slices);
     if (!s.ok()) return DataLossError(table.paths[w.part()] + ": " + s.message());
     stats->chunks += w.chunks.size();
-    out.index.tensors.find(*w.key)->second.chunks = std::move(w.chunks);
   }
+  return Status();
+}
+
+}  // namespace
+
+Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& src,
+                                       const LoadRequest& request, TableReadStats* stats) {
+  TableReadStats ignored;
+  if (stats == nullptr) stats = &ignored;
+  TensorFinder finder(src.index);
+  std::vector<Wanted> wanted = WantedTensors(request, [&](const std::string& key) {
+    const auto it = finder.Find(key);
+    return it == finder.end() ? std::nullopt
+                              : std::optional(std::pair<std::string_view, IndexTensor>(
+                                    it->first, IndexTensor{it->second.dtype, it->second.shape,
+                                                           {}, it->second.table}));
+  });
+  const ReadShape shape = ShapeFor(fs);
+  SS_ASSIGN_OR_RETURN(
+      TableFiles table,
+      OpenParts(fs, src, PartsOf(wanted, src.index.chunk_tables.size()), shape));
+  SS_RETURN_IF_ERROR(ReadWanted(table, shape, src, wanted, stats));
+  CheckpointSource out = src;
+  out.chunks_pending = false;
+  for (Wanted& w : wanted) out.index.tensors.find(w.key)->second.chunks = std::move(w.chunks);
   SS_RETURN_IF_ERROR(FillChecksums(fs, src.data_dir, SourceReadOptions(src), &out.index,
                                    &stats->checksum_bytes));
   return out;
+}
+
+Result<PackedTensors> ReadTableChunks(FileSystem& fs, const CheckpointSource& src,
+                                      const LoadRequest& request,
+                                      std::span<const WholeTensorTarget> whole,
+                                      TableReadStats* stats) {
+  TableReadStats ignored;
+  if (stats == nullptr) stats = &ignored;
+  const PackedTensors& tensors = *src.packed;
+  // (tensor, target) of each target of a tensor of its shape, by tensor.
+  std::vector<std::pair<uint32_t, uint32_t>> wants;
+  std::vector<bool> needed(src.index.chunk_tables.size());
+  for (uint32_t i = 0; i < request.tensors.size(); ++i) {
+    const TensorTarget& target = request.tensors[i];
+    const std::optional<size_t> t = tensors.Find(target.key);
+    // A target of another shape fails the load when it is matched; it
+    // reads nothing here.
+    if (!t || tensors.ndim(*t) != target.shape.size() || tensors.shape(*t) != target.shape) {
+      continue;
+    }
+    wants.emplace_back(static_cast<uint32_t>(*t), i);
+    needed[tensors.table(*t)->part] = true;
+  }
+  // Whole-tensor targets: numbered after the request's.
+  for (size_t j = 0; j < whole.size(); ++j) {
+    if (whole[j].tensor >= tensors.size()) continue;  // the load's match fails it
+    wants.emplace_back(whole[j].tensor, static_cast<uint32_t>(request.tensors.size() + j));
+    needed[tensors.table(whole[j].tensor)->part] = true;
+  }
+  std::sort(wants.begin(), wants.end());
+  // The bounds of target i's slice.
+  auto bounds = [&](uint32_t i, uint32_t t) {
+    if (i < request.tensors.size()) return BoundsOf(request.tensors[i].slice);
+    return BoundsOf(Slice{Box::Whole(tensors.shape(t)), std::nullopt});
+  };
+  std::vector<uint32_t> parts;
+  for (uint32_t p = 0; p < needed.size(); ++p) {
+    if (needed[p]) parts.push_back(p);
+  }
+  const ReadShape shape = ShapeFor(fs);
+  SS_ASSIGN_OR_RETURN(TableFiles table, OpenParts(fs, src, parts, shape));
+  // A group of tensors at a time: its rounds of reads, then its chunks
+  // packed, so that what a tensor takes while it is read (its directory
+  // entries, its chunks unpacked) is held for one group only.
+  PackedTensors read;
+  std::vector<Wanted> group;
+  for (size_t next = 0; next < wants.size();) {
+    group.clear();
+    for (; next < wants.size() && group.size() < kTableReadGroup; ++next) {
+      const uint32_t t = wants[next].first;
+      if (group.empty() || tensors.key(t) != group.back().key) {
+        Wanted& w = group.emplace_back();
+        w.key = tensors.key(t);
+        w.tensor = tensors.Tensor(t);
+      }
+      group.back().wants.push_back(bounds(wants[next].second, t));
+    }
+    // The rest of the last tensor's targets.
+    for (; next < wants.size() && tensors.key(wants[next].first) == group.back().key; ++next) {
+      group.back().wants.push_back(bounds(wants[next].second, wants[next].first));
+    }
+    SS_RETURN_IF_ERROR(ReadWanted(table, shape, src, group, stats));
+    for (Wanted& w : group) {
+      w.tensor.chunks = std::move(w.chunks);
+      read.Add(w.key, w.tensor);
+    }
+  }
+  read.Seal();
+  SS_RETURN_IF_ERROR(FillChecksums(fs, src.data_dir, SourceReadOptions(src), src.index, &read,
+                                   &stats->checksum_bytes));
+  return read;
 }
 
 }  // namespace shardsafe

@@ -20,6 +20,7 @@
 
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/filesystem.h"
+#include "format/index_packed.h"
 #include "shardsafe/source.h"
 
 namespace shardsafe {
@@ -42,5 +43,12 @@ struct TableReadStats {
 Result<CheckpointSource> ReadChunksFor(FileSystem& fs, const CheckpointSource& src,
                                        const LoadRequest& request,
                                        TableReadStats* stats = nullptr);
+// The same of a packed source (chunks_pending): the tensors `request`
+// and `whole` name, each with its dtype, shape and the chunks read (the
+// source is left as it is). A few thousand tensors' reads at a time.
+Result<PackedTensors> ReadTableChunks(FileSystem& fs, const CheckpointSource& src,
+                                      const LoadRequest& request,
+                                      std::span<const WholeTensorTarget> whole = {},
+                                      TableReadStats* stats = nullptr);
 
 }  // namespace shardsafe

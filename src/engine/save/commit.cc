@@ -232,7 +232,7 @@ Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
     SS_RETURN_IF_ERROR(Publish(fs, tmp_dir, root, index.tag, commit, &replaced, warnings));
     if (commit.keep_last > 0) {  // step 7
-      auto hidden = HideOldCheckpoints(fs, root, commit.keep_last);
+      auto hidden = HideOldCheckpoints(fs, root, commit.keep_last, nullptr, warnings);
       if (hidden.ok()) pruned = std::move(*hidden);
       Warn(hidden.status().WithContext("retention after save"), warnings);
     }

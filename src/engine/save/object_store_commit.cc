@@ -114,8 +114,12 @@ Status MoveLatestForward(FileSystem& fs, const std::string& root, const std::str
       while (!named.empty() && (named.back() == '\n' || named.back() == '\r')) named.pop_back();
       if (named != tag && ValidateTag(named).ok()) {
         const std::string dir = JoinPath(root, named);
-        std::optional<CommitRecord> current = ReadCommitRecord(fs, dir);
-        if (current && IsCommitted(fs, dir) && NewerCommit(*current, record)) return Status();
+        // A record that cannot be trusted orders nothing: `latest` moves on.
+        Result<std::optional<CommitRecord>> current = ReadCommitRecord(fs, dir);
+        if (current.ok() && *current && IsCommitted(fs, dir) &&
+            NewerCommit(**current, record)) {
+          return Status();
+        }
       }
     } else if (text.status().code() != StatusCode::kNotFound) {
       return text.status().WithContext("moving " + path);
@@ -179,7 +183,7 @@ Status CommitToObjectStore(FileSystem& fs, const SaveDirs& dirs, const std::stri
   if (commit.overwrite) Warn(RemoveReplacedData(fs, dirs.data, index), warnings);
   if (commit.update_latest) Warn(MoveLatestForward(fs, root, index.tag, record), warnings);
   if (commit.keep_last > 0) {  // step 7
-    auto removed = HideOldCheckpoints(fs, root, commit.keep_last);
+    auto removed = HideOldCheckpoints(fs, root, commit.keep_last, nullptr, warnings);
     Warn(removed.status().WithContext("retention after save"), warnings);
     if (removed.ok()) {
       Warn(RemoveClaimed(fs, std::move(*removed)).WithContext("retention after save"), warnings);

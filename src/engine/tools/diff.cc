@@ -7,6 +7,7 @@
 
 #include "engine/load/convert.h"
 #include "engine/load/load_internal.h"
+#include "format/index_packed.h"
 
 namespace shardsafe {
 namespace {
@@ -22,12 +23,14 @@ bool IsFloat(DType d) {
   return d == DType::kF16 || d == DType::kBF16 || d == DType::kF32 || d == DType::kF64;
 }
 
-// Reads elements [begin, end) of `key` from `src` into `out`.
+// Reads elements [begin, end) of `key` (of `dtype` and `shape`) from
+// `src` into `out`.
 Status ReadPiece(const CheckpointSource& src, FileSystem& fs, const std::string& key,
-                 const IndexTensor& t, uint64_t begin, uint64_t end, std::vector<char>* out) {
-  out->resize(*NumBytes(t.dtype, end - begin));
+                 DType dtype, const Shape& shape, uint64_t begin, uint64_t end,
+                 std::vector<char>* out) {
+  out->resize(*NumBytes(dtype, end - begin));
   LoadRequest req;
-  req.tensors.push_back({key, t.dtype, t.shape, {Box::Whole(t.shape), FlatRange{begin, end}},
+  req.tensors.push_back({key, dtype, shape, {Box::Whole(shape), FlatRange{begin, end}},
                          out->data()});
   LoadOptions opts;
   opts.io_threads = 1;
@@ -59,23 +62,25 @@ void ComparePiece(DType dtype, const std::vector<char>& a, const std::vector<cha
   diff->max_abs_diff = worst;
 }
 
-Result<TensorDiff> CompareTensor(const CheckpointSource& a, FileSystem& fs_a,
-                                 const CheckpointSource& b, FileSystem& fs_b,
+// Tensor `key` (of tensor ta of A and tb of B, their packed tensors).
+Result<TensorDiff> CompareTensor(const CheckpointSource& a, FileSystem& fs_a, size_t ta,
+                                 const CheckpointSource& b, FileSystem& fs_b, size_t tb,
                                  const std::string& key, uint64_t piece_bytes) {
-  const IndexTensor& ta = a.index.tensors.at(key);
-  const IndexTensor& tb = b.index.tensors.at(key);
+  const Shape shape = a.packed->shape(ta);
+  const DType dtype = a.packed->dtype(ta);
   TensorDiff diff = Verdict(key, "equal");
-  if (ta.shape != tb.shape) return Verdict(key, "shape differs");
-  if (ta.dtype != tb.dtype) return Verdict(key, "dtype differs");
-  SS_ASSIGN_OR_RETURN(diff.elements, NumElements(ta.shape));
+  if (shape != b.packed->shape(tb)) return Verdict(key, "shape differs");
+  if (dtype != b.packed->dtype(tb)) return Verdict(key, "dtype differs");
+  SS_ASSIGN_OR_RETURN(diff.elements, NumElements(shape));
   // Pieces of a multiple of 8 elements keep sub-byte dtypes on byte boundaries.
-  const uint64_t step = std::max<uint64_t>(8, piece_bytes / std::max(1, DTypeBits(ta.dtype) / 8) / 8 * 8);
+  const uint64_t step =
+      std::max<uint64_t>(8, piece_bytes / std::max(1, DTypeBits(dtype) / 8) / 8 * 8);
   std::vector<char> pa, pb;
   for (uint64_t begin = 0; begin < diff.elements; begin += step) {
     const uint64_t end = std::min(diff.elements, begin + step);
-    SS_RETURN_IF_ERROR(ReadPiece(a, fs_a, key, ta, begin, end, &pa).WithContext("A"));
-    SS_RETURN_IF_ERROR(ReadPiece(b, fs_b, key, tb, begin, end, &pb).WithContext("B"));
-    ComparePiece(ta.dtype, pa, pb, end - begin, &diff);
+    SS_RETURN_IF_ERROR(ReadPiece(a, fs_a, key, dtype, shape, begin, end, &pa).WithContext("A"));
+    SS_RETURN_IF_ERROR(ReadPiece(b, fs_b, key, dtype, shape, begin, end, &pb).WithContext("B"));
+    ComparePiece(dtype, pa, pb, end - begin, &diff);
   }
   if (diff.differing_elements) diff.status = "differs";
   return diff;
@@ -95,22 +100,27 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, F
                                    uint64_t piece_bytes) {
   SS_ASSIGN_OR_RETURN(FileSystem * fs_a, FileSystemFor(a, fsp));
   SS_ASSIGN_OR_RETURN(FileSystem * fs_b, FileSystemFor(b, fsp));
-  SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSource(*fs_a, a));
-  SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSource(*fs_b, b));
+  SS_ASSIGN_OR_RETURN(CheckpointSource sa, OpenSourcePacked(*fs_a, a));
+  SS_ASSIGN_OR_RETURN(CheckpointSource sb, OpenSourcePacked(*fs_b, b));
   DiffReport report;
   // Equal as JSON (1 and 1.0, key order), not as text.
   auto parse = [](const std::string& t) { return nlohmann::json::parse(t, nullptr, false); };
   report.values_equal = parse(sa.index.values) == parse(sb.index.values);
-  for (const auto& [key, t] : sa.index.tensors) {
-    if (!sb.index.tensors.count(key)) {
+  const PackedTensors& ta = *sa.packed;
+  const PackedTensors& tb = *sb.packed;
+  for (size_t t = 0; t < ta.size(); ++t) {
+    const std::string key(ta.key(t));
+    const std::optional<size_t> in_b = tb.Find(key);
+    if (!in_b) {
       report.tensors.push_back(Verdict(key, "only in A"));
       continue;
     }
-    SS_ASSIGN_OR_RETURN(TensorDiff d, CompareTensor(sa, *fs_a, sb, *fs_b, key, piece_bytes));
+    SS_ASSIGN_OR_RETURN(TensorDiff d,
+                        CompareTensor(sa, *fs_a, t, sb, *fs_b, *in_b, key, piece_bytes));
     report.tensors.push_back(std::move(d));
   }
-  for (const auto& [key, t] : sb.index.tensors) {
-    if (!sa.index.tensors.count(key)) report.tensors.push_back(Verdict(key, "only in B"));
+  for (size_t t = 0; t < tb.size(); ++t) {
+    if (!ta.Find(tb.key(t))) report.tensors.push_back(Verdict(std::string(tb.key(t)), "only in B"));
   }
   std::sort(report.tensors.begin(), report.tensors.end(),
             [](const TensorDiff& x, const TensorDiff& y) { return x.key < y.key; });
