@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # Fuzzes for a while and keeps what was found.
 #   scripts/fuzz.sh [SECONDS] [FUZZER...]
-# Builds the fuzz flavour (scripts/build.sh fuzz), then runs each fuzzer
-# named (default: all of fuzz/CMakeLists.txt's) for SECONDS (default 600)
-# over its corpus fuzz/corpus/NAME, one at a time. New inputs go to a
-# scratch directory and are merged back at the end (-merge=1: the corpus
-# keeps every file it had and gains those that add coverage), so the
-# repository's corpus grows; commit it. Prints per fuzzer: executions,
-# coverage (libFuzzer's final cov: and ft:) and corpus size.
+# Builds what the fuzzers need (scripts/build.sh fuzz: the fuzzers and the
+# seed generator, in build-fuzz/; a later run rebuilds only what changed),
+# adds the generated seeds a corpus lacks (checkpoint_dir_seeds: those of
+# fuzz/corpus/checkpoint_dir and fuzz/corpus/package_records, so a fresh
+# clone without them starts from real saves), then runs each fuzzer named
+# (default: all of fuzz/CMakeLists.txt's) for SECONDS (default 600) over its
+# corpus fuzz/corpus/NAME, one at a time. New inputs go to a scratch
+# directory and are merged back at the end (-merge=1: the corpus keeps
+# every file it had and gains those that add coverage), so the repository's
+# corpus grows; commit it. Prints per fuzzer: executions, coverage
+# (libFuzzer's final cov: and ft:) and corpus size (inputs and KB).
 # A crash, sanitizer report, timeout or out-of-memory stops that fuzzer;
 # its input is kept in fuzz/crashes/ (gitignored) with its log and the
 # command that reproduces it, the others still run, and the script exits 1.
 #   FUZZ_FLAGS  extra libFuzzer flags for every run (e.g. -jobs=2 -workers=2)
+#   JOBS        parallel compile jobs for the build (default: nproc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
-all=(safetensors_header_fuzzer index_fuzzer checkpoint_dir_fuzzer)
+all=(safetensors_header_fuzzer index_fuzzer package_records_fuzzer checkpoint_dir_fuzzer)
 fuzzers=("$@")
 ((${#fuzzers[@]})) || fuzzers=("${all[@]}")
 
@@ -32,6 +37,19 @@ dict_of() {  # -dict=... where the fuzzer has one
 }
 
 bash scripts/build.sh fuzz
+
+# Generated seeds a corpus lacks (those it has stay: a seed written anew
+# differs in its times only).
+seeds=$(mktemp -d)
+build-fuzz/checkpoint_dir_seeds "$seeds/checkpoint_dir" "$seeds/package_records" >/dev/null
+for dir in "$seeds"/*; do
+  mkdir -p "fuzz/corpus/${dir##*/}"
+  for seed in "$dir"/*; do
+    [[ -e fuzz/corpus/${dir##*/}/${seed##*/} ]] || cp "$seed" "fuzz/corpus/${dir##*/}/"
+  done
+done
+rm -rf "$seeds"
+
 mkdir -p fuzz/crashes
 failed=0
 for f in "${fuzzers[@]}"; do
@@ -66,7 +84,8 @@ for f in "${fuzzers[@]}"; do
   "build-fuzz/$f" -merge=1 -timeout=30 "$corpus" "$work" >>"$log.merge" 2>&1 ||
     echo "$f: merge failed (see $log.merge)" >&2
   after=$(find "$corpus" -type f | wc -l)
-  echo "$f: ${runs:-?} runs, ${cov:-cov: ?}, corpus $before -> $after inputs"
+  echo "$f: ${runs:-?} runs, ${cov:-cov: ?}, corpus $before -> $after inputs" \
+    "($(du -sk --apparent-size "$corpus" | cut -f1) KB)"
   rm -rf "$work" "$log.merge"
   ((rc != 0)) || rm -f "$log"
 done

@@ -3,8 +3,8 @@
 # (GoogleTest and 4-rank MPI tests), `pip install .` and pytest (Python API
 # with multi-process gloo tests, interop and CLI tests), an
 # ASan+UBSan build running all unit tests, a TSan build of the threaded
-# modules, and a short libFuzzer run of each fuzzer (the two parsers and a
-# whole checkpoint directory; scripts/fuzz.sh fuzzes for longer).
+# modules, and a short libFuzzer run of each fuzzer (the three parsers and a
+# whole checkpoint root; scripts/fuzz.sh fuzzes for longer).
 #   FUZZ_SECONDS  seconds per fuzzer (default 30)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +47,7 @@ fuzz() {  # fuzz NAME CORPUS [flags]: new inputs go to a scratch dir, seeds stay
 }
 fuzz safetensors_header_fuzzer safetensors -dict=fuzz/safetensors_header.dict
 fuzz index_fuzzer index
+fuzz package_records_fuzzer package_records -dict=fuzz/package_records.dict
 fuzz checkpoint_dir_fuzzer checkpoint_dir -dict=fuzz/checkpoint_dir.dict
 
 step "all tests passed"
