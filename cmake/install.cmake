@@ -2,7 +2,8 @@
 #   PREFIX/lib/libshardsafe.so        every module, whole (one library to link)
 #   PREFIX/lib/libshardsafe_mpi.so    MakeMpiComm (shardsafe/mpi_comm.h), when built with MPI
 #   PREFIX/include/shardsafe/         the public headers (no third-party header among them)
-#   PREFIX/lib/cmake/shardsafe/       find_package(shardsafe): shardsafe::shardsafe, shardsafe::mpi
+#   PREFIX/lib/cmake/shardsafe/       find_package(shardsafe [COMPONENTS mpi]): shardsafe::shardsafe,
+#                                     and with the component, shardsafe::mpi
 #   PREFIX/lib/pkgconfig/             shardsafe.pc, shardsafe-mpi.pc
 #   PREFIX/bin/shardsafe              the command-line tool
 # The module libraries stay static and internal: the shared library carries
@@ -24,22 +25,31 @@ target_compile_features(shardsafe_lib INTERFACE cxx_std_20)
 set_target_properties(shardsafe_lib PROPERTIES OUTPUT_NAME shardsafe EXPORT_NAME shardsafe
                       VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
 add_library(shardsafe::shardsafe ALIAS shardsafe_lib)
-set(_shardsafe_installed shardsafe_lib)
 
-if(SHARDSAFE_MPI)
-  add_library(shardsafe_mpi SHARED ${PROJECT_SOURCE_DIR}/src/comm/mpi/mpi_comm.cc)
-  target_link_libraries(shardsafe_mpi PUBLIC shardsafe_lib MPI::MPI_C)
-  target_include_directories(shardsafe_mpi PRIVATE
-                             $<TARGET_PROPERTY:ss_comm,INTERFACE_INCLUDE_DIRECTORIES>)
-  set_target_properties(shardsafe_mpi PROPERTIES EXPORT_NAME mpi VERSION ${PROJECT_VERSION}
-                        SOVERSION ${PROJECT_VERSION_MAJOR})
-  add_library(shardsafe::mpi ALIAS shardsafe_mpi)
-  list(APPEND _shardsafe_installed shardsafe_mpi)
-endif()
-
-install(TARGETS ${_shardsafe_installed} EXPORT shardsafeTargets
+install(TARGETS shardsafe_lib EXPORT shardsafeTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# The MPI component, exported apart (shardsafeMpiTargets.cmake) so that only
+# a consumer that asks for it (find_package(shardsafe COMPONENTS mpi)) needs
+# MPI; the package config links the consumer's own MPI target into it. Its
+# consumers compile without MPI's C++ bindings (libmpi_cxx, which nothing
+# links): a program that includes <mpi.h> itself links all the same.
+if(SHARDSAFE_MPI)
+  add_library(shardsafe_mpi SHARED ${PROJECT_SOURCE_DIR}/src/comm/mpi/mpi_comm.cc)
+  target_link_libraries(shardsafe_mpi PUBLIC shardsafe_lib PRIVATE MPI::MPI_C)
+  target_include_directories(shardsafe_mpi PRIVATE
+                             $<TARGET_PROPERTY:ss_comm,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_compile_definitions(shardsafe_mpi INTERFACE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  # INSTALL_RPATH: it finds libshardsafe.so beside it, also for a program
+  # that calls nothing else of it (the linker's --as-needed then drops it).
+  set_target_properties(shardsafe_mpi PROPERTIES EXPORT_NAME mpi VERSION ${PROJECT_VERSION}
+                        SOVERSION ${PROJECT_VERSION_MAJOR} INSTALL_RPATH "$ORIGIN")
+  add_library(shardsafe::mpi ALIAS shardsafe_mpi)
+  install(TARGETS shardsafe_mpi EXPORT shardsafeMpiTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/shardsafe
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 if(TARGET shardsafe)  # the CLI
@@ -48,6 +58,9 @@ endif()
 
 set(_shardsafe_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/shardsafe)
 install(EXPORT shardsafeTargets NAMESPACE shardsafe:: DESTINATION ${_shardsafe_cmake_dir})
+if(SHARDSAFE_MPI)
+  install(EXPORT shardsafeMpiTargets NAMESPACE shardsafe:: DESTINATION ${_shardsafe_cmake_dir})
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/shardsafeConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/shardsafeConfig.cmake
                               INSTALL_DESTINATION ${_shardsafe_cmake_dir})

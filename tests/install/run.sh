@@ -3,8 +3,10 @@
 # C++ examples (tests/install/extract_readme.py) against it, as an outside
 # project would: with CMake (find_package(shardsafe)) under g++ and
 # clang++-16, and with pkg-config under mpicxx. Each must link against the
-# installed libraries, not the build tree. Then shardsafe as a subproject
-# (add_subdirectory) must configure without GoogleTest.
+# installed libraries, not the build tree; a C++-only project (no C
+# language) must find the package without MPI and, with the mpi component,
+# link a program that includes <mpi.h> first; both run. Then shardsafe as a
+# subproject (add_subdirectory) must configure without GoogleTest.
 #   tests/install/run.sh BUILD
 set -euo pipefail
 build=$(realpath "$1")
@@ -27,6 +29,19 @@ for cxx in g++ clang++-16; do
   cmake --build "$work/build-$cxx"
   uses_installed "$work/build-$cxx/readme_examples"
 done
+echo "== CMake package from a C++-only project, without MPI (never looked for)"
+cmake -S "$src/tests/install/cxx_only" -B "$work/build-cxx-only" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON --no-warn-unused-cli >/dev/null
+cmake --build "$work/build-cxx-only"
+uses_installed "$work/build-cxx-only/app"
+mkdir "$work/saved"
+"$work/build-cxx-only/app" "$work/saved"
+echo "== CMake package from a C++-only project, the mpi component, <mpi.h> included first"
+cmake -S "$src/tests/install/cxx_only" -B "$work/build-cxx-mpi" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DWITH_MPI=ON >/dev/null
+cmake --build "$work/build-cxx-mpi"
+uses_installed "$work/build-cxx-mpi/app"
+"$work/build-cxx-mpi/app"
 echo "== pkg-config, mpicxx"
 flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs shardsafe-mpi)
 # shellcheck disable=SC2086  # the flags are words
