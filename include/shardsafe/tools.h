@@ -19,6 +19,10 @@ struct VerifyReport {
   std::string path;  // what was verified
   bool native = false;
   std::vector<std::string> faults;  // one line each, naming file and tensor
+  // Why there was nothing to verify (faults then holds the message):
+  // NotFound when nothing exists at `path`, InvalidArgument when it is no
+  // valid path; else kOk (what exists but cannot be opened is a fault).
+  StatusCode unopened = StatusCode::kOk;
   uint64_t files = 0;  // data files (a version-3 checkpoint's checksum files not counted)
   uint64_t tensors = 0;
   uint64_t chunks_verified = 0;  // checksums computed and matching
@@ -49,6 +53,10 @@ struct TensorDiff {
 struct DiffReport {
   std::vector<TensorDiff> tensors;  // sorted by key
   bool values_equal = true;         // saved JSON values, equal as JSON
+  // Where they differ: a JSON pointer (RFC 6901: "/config/lr") to each value
+  // changed, added or removed (inside objects and arrays, the innermost
+  // place), sorted; "" when the values as a whole differ in type.
+  std::vector<std::string> differing_values;
   bool identical() const;
 };
 

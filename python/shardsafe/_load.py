@@ -265,10 +265,10 @@ def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set
 
 
 def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list[str],
-               keys: _keys.KeyMap) -> KeyMismatchError:
+               keys: _keys.KeyMap, remedy: str) -> KeyMismatchError:
     """KeyMismatchError (state-side names), its message naming checkpoint keys
-    where they differ."""
-    err = KeyMismatchError(missing, unexpected, path)
+    where they differ and `remedy`, the argument that loads anyway."""
+    err = KeyMismatchError(missing, unexpected, path, remedy)
     renamed = [f"{k!r} is {keys.to_ckpt[k]!r}" for k in unexpected[:8]
                if k in keys.to_ckpt and keys.to_ckpt[k] != k]
     extra = notes[:4] + ([f"renamed checkpoint keys: {', '.join(renamed)}"] if renamed else [])
@@ -339,7 +339,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       dequantised (this rank's box only); the scales count as loaded.
     """
     path = _hub.resolve(os.fspath(path))
-    options = LoadOptions.of(options, kwargs)
+    options = LoadOptions.of(options, kwargs, load)
     skip = _skipper(skip_keys)
     comm = resolve(process_group)
     fmt = _detect_on_every_rank(path, comm)
@@ -368,12 +368,17 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
     pr_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
     pr_unused = reports[0]["per_rank_unused"]  # the same on every rank
-    if strict and (missing or unexpected) or per_rank_strict and (pr_missing or pr_unused):
+    keys_fail = strict and bool(missing or unexpected)
+    per_rank_fail = per_rank_strict and bool(pr_missing or pr_unused)
+    if keys_fail or per_rank_fail:
         notes = sorted({n for r in reports for n in r["notes"]})
-        if pr_missing or pr_unused:
-            notes.append("per-rank values load by rank; per_rank_strict=False keeps the "
-                         "values of ranks the checkpoint has none for")
-        raise _key_error(missing + pr_missing, unexpected + pr_unused, desc["path"], notes, keys)
+        remedies = ["strict=False"] if keys_fail else []
+        if per_rank_fail:
+            notes.append("per-rank values load by rank: rank r gets saved rank r's")
+            remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
+        raise _key_error((missing if keys_fail else []) + (pr_missing if per_rank_fail else []),
+                         (unexpected if keys_fail else []) + (pr_unused if per_rank_fail else []),
+                         desc["path"], notes, keys, f"pass {' and '.join(remedies)} to load anyway")
 
     result = _read(plan, source, comm, options)
     blobs = result["blobs"]

@@ -11,12 +11,22 @@ one place.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .errors import InvalidStateError
 
 _T = TypeVar("_T", bound="_Options")
+
+
+def _keywords(fn: Callable) -> list[str]:
+    """The optional keyword arguments of `fn` but `options` itself."""
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.default is not inspect.Parameter.empty and p.name != "options"
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 class _Options:
@@ -26,14 +36,21 @@ class _Options:
     _PYTHON_ONLY: frozenset[str] = frozenset()  # handled in Python, not by the engine
 
     @classmethod
-    def of(cls: type[_T], options: _T | None, kwargs: dict[str, Any]) -> _T:
+    def of(cls: type[_T], options: _T | None, kwargs: dict[str, Any],
+           caller: Callable | None = None) -> _T:
         """`options` (or the defaults) with `kwargs` applied; an unknown name
-        is an error listing the valid ones."""
+        is an error listing the valid ones: the options', and the keyword
+        arguments of `caller` (the function `kwargs` were passed to), with
+        the closest name when one is close."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - names)
         if unknown:
-            raise InvalidStateError(f"unknown option(s) {', '.join(unknown)}; {cls.__name__} "
-                                    f"has: {', '.join(sorted(names))}")
+            own = _keywords(caller) if caller is not None else []
+            close = difflib.get_close_matches(unknown[0], sorted(names | set(own)), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            takes = f"{caller.__name__}() takes {', '.join(own)}, and " if own else ""
+            raise InvalidStateError(f"unknown option(s) {', '.join(unknown)}{hint}; {takes}"
+                                    f"{cls.__name__} has: {', '.join(sorted(names))}")
         base = options if options is not None else cls()
         return dataclasses.replace(base, **kwargs) if kwargs else base
 

@@ -144,7 +144,7 @@ class PerRank:
 
     Loading replaces `value` with the one this rank saved (rank r gets saved
     rank r's). At another world size, a rank the checkpoint has no value for
-    is an error naming the key and ranks (load's per_rank_missing="keep"
+    is an error naming the key and ranks (load's per_rank_strict=False
     leaves its value as it was and reports the key as missing).
     """
 

@@ -176,7 +176,7 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     a regular file: a FIFO or a directory is an InvalidStateError.
     """
     comm = resolve(process_group)
-    options = SaveOptions.of(options, kwargs)
+    options = SaveOptions.of(options, kwargs, save)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     return args.run(lambda call: _C.save(call, os.fspath(path)))
 
@@ -193,7 +193,7 @@ def async_save(state_dict: Any, path: str | os.PathLike, *,
     per process: a new call first waits for the previous one (whose failure
     is its own Future's, not this call's)."""
     comm = resolve(process_group)
-    options = SaveOptions.of(options, kwargs)
+    options = SaveOptions.of(options, kwargs, async_save)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     path = _paths.absolute(path)
     root, tag = os.path.split(path)
@@ -214,7 +214,7 @@ def reserve_async_save(state_dict: Any, *, process_group: dist.ProcessGroup | No
     creates its state at the first step: after that step). Waits for the
     save in flight and raises its failure. Returns the staging bytes held."""
     comm = resolve(process_group)
-    options = SaveOptions.of(options, kwargs)
+    options = SaveOptions.of(options, kwargs, reserve_async_save)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
     return args.run(lambda call: saver().reserve(call))
 

@@ -51,7 +51,8 @@ class StorageError(ShardsafeError, OSError):
 class KeyMismatchError(ShardsafeError, KeyError):
     """Keys requested but not in the checkpoint, or saved but not requested."""
 
-    def __init__(self, missing: list[str], unexpected: list[str], path: str):
+    def __init__(self, missing: list[str], unexpected: list[str], path: str,
+                 remedy: str = "pass strict=False to load anyway"):
         self.missing_keys = list(missing)
         self.unexpected_keys = list(unexpected)
         parts = []
@@ -59,7 +60,7 @@ class KeyMismatchError(ShardsafeError, KeyError):
             parts.append(f"missing keys {_some(missing)}")
         if unexpected:
             parts.append(f"unexpected keys {_some(unexpected)}")
-        super().__init__(f"{path}: " + "; ".join(parts) + " (pass strict=False to load anyway)",
+        super().__init__(f"{path}: " + "; ".join(parts) + f" ({remedy})",
                          "NOT_FOUND" if missing else "INVALID_ARGUMENT")
 
     def __str__(self) -> str:  # KeyError would quote the message

@@ -15,7 +15,8 @@ Json ToJson(const DiffReport& r) {
                        {"differing_elements", t.differing_elements},
                        {"max_abs_diff", t.max_abs_diff ? Json(*t.max_abs_diff) : Json()}});
   }
-  return {{"identical", r.identical()}, {"values_equal", r.values_equal}, {"tensors", tensors}};
+  return {{"identical", r.identical()}, {"values_equal", r.values_equal},
+          {"differing_values", r.differing_values}, {"tensors", tensors}};
 }
 
 void PrintHuman(const DiffReport& r) {
@@ -32,7 +33,9 @@ void PrintHuman(const DiffReport& r) {
     }
     std::printf("\n");
   }
-  if (!r.values_equal) std::printf("values differ\n");
+  for (const std::string& at : r.differing_values) {
+    std::printf("%-13s %s\n", "value differs", Printable(at.empty() ? "(all values)" : at).c_str());
+  }
   if (r.identical()) {
     std::printf("identical: %zu tensors\n", r.tensors.size());
   } else {

@@ -159,7 +159,7 @@ void AddExportHf(CLI::App& app, int* exit_code) {
     auto stats = ExportHf(a->src, a->out, *options);
     progress.Finish();
     if (!stats.ok()) {
-      *exit_code = Fail(stats.status());
+      *exit_code = FailOverwritable(stats.status());
       return;
     }
     *exit_code = kExitOk;

@@ -17,7 +17,10 @@
 // Everything is read into memory first (Save needs every buffer at once),
 // with checksums verified for native sources. Saved JSON values, metadata
 // and global blobs of a native source are carried over; per-rank blobs
-// belong to the ranks of the saving job and are not (they are counted).
+// belong to the ranks of the saving job and are not (they are counted). A
+// Hugging Face directory's other files (config.json, generation and
+// tokenizer files, ...: all but the weights) come along as saved files
+// (`file/NAME`, docs/format.md §6), which `export-hf` writes back.
 #include <unistd.h>
 
 #include <cstring>
@@ -30,6 +33,7 @@
 #include "cli/commands.h"
 #include "cli/output.h"
 #include "shardsafe/filesystem.h"
+#include "shardsafe/hf.h"
 #include "shardsafe/source.h"
 
 namespace shardsafe::cli {
@@ -41,12 +45,50 @@ struct ImportSummary {
   size_t tensors = 0;
   size_t blobs = 0;
   size_t skipped_per_rank_blobs = 0;
+  std::vector<std::string> files;    // a Hugging Face directory's side files, carried over
+  std::vector<std::string> skipped;  // side files left out, each with why
   uint64_t bytes = 0;
   SaveStats stats;
 };
 
-Result<ImportSummary> Import(const CheckpointSource& src, const std::string& dst, bool overwrite,
-                             ProgressLine* progress) {
+// The largest side file carried over (a tokenizer.json is tens of MB).
+constexpr uint64_t kMaxSideFileBytes = uint64_t{256} << 20;
+
+// Weights and their index: what the tensors already are.
+bool IsWeightsFile(std::string_view name) {
+  for (std::string_view ext : {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5",
+                               ".msgpack", ".gguf", ".onnx", ".index.json"}) {
+    if (name.ends_with(ext)) return true;
+  }
+  return false;
+}
+
+// The side files of the Hugging Face directory `src` (read through the
+// checked open, inside it), into `contents` (name, bytes).
+Status ReadSideFiles(FileSystem& fs, const CheckpointSource& src,
+                     std::vector<std::pair<std::string, std::string>>* contents,
+                     ImportSummary* summary) {
+  SS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs.ListDir(src.data_dir));
+  for (const DirEntry& e : entries) {
+    if (e.is_dir || e.name.starts_with(".") || IsWeightsFile(e.name)) continue;
+    if (!ValidateSavedFileName(e.name).ok()) {
+      summary->skipped.push_back(e.name + " (not a name a checkpoint keeps)");
+      continue;
+    }
+    auto bytes = ReadFileToString(fs, JoinPath(src.data_dir, e.name), kMaxSideFileBytes,
+                                  ReadOptions{.within = src.data_dir});
+    if (!bytes.ok()) {
+      summary->skipped.push_back(e.name + " (" + bytes.status().message() + ")");
+      continue;
+    }
+    contents->emplace_back(e.name, std::move(*bytes));
+    summary->files.push_back(e.name);
+  }
+  return Status();
+}
+
+Result<ImportSummary> Import(FileSystem& fs, const CheckpointSource& src, const std::string& dst,
+                             bool overwrite, ProgressLine* progress) {
   ImportSummary summary;
   summary.source = src.path;
   summary.native = src.native;
@@ -87,6 +129,14 @@ Result<ImportSummary> Import(const CheckpointSource& src, const std::string& dst
       if (it == loaded.blobs.end()) continue;
       state.blobs.push_back({name, it->second.data(), it->second.size(), false});
       ++summary.blobs;
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> side_files;  // (blob name, bytes)
+  if (!src.native && src.path == src.data_dir) {  // a directory, not one file
+    SS_RETURN_IF_ERROR(ReadSideFiles(fs, src, &side_files, &summary));
+    for (auto& [name, bytes] : side_files) {
+      name = std::string(kSavedFilePrefix) + name;
+      state.blobs.push_back({name, bytes.data(), bytes.size(), false});
     }
   }
 
@@ -160,7 +210,12 @@ void AddImport(CLI::App& app, int* exit_code) {
                 "other tools' checkpoints: unpickle saved values of any type (only for "
                 "checkpoints you trust)");
   cmd->callback([=] {
-    auto source = OpenSource(*src);
+    Result<FileSystem*> fs = FileSystemFor(*src);
+    if (!fs.ok()) {
+      *exit_code = Fail(fs.status());
+      return;
+    }
+    auto source = OpenSource(**fs, *src);
     if (!source.ok() && source.status().code() == StatusCode::kNotFound && MaybeForeign(*src)) {
       std::vector<std::string> flags = {*json ? "--json" : "--progress"};
       if (*overwrite) flags.push_back("--overwrite");
@@ -173,10 +228,10 @@ void AddImport(CLI::App& app, int* exit_code) {
       return;
     }
     ProgressLine progress(!*json);
-    auto summary = Import(*source, *dst, *overwrite, &progress);
+    auto summary = Import(**fs, *source, *dst, *overwrite, &progress);
     progress.Finish();
     if (!summary.ok()) {
-      *exit_code = Fail(summary.status());
+      *exit_code = FailOverwritable(summary.status());
       return;
     }
     *exit_code = kExitOk;
@@ -184,14 +239,17 @@ void AddImport(CLI::App& app, int* exit_code) {
     if (*json) {
       PrintJson({{"source", s.source}, {"native", s.native}, {"path", *dst},
                  {"tensors", s.tensors}, {"blobs", s.blobs},
-                 {"skipped_per_rank_blobs", s.skipped_per_rank_blobs}, {"bytes", s.bytes},
+                 {"skipped_per_rank_blobs", s.skipped_per_rank_blobs},
+                 {"side_files", s.files}, {"side_files_skipped", s.skipped}, {"bytes", s.bytes},
                  {"files", s.stats.files}, {"seconds", s.stats.seconds}});
       return;
     }
     std::cout << "imported " << s.tensors << " tensors (" << FormatBytes(s.bytes) << ") from "
               << s.source << " into " << *dst << ": " << s.stats.files << " data file(s)";
     if (s.blobs) std::cout << ", " << s.blobs << " blob(s)";
+    if (!s.files.empty()) std::cout << ", " << s.files.size() << " file(s) beside the weights";
     std::cout << "\n";
+    for (const std::string& f : s.skipped) std::cout << "note: not copied: " << Printable(f) << "\n";
     if (s.skipped_per_rank_blobs) {
       std::cout << "note: " << s.skipped_per_rank_blobs
                 << " per-rank blob(s) not copied (they belong to the ranks of the saving job)\n";

@@ -1,4 +1,5 @@
 // shardsafe ls ROOT / prune ROOT --keep N: committed checkpoints of a root.
+#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -71,9 +72,17 @@ void AddPrune(CLI::App& app, int* exit_code) {
   auto keep = std::make_shared<int>(1);
   auto json = std::make_shared<bool>(false);
   cmd->add_option("ROOT", *root, "directory of checkpoints")->required();
-  cmd->add_option("--keep", *keep, "how many to keep (the newest and `latest` always stay)")
+  cmd->add_option("--keep", *keep, "how many to keep, at least 1 (the newest and `latest` always stay)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](const std::string& value) -> std::string {
+            int n = 0;
+            const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+            if (ec == std::errc() && end == value.data() + value.size() && n >= 1) return "";
+            return "must be a whole number of checkpoints, at least 1 (the newest always "
+                   "stays), not " + value;
+          },
+          "N>=1"));
   cmd->add_flag("--json", *json, "machine-readable output");
   cmd->callback([=] {
     CheckpointManager manager(*root, {});

@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   using namespace shardsafe::cli;
   CLI::App app{"shardsafe: sharded, crash-safe checkpoints in safetensors format"};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 success; 1 a check found problems (verify, diff); 2 a usage error, a path\n"
+      "that does not exist, or any other error (the message on stderr says which).");
   int exit_code = kExitOk;
   AddInspect(app, &exit_code);
   AddVerify(app, &exit_code);

@@ -50,6 +50,11 @@ int Fail(std::string_view message) {
 
 int Fail(const Status& status) { return Fail(status.message()); }
 
+int FailOverwritable(const Status& status) {
+  if (status.code() != StatusCode::kAlreadyExists) return Fail(status);
+  return Fail(status.message() + " (pass --overwrite to replace it)");
+}
+
 void PrintJson(const Json& j) { std::cout << j.dump(2) << "\n"; }
 
 ProgressLine::ProgressLine(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO)) {}

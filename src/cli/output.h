@@ -34,6 +34,9 @@ std::string Printable(std::string_view text);
 // kExitError.
 int Fail(const Status& status);
 int Fail(std::string_view message);
+// Fail, saying for AlreadyExists that --overwrite replaces what is there
+// (the commands that create a path: import, export-hf).
+int FailOverwritable(const Status& status);
 
 // Prints `j` (indented) to stdout.
 void PrintJson(const Json& j);

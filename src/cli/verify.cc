@@ -20,6 +20,11 @@ void AddVerify(CLI::App& app, int* exit_code) {
     ProgressLine progress(!*json);
     VerifyReport r = VerifyCheckpoint(*path, nullptr, *threads, progress.Callback());
     progress.Finish();
+    // Nothing to verify there, or no valid path: an error, not a finding.
+    if (r.unopened == StatusCode::kNotFound || r.unopened == StatusCode::kInvalidArgument) {
+      *exit_code = Fail(r.faults.front());
+      return;
+    }
     *exit_code = r.ok() ? kExitOk : kExitProblems;
     if (*json) {
       PrintJson({{"path", r.path}, {"ok", r.ok()}, {"faults", r.faults}, {"files", r.files},

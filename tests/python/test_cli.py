@@ -239,12 +239,6 @@ def test_inspect_garbage_index_is_single_line_error(run, demo_root):
     assert "shardsafe.json" in proc.stderr
 
 
-def test_verify_of_missing_path_exits_1(run, tmp_path):
-    proc = run("verify", tmp_path / "nothing-here")
-    assert proc.returncode == EXIT_PROBLEMS, describe(proc)
-    assert "nothing-here" in proc.stdout
-
-
 # ------------------------------------------------------------------ diff --
 
 
@@ -358,6 +352,20 @@ def test_diff_safetensors_file_against_its_import_is_identical(run, tmp_path):
     assert "identical: 3 tensors" in proc.stdout
 
 
+def test_diff_names_the_values_that_differ(run, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    shardsafe.save({"w": torch.ones(2), "step": 1, "cfg": {"lr": 0.1, "betas": [0.9, 0.95]}}, a)
+    shardsafe.save({"w": torch.ones(2), "step": 2,
+                    "cfg": {"lr": 0.1, "betas": [0.9, 0.99], "wd": 0.0}}, b)
+    report = json.loads(run("diff", "--json", a, b).stdout)
+    assert report["values_equal"] is False and report["identical"] is False
+    assert report["differing_values"] == ["/cfg/betas/1", "/cfg/wd", "/step"]
+    proc = run("diff", a, b)
+    assert proc.returncode == EXIT_PROBLEMS, describe(proc)
+    assert "value differs /step\n" in proc.stdout and "value differs /cfg/wd\n" in proc.stdout
+    assert json.loads(run("diff", "--json", a, a).stdout)["differing_values"] == []
+
+
 def test_diff_with_missing_side_is_error(run, tmp_path):
     a, _ = import_pair(run, tmp_path, lambda t: None)
     proc = run("diff", a, tmp_path / "nope")
@@ -444,7 +452,36 @@ def test_prune_keep_0_is_rejected(run, tmp_path):
     root = make_root_with_steps(run, tmp_path, [1, 2], latest=2)
     proc = run("prune", root, "--keep", "0")
     assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert "--keep: must be a whole number of checkpoints, at least 1 (the newest always " \
+           "stays), not 0" in proc.stderr, describe(proc)
     assert (root / "step-00000001").exists()
+
+
+def test_help_states_the_exit_codes(run):
+    proc = run("--help")
+    assert proc.returncode == EXIT_OK, describe(proc)
+    assert "Exit status: 0 success; 1 a check found problems (verify, diff); 2 a usage " \
+           "error, a path" in proc.stdout
+
+
+def test_verify_of_a_missing_path_is_an_error_not_a_finding(run, tmp_path):
+    proc = run("verify", tmp_path / "nothing")
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert proc.stderr == f"shardsafe: error: checkpoint not found: {tmp_path / 'nothing'}\n"
+    assert proc.stdout == ""
+
+
+def test_import_and_export_onto_an_existing_path_say_how_to_replace_it(run, tmp_path):
+    a, _ = import_pair(run, tmp_path, lambda t: None)
+    proc = run("import", tmp_path / "b.safetensors", a)
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert proc.stderr == f"shardsafe: error: checkpoint {a} already exists (pass --overwrite " \
+                          "to replace it)\n"
+    (tmp_path / "out").mkdir()
+    proc = run("export-hf", a, tmp_path / "out")
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert proc.stderr.endswith("already exists (pass --overwrite to replace it)\n"), describe(proc)
+    assert run("export-hf", a, tmp_path / "out", "--overwrite").returncode == EXIT_OK
 
 
 def test_prune_of_demo_roots_keeps_latest(run, tmp_path):
@@ -658,3 +695,20 @@ def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(run, tmp_pat
     proc = run("export-hf", snapshot, tmp_path / "out")
     assert proc.returncode == EXIT_OK, describe(proc)
     assert (tmp_path / "out" / "config.json").read_text() == '{"model_type": "tiny"}'
+
+
+def test_inspect_and_verify_of_another_tools_checkpoint_say_what_it_looks_like(run, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    path = tmp_path / "dcp"
+    dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter(str(path)), no_dist=True)
+    hint = (f"; it holds what looks like a torch DCP checkpoint, which the Python package reads: "
+            f"`shardsafe import {path} DST` makes a checkpoint of it, shardsafe.load reads it as "
+            f"it is")
+    proc = run("inspect", path)
+    assert proc.returncode == EXIT_ERROR, describe(proc)
+    assert proc.stderr == f"shardsafe: error: no committed checkpoint, Hugging Face model or " \
+                          f"safetensors file in {path}{hint}\n"
+    proc = run("verify", path)
+    assert proc.returncode == EXIT_PROBLEMS, describe(proc)
+    assert hint in proc.stdout

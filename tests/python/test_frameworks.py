@@ -228,8 +228,16 @@ def test_per_rank_state_round_trips_at_the_same_and_another_world_size(tmp_path)
     run_workers(_per_rank_load_wider, 3, str(tmp_path))
     # One process: rank 0's state, and rank 1's saved state is reported unused.
     target = shardsafe.PerRank(None)
-    with pytest.raises(shardsafe.KeyMismatchError, match=re.escape("'rng[rank 1]'")):
+    with pytest.raises(shardsafe.KeyMismatchError, match=re.escape("'rng[rank 1]'")) as e:
         shardsafe.load({"rng": target, "step": 0, "w": torch.zeros(4)}, tmp_path / "rng")
+    assert str(e.value).endswith("(pass per_rank_strict=False (a rank without a saved value "
+                                 "keeps its own) to load anyway); per-rank values load by rank: "
+                                 "rank r gets saved rank r's"), str(e.value)
+    # Only the argument that helps is named; with both kinds, both.
+    with pytest.raises(shardsafe.KeyMismatchError) as e:
+        shardsafe.load({"rng": target, "step": 0, "w": torch.zeros(4), "extra": torch.zeros(1)},
+                       tmp_path / "rng")
+    assert "(pass strict=False and per_rank_strict=False (a rank" in str(e.value), str(e.value)
     res = shardsafe.load({"rng": target, "step": 0, "w": torch.zeros(4)}, tmp_path / "rng",
                          per_rank_strict=False)
     assert target.value["loader"] == _rng_state(0)["loader"]

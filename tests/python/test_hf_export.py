@@ -258,3 +258,27 @@ def test_peft_adapter_matches_peft_and_loads(tmp_path):
     assert read(tmp_path / "ours_fsdp" / "adapter_model.safetensors") == \
         read(tmp_path / "theirs" / "adapter_model.safetensors")
     assert not any(n.startswith(".tmp-adapter") for n in os.listdir(tmp_path))
+
+
+def test_a_hugging_face_directory_imported_and_exported_again_keeps_its_side_files(
+        tmp_path, shardsafe_bin):
+    """`shardsafe import HF CKPT` carries config.json and the other files
+    beside the weights (saved files, docs/format.md §6), so the directory
+    `export-hf` writes back opens with from_pretrained."""
+    from transformers import LlamaForCausalLM
+
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "hf", max_shard_size=SMALL_SHARDS)
+    (tmp_path / "hf" / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+    (tmp_path / "hf" / ".cache").mkdir()
+    r = subprocess.run([str(shardsafe_bin), "import", str(tmp_path / "hf"), str(tmp_path / "ckpt"),
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(r.stdout)["side_files"]) == [
+        "config.json", "generation_config.json", "tokenizer_config.json"]
+    stats = export_cli(shardsafe_bin, tmp_path / "ckpt", tmp_path / "out")
+    assert sorted(stats["copied"]) == ["config.json", "generation_config.json",
+                                       "tokenizer_config.json"]
+    for name in stats["copied"]:
+        assert read(tmp_path / "out" / name) == read(tmp_path / "hf" / name), name
+    assert torch.equal(logits(LlamaForCausalLM.from_pretrained(tmp_path / "out")), logits(model))

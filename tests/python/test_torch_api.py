@@ -622,3 +622,17 @@ def test_a_uri_is_an_error_not_a_local_folder(tmp_path, monkeypatch):
             with pytest.raises(shardsafe.ShardsafeError, match=says):
                 call()
     assert not list(tmp_path.iterdir()), "a URI was taken for a local path"
+
+
+def test_an_unknown_option_names_the_closest_and_every_valid_one(tmp_path):
+    shardsafe.save({"w": torch.ones(2)}, tmp_path / "c")
+    with pytest.raises(shardsafe.InvalidStateError) as e:
+        shardsafe.load({"w": torch.zeros(2)}, tmp_path / "c", per_rank_missing="keep")
+    message = str(e.value)
+    assert message.startswith("unknown option(s) per_rank_missing (did you mean "
+                              "per_rank_strict?); load() takes strict, process_group, "), message
+    assert ", per_rank_strict, and LoadOptions has: " in message, message
+    assert "verify_checksums" in message, message
+    with pytest.raises(shardsafe.InvalidStateError, match=r"\(did you mean overwrite\?\); "
+                                                        r"save\(\) takes process_group"):
+        shardsafe.save({"w": torch.ones(2)}, tmp_path / "d", overwite=True)

@@ -244,6 +244,42 @@ Result<std::vector<std::string>> SafetensorsFilesIn(FileSystem& fs, const std::s
   return names;
 }
 
+// What another tool's checkpoint in `dir` looks like, by the names of its
+// files only (the Python package's readers tell for sure): "" when none.
+std::string ForeignKind(FileSystem& fs, const std::string& dir) {
+  auto entries = fs.ListDir(dir);
+  if (!entries.ok()) return "";
+  const auto has = [&](std::string_view name) {
+    return std::any_of(entries->begin(), entries->end(),
+                       [&](const DirEntry& e) { return e.name == name; });
+  };
+  const auto any_ends_with = [&](std::string_view suffix) {
+    return std::any_of(entries->begin(), entries->end(),
+                       [&](const DirEntry& e) { return EndsWith(e.name, suffix); });
+  };
+  if (has("latest_checkpointed_iteration.txt")) return "a Megatron checkpoint root";
+  if (has("checkpoint_metadata.json") || has("latest.txt")) return "a nanotron checkpoint";
+  if (has(".metadata")) {
+    return has("metadata.json") ? "a Megatron torch_dist checkpoint" : "a torch DCP checkpoint";
+  }
+  if (any_ends_with("model_states.pt") || (has("latest") && has("zero_to_fp32.py"))) {
+    return "a DeepSpeed checkpoint";
+  }
+  if (any_ends_with(".pt") || any_ends_with(".bin") || any_ends_with(".pth")) {
+    return "PyTorch pickle files";
+  }
+  return "";
+}
+
+// "; it looks like KIND ..." for a directory of another tool's checkpoint.
+std::string ForeignHint(FileSystem& fs, const std::string& dir) {
+  const std::string kind = ForeignKind(fs, dir);
+  if (kind.empty()) return "";
+  return "; it holds what looks like " + kind +
+         ", which the Python package reads: `shardsafe import " + dir +
+         " DST` makes a checkpoint of it, shardsafe.load reads it as it is";
+}
+
 // True if every file is named like a shardsafe data file.
 bool LooksLikeUncommittedCheckpoint(const std::vector<std::string>& names) {
   if (names.empty()) return false;
@@ -282,7 +318,8 @@ Result<CheckpointSource> OpenDirectory(FileSystem& fs, const std::string& dir,
                                    ": an uncommitted or damaged checkpoint");
   }
   if (!names.empty()) return OpenForeign(fs, dir, names, dir);
-  return NotFoundError("no committed checkpoint, Hugging Face model or safetensors file in " + dir);
+  return NotFoundError("no committed checkpoint, Hugging Face model or safetensors file in " + dir +
+                       ForeignHint(fs, dir));
 }
 
 }  // namespace

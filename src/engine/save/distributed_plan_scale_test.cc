@@ -4,11 +4,13 @@
 // ideal share, and what each rank sends and receives follows its own work,
 // where PlanSave's would be every rank's layout on rank 0: rank 0 adds a few
 // hundred bytes per rank of the job, a home the shards of its keys, any
-// other rank its layout and its part. At 1,024 ranks every part is checked
+// other rank its layout and its part. At 1,024 ranks (the smaller size) every part is checked
 // against PlanSave's. Counts bytes, never times. Under AddressSanitizer
-// (a debug build, ~30x slower: 10 minutes here) the same layouts run at a
-// quarter of the data-parallel size, 256 and 1,024 ranks: what is checked
-// is how traffic grows with the job, which holds at any size.
+// (a debug build, ~60x slower: 10 minutes here) the same layouts run at 512
+// and 2,048 ranks (a third of the time): what is checked is how traffic
+// grows with the job, which holds from 2,048 ranks (below, rank 0's fixed
+// share is over 512 bytes a rank) with ranks that are no home (at 256
+// ranks every rank is one).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,7 +77,7 @@ Measured Plan(int dp, bool against_plan_save) {
 }
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int kSmallDp = 8, kLargeDp = 32;  // 256 and 1,024 ranks
+constexpr int kSmallDp = 16, kLargeDp = 64;  // 512 and 2,048 ranks
 #else
 constexpr int kSmallDp = 32, kLargeDp = 128;  // 1,024 and 4,096 ranks
 #endif

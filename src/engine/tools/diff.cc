@@ -1,6 +1,7 @@
 #include "shardsafe/tools.h"
 
 #include <cmath>
+#include <set>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -86,6 +87,17 @@ Result<TensorDiff> CompareTensor(const CheckpointSource& a, FileSystem& fs_a, si
   return diff;
 }
 
+// JSON pointers to where `a` and `b` differ: the paths of a JSON patch
+// from one to the other (nlohmann's, which names a changed value, an added
+// or removed key, and recurses into objects and arrays), each once.
+std::vector<std::string> DifferingValues(const nlohmann::json& a, const nlohmann::json& b) {
+  std::set<std::string> paths;
+  for (const nlohmann::json& op : nlohmann::json::diff(a, b)) {
+    paths.insert(op.at("path").get<std::string>());
+  }
+  return {paths.begin(), paths.end()};
+}
+
 }  // namespace
 
 bool DiffReport::identical() const {
@@ -105,7 +117,9 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b, F
   DiffReport report;
   // Equal as JSON (1 and 1.0, key order), not as text.
   auto parse = [](const std::string& t) { return nlohmann::json::parse(t, nullptr, false); };
-  report.values_equal = parse(sa.index.values) == parse(sb.index.values);
+  const nlohmann::json va = parse(sa.index.values), vb = parse(sb.index.values);
+  report.values_equal = va == vb;
+  if (!report.values_equal) report.differing_values = DifferingValues(va, vb);
   const PackedTensors& ta = *sa.packed;
   const PackedTensors& tb = *sb.packed;
   for (size_t t = 0; t < ta.size(); ++t) {

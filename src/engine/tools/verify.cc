@@ -231,12 +231,17 @@ VerifyReport VerifyCheckpoint(const std::string& path, FileSystem* fsp, int io_t
   Result<FileSystem*> found = FileSystemFor(path, fsp);
   if (!found.ok()) {
     report.faults.push_back(found.status().message());
+    report.unopened = found.status().code();
     return report;
   }
   FileSystem& fs = **found;
   auto src = OpenSourcePacked(fs, path);
   if (!src.ok()) {
     report.faults.push_back(src.status().message());
+    auto info = fs.Stat(path);
+    if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+      report.unopened = StatusCode::kNotFound;
+    }
     return report;
   }
   report.path = src->path;
