@@ -7,12 +7,12 @@
 # Extra arguments go to `shardsafe demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh demo
 bash scripts/build.sh release
 build/shardsafe demo "$@"
 
 printf '\n=== Python: pip install . and a training run killed and resumed ===\n'
-python3 -m pip install -q --disable-pip-version-check .
+bash scripts/install_python.sh
 out=demo-out/python
 rm -rf "$out" && mkdir -p "$out"
 train() { python3 examples/train_resume.py --steps 40 --save-every 5 "$@"; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test, from a fresh clone: dependencies, release build + CTest
-# (GoogleTest and 4-rank MPI tests), `pip install .` and pytest (Python API
+# (GoogleTest and 4-rank MPI tests), `pip install .` (scripts/install_python.sh,
+# reusing the extension's build-py/ of an earlier install) and pytest (Python API
 # with multi-process gloo tests, interop and CLI tests), an
 # ASan+UBSan build running all unit tests, a TSan build of the threaded
 # modules, and a short libFuzzer run of each fuzzer (the three parsers and a
@@ -9,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-step() { printf '\n=== %s ===\n' "$*"; }
+start=$SECONDS
+step() { printf '\n=== %s (at %d min %02d s) ===\n' "$*" $(((SECONDS - start) / 60)) $(((SECONDS - start) % 60)); }
 
 step "dependencies"
 bash scripts/deps.sh
@@ -19,7 +21,7 @@ bash scripts/build.sh release
 (cd build && ctest --output-on-failure -j2 --timeout 900)
 
 step "Python package: pip install ."
-python3 -m pip install -q --disable-pip-version-check .
+bash scripts/install_python.sh
 
 step "pytest: Python API (1 and 4 gloo processes), DCP adapter, example, interop, CLI"
 SHARDSAFE_BIN="$PWD/build/shardsafe" python3 -m pytest -q -W ignore::UserWarning tests/python

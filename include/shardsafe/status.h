@@ -40,13 +40,17 @@ std::string_view StatusCodeName(StatusCode code);
 
 // Which failure of its code a status reports, where callers tell them apart
 // (the Python package raises ShapeMismatchError / DTypeMismatchError for
-// these InvalidArgument statuses). Carried through WithContext and between
+// these InvalidArgument statuses, and looks for no other tool's checkpoint
+// in a bucket that does not exist). Carried through WithContext and between
 // ranks; most statuses have none.
 enum class ErrorDetail : uint8_t {
   kNone = 0,
   kShapeMismatch,  // a target's shape differs from the checkpoint's
   kDTypeMismatch,  // a target's dtype differs and cannot (or may not) be converted
+  kNoSuchBucket,   // an object-store path's bucket does not exist (NotFound)
 };
+// The highest value, for decoders of statuses sent between ranks.
+inline constexpr ErrorDetail kLastErrorDetail = ErrorDetail::kNoSuchBucket;
 
 std::string_view ErrorDetailName(ErrorDetail detail);  // "", "SHAPE_MISMATCH", ...
 

@@ -31,7 +31,7 @@ def resolve(path: str) -> str:
         return path
     repo = os.path.join(cache_dir(), "models--" + path.replace("/", "--"))
     if not os.path.isdir(repo):
-        return path  # neither: the load reports the path as not found
+        return path  # neither: the load reports it as not found (explain_missing)
     try:
         revision = read_bytes(os.path.join(repo, "refs", "main"), within=repo,
                               limit=_REF_LIMIT).decode("utf-8", errors="replace").strip()
@@ -45,3 +45,17 @@ def resolve(path: str) -> str:
         raise CheckpointNotFoundError(f"{path}: {repo}/refs/main names {revision!r}, which is no "
                                       f"snapshot in the cache")
     return snapshot
+
+
+def explain_missing(path: str, error: BaseException) -> BaseException:
+    """`error`, or where a repo id was looked for when `path` (not found, not
+    resolved by `resolve`) spells one: shardsafe reads the cache, never the
+    network, so the message says how to fill it."""
+    if (not isinstance(error, CheckpointNotFoundError) or os.path.exists(path)
+            or not _REPO_ID.match(path)):
+        return error
+    return CheckpointNotFoundError(
+        f"{error}; nor is {path!r}, as a Hugging Face repo id, in the hub cache {cache_dir()} "
+        f"(shardsafe never downloads: fetch it with `huggingface-cli download {path}` or "
+        f"huggingface_hub.snapshot_download, or set HF_HUB_CACHE to the cache holding it)",
+        error.code, error.detail)

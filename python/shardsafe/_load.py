@@ -338,7 +338,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
       128x128 block scales, loaded into a BF16/F16/F32/F64 target, is
       dequantised (this rank's box only); the scales count as loaded.
     """
-    path = _hub.resolve(os.fspath(path))
+    asked_path = os.fspath(path)
+    path = _hub.resolve(asked_path)
     options = LoadOptions.of(options, kwargs, load)
     skip = _skipper(skip_keys)
     comm = resolve(process_group)
@@ -358,9 +359,10 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
             flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
             comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
-        error = e
+        error = _hub.explain_missing(asked_path, e)
     if _paths.is_s3(path) and all(agree(comm, None, source is None and
-                                        isinstance(error, CheckpointNotFoundError))):
+                                        isinstance(error, CheckpointNotFoundError) and
+                                        error.detail != "NO_SUCH_BUCKET")):
         return _load_staged(state_dict, path, error, comm, strict, process_group, unsafe_pickle,
                             rename is not None or bool(experts), skip, options)
     reports = agree(comm, error, report)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 
 class ShardsafeError(RuntimeError):
-    """Base class. ``code`` is the engine's status code name (e.g. "DATA_LOSS")."""
+    """Base class. ``code`` is the engine's status code name (e.g. "DATA_LOSS");
+    ``detail`` the failure within it where the engine tells them apart
+    (shardsafe/status.h ErrorDetail, e.g. "NO_SUCH_BUCKET"), else ""."""
 
     code = "UNKNOWN"
+    detail = ""
 
-    def __init__(self, message: str, code: str | None = None):
+    def __init__(self, message: str, code: str | None = None, detail: str = ""):
         super().__init__(message)
         if code is not None:
             self.code = code
+        self.detail = detail
 
 
 class CheckpointNotFoundError(ShardsafeError, FileNotFoundError):
@@ -93,4 +97,4 @@ def from_status(code: str, message: str, detail: str = "") -> ShardsafeError:
         cls = StorageError
     else:
         cls = ShardsafeError
-    return cls(message, code)
+    return cls(message, code, detail)

@@ -26,6 +26,7 @@ std::string_view ErrorDetailName(ErrorDetail detail) {
     case ErrorDetail::kNone: return "";
     case ErrorDetail::kShapeMismatch: return "SHAPE_MISMATCH";
     case ErrorDetail::kDTypeMismatch: return "DTYPE_MISMATCH";
+    case ErrorDetail::kNoSuchBucket: return "NO_SUCH_BUCKET";
   }
   return "";
 }

@@ -110,7 +110,7 @@ shardsafe::Status Reader::Status(shardsafe::Status* out) {
   SS_ASSIGN_OR_RETURN(uint8_t detail, U8());
   SS_ASSIGN_OR_RETURN(std::string msg, Str());
   if (code > static_cast<uint32_t>(StatusCode::kInternal) ||
-      detail > static_cast<uint8_t>(ErrorDetail::kDTypeMismatch)) {
+      detail > static_cast<uint8_t>(kLastErrorDetail)) {
     return InternalError("bad status code in message between ranks");
   }
   *out = code == 0 ? shardsafe::Status()

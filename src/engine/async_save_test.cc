@@ -316,6 +316,30 @@ TEST_F(AsyncSaveTest, ManySmallTensorsShareCopyTasksAndAllArriveIntact) {
   });
 }
 
+// A rank's failure reaches every handle with its code (and detail): rank 0
+// reads it from the rank's `failed-` marker, the others from `aborted`.
+TEST_F(AsyncSaveTest, ARanksFailureReachesEveryHandleWithItsCode) {
+  FaultInjectingFileSystem full(DefaultFileSystem());
+  full.FailNth(OpKind::kAppend, 0, ResourceExhaustedError("disk full (injected)"));
+  std::vector<Status> waited(kRanks);
+  RunRanks(kRanks, [&](int r, Comm& comm) {
+    AsyncSaver saver;
+    auto state = MakeState(r, 1);
+    SaveOptions opts;
+    if (r == 2) opts.fs = &full;
+    auto h = saver.Save(state->state, root_, "ck", comm, opts);
+    ASSERT_TRUE(h.ok());
+    waited[r] = (*h)->Wait().status();
+  });
+  EXPECT_EQ(full.injected_failures(), 1);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(waited[r].code(), StatusCode::kResourceExhausted) << r << ": " << waited[r].ToString();
+    if (r != 2) EXPECT_THAT(waited[r].message(), HasSubstr("rank 2")) << r;
+    EXPECT_THAT(waited[r].message(), HasSubstr("disk full (injected)")) << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/ck"));
+}
+
 TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
   FaultInjectingFileSystem faulty(DefaultFileSystem());
   // Renames 0-3 publish the ranks' completion markers; #4 is the commit.
@@ -334,6 +358,7 @@ TEST_F(AsyncSaveTest, CommitFailureOnRankZeroFailsEveryHandle) {
   EXPECT_THAT(waited[0].message(), HasSubstr("injected rename failure"));
   for (int r = 1; r < kRanks; ++r) {  // they learn why from the `aborted` marker
     EXPECT_THAT(waited[r].message(), HasSubstr("aborted by rank 0: injected rename failure")) << r;
+    EXPECT_EQ(waited[r].code(), StatusCode::kUnavailable) << r;
   }
   EXPECT_FALSE(std::filesystem::exists(root_ + "/ck"));
 }

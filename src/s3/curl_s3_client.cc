@@ -48,7 +48,7 @@ Result<std::string> ResponseETag(const S3Target& target, const HttpResponse& r) 
 Result<HttpResponse> CurlS3Client::Send(const S3Target& target, const HttpRequest& request,
                                         const BodySink& sink) {
   SS_ASSIGN_OR_RETURN(HttpResponse r, SendRaw(target, request, sink));
-  if (!r.ok()) return ResponseError(target, r);
+  if (!r.ok()) return ResponseError(target, r, Endpoint());
   return r;
 }
 
@@ -84,7 +84,7 @@ Status CurlS3Client::GetRange(const S3Location& at, uint64_t offset, void* dst, 
   if (r.status == 416) {
     return DataLossError(at.uri() + ": object ends before byte " + std::to_string(offset + n));
   }
-  if (!r.ok()) return ResponseError(target, r);
+  if (!r.ok()) return ResponseError(target, r, Endpoint());
   if (r.overflow) {
     return DataLossError(at.uri() + ": more than the " + std::to_string(n) + " bytes asked for");
   }
@@ -140,7 +140,7 @@ Status CurlS3Client::Delete(const S3Location& at) {
   if (r.ok() || (r.status == 404 && ParseErrorBody(r.body).code == "NoSuchKey")) {
     return Status::Ok();
   }
-  return ResponseError(target, r);
+  return ResponseError(target, r, Endpoint());
 }
 
 }  // namespace shardsafe

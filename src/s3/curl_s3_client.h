@@ -38,6 +38,11 @@ class CurlS3Client final : public S3Client {
   Status CreateBucket(const std::string& bucket) override;
 
  private:
+  // The service's URL for messages: the configured endpoint, else AWS's for the region.
+  std::string Endpoint() const {
+    const S3Config& c = config();
+    return c.endpoint.empty() ? "https://s3." + c.region + ".amazonaws.com" : c.endpoint;
+  }
   std::string Url(const S3Location& at, QueryParams query = {}) const {
     return S3Url(config(), at.bucket, at.key, std::move(query));
   }

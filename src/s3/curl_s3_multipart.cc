@@ -54,9 +54,9 @@ Result<std::string> CurlS3Client::CompleteMultipartUpload(const S3Location& at,
     if (!now.ok() && now.status().code() != StatusCode::kNotFound) {
       return now.status().WithContext("checking the object of a completed upload " + upload_id);
     }
-    return ResponseError(target, r);
+    return ResponseError(target, r, Endpoint());
   }
-  if (!r.ok() || !ParseErrorBody(r.body).code.empty()) return ResponseError(target, r);
+  if (!r.ok() || !ParseErrorBody(r.body).code.empty()) return ResponseError(target, r, Endpoint());
   Result<std::string> etag = ParseCompletedETag(r.body);
   if (!etag.ok()) return etag.status().WithContext(target.Describe());
   return etag;
@@ -69,7 +69,7 @@ Status CurlS3Client::AbortMultipartUpload(const S3Location& at, const std::strin
   if (r.ok() || (r.status == 404 && ParseErrorBody(r.body).code == "NoSuchUpload")) {
     return Status::Ok();
   }
-  return ResponseError(target, r);
+  return ResponseError(target, r, Endpoint());
 }
 
 Result<std::vector<MultipartUpload>> CurlS3Client::ListMultipartUploads(
@@ -99,7 +99,7 @@ Status CurlS3Client::CreateBucket(const std::string& bucket) {
   S3Target target{{bucket, ""}};
   SS_ASSIGN_OR_RETURN(HttpResponse r, SendRaw(target, {"PUT", Url({bucket, ""}), {}, body}));
   if (r.ok() || ParseErrorBody(r.body).code == "BucketAlreadyOwnedByYou") return Status::Ok();
-  return ResponseError(target, r);
+  return ResponseError(target, r, Endpoint());
 }
 
 }  // namespace shardsafe

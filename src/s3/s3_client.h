@@ -20,7 +20,8 @@
 // Errors name the object as "s3://bucket/key" (with " (upload ID)" for a
 // multipart call) and the S3 error code and message:
 //   NotFound            404: NoSuchKey "s3://b/k: no such object";
-//                        NoSuchBucket "s3://b: no such bucket"; NoSuchUpload
+//                        NoSuchBucket "s3://b: no such bucket at ENDPOINT"
+//                        (detail kNoSuchBucket); NoSuchUpload
 //                        "s3://b/k (upload ID): no such upload"; a HEAD, whose
 //                        404 has no body, "s3://b/k: not found (HTTP 404)"
 //   InvalidArgument     403 (AccessDenied, SignatureDoesNotMatch,

@@ -87,11 +87,14 @@ TEST_F(S3ClientTest, MissingObjectsAreNotFoundNamingThem) {
 TEST_F(S3ClientTest, MissingBucketIsNotFoundNamingTheBucket) {
   S3Location at{"no-such-bucket", "k"};
   Result<std::string> put = client_->Put(at, std::string("x"), {});
+  const std::string expected = "s3://no-such-bucket: no such bucket at " + config_.endpoint;
   EXPECT_EQ(put.status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(put.status().message(), "s3://no-such-bucket: no such bucket");
+  EXPECT_EQ(put.status().message(), expected);
+  EXPECT_EQ(put.status().detail(), ErrorDetail::kNoSuchBucket);
   Result<Listing> list = client_->List("no-such-bucket", "", "");
   EXPECT_EQ(list.status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(list.status().message(), "s3://no-such-bucket: no such bucket");
+  EXPECT_EQ(list.status().message(), expected);
+  EXPECT_EQ(list.status().detail(), ErrorDetail::kNoSuchBucket);
   EXPECT_EQ(client_->Delete(at).code(), StatusCode::kNotFound);
 }
 

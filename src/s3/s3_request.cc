@@ -93,12 +93,14 @@ Result<HttpResponse> SendWithRetries(CurlPool& pool, const RetryPolicy& policy,
                           std::to_string(attempts) + " attempts: " + last);
 }
 
-Status ResponseError(const S3Target& target, const HttpResponse& r) {
+Status ResponseError(const S3Target& target, const HttpResponse& r, std::string_view endpoint) {
   S3ErrorBody e = ParseErrorBody(r.body);
   std::string what = target.Describe();
   std::string detail = " (" + DescribeError(r) + ")";
   if (e.code == "NoSuchBucket") {
-    return NotFoundError(S3Location{target.at.bucket, ""}.uri() + ": no such bucket");
+    return NotFoundError(S3Location{target.at.bucket, ""}.uri() + ": no such bucket at " +
+                         std::string(endpoint))
+        .WithDetail(ErrorDetail::kNoSuchBucket);
   }
   if (e.code == "NoSuchKey") return NotFoundError(what + ": no such object");
   if (e.code == "NoSuchUpload") return NotFoundError(what + ": no such upload");

@@ -36,6 +36,8 @@ Result<HttpResponse> SendWithRetries(CurlPool& pool, const RetryPolicy& policy,
 
 // The Status of a non-2xx response (or a 200 carrying an <Error>), by the
 // mapping in s3_client.h.
-Status ResponseError(const S3Target& target, const HttpResponse& response);
+// `endpoint` (the service's URL) is named when the bucket does not exist.
+Status ResponseError(const S3Target& target, const HttpResponse& response,
+                     std::string_view endpoint);
 
 }  // namespace shardsafe

@@ -467,3 +467,20 @@ def test_a_hub_repo_id_loads_from_the_local_cache(tmp_path, monkeypatch):
     (repo / "refs" / "main").write_text("deadbeef")
     with pytest.raises(shardsafe.CheckpointNotFoundError, match="no snapshot in the cache"):
         shardsafe.load(got, "org/tiny")
+
+
+def test_a_repo_id_missing_from_the_hub_cache_says_where_it_looked(tmp_path, monkeypatch):
+    # shardsafe never downloads: the error names the cache it searched and
+    # how to fill it, not only "checkpoint not found".
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(shardsafe.CheckpointNotFoundError) as e:
+        shardsafe.load({"w": torch.zeros(2)}, "org/absent-model")
+    message = str(e.value)
+    assert "checkpoint not found" in message
+    assert str(tmp_path / "hub") in message
+    assert "huggingface-cli download org/absent-model" in message
+    # A path that cannot be a repo id keeps the plain message.
+    with pytest.raises(shardsafe.CheckpointNotFoundError) as e:
+        shardsafe.load({"w": torch.zeros(2)}, str(tmp_path / "a" / "b" / "c"))
+    assert "hub cache" not in str(e.value)

@@ -398,6 +398,9 @@ Result<CheckpointSource> OpenSource(FileSystem& fs, const std::string& path,
                                     const OpenHow& how) {
   auto info = fs.Stat(path);
   if (!info.ok()) {
+    if (info.status().detail() == ErrorDetail::kNoSuchBucket) {
+      return info.status().WithContext("checkpoint not found: " + path);
+    }
     if (info.status().code() == StatusCode::kNotFound) {
       return NotFoundError("checkpoint not found: " + path);
     }

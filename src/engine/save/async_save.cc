@@ -42,6 +42,7 @@
 
 #include "base/crc32c.h"
 #include "base/thread_pool.h"
+#include "comm/wire.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/distributed_save.h"
 #include "engine/save/replica_check.h"
@@ -191,11 +192,30 @@ auto PollUntil(const Job& job, std::string_view waiting_for, Fn ready) ->
   }
 }
 
+// A failure's marker (`aborted`, `failed-RRRRR`): the status itself, so the
+// ranks that read it report the same code and detail as the rank that wrote
+// it (wire encoding; every rank of a save runs the same build).
+Status WriteStatusMarker(FileSystem& fs, const std::string& path, const Status& why) {
+  wire::Writer w;
+  w.Status(why);
+  return WriteFileAtomically(fs, path, w.Take());
+}
+
+// The status in a failure marker, its message prefixed by `who`.
+Status StatusFromMarker(const std::string& text, const std::string& who) {
+  Status why;
+  wire::Reader r(text);
+  if (!r.Status(&why).ok() || !r.done() || why.ok()) {
+    return UnavailableError(who + ": unreadable failure marker");
+  }
+  return why.WithContext(who);
+}
+
 // A commit that failed once every rank was done: the other ranks learn why
 // from the `aborted` marker, which stays (with the directory, until the next
 // save removes it as a leftover) while the data files go now.
 void AbortKeepingTheReason(FileSystem& fs, const SaveDirs& dirs, const Status& why) {
-  if (!WriteFileAtomically(fs, JoinPath(dirs.tmp, kAbortedMarker), why.message()).ok()) {
+  if (!WriteStatusMarker(fs, JoinPath(dirs.tmp, kAbortedMarker), why).ok()) {
     AbandonSave(fs, dirs);  // they will see it vanish
     return;
   }
@@ -220,7 +240,7 @@ Result<std::vector<std::string>> GatherMarkers(const Job& job) {
     for (int r = 0; r < job.world; ++r) {
       if (seen[r]) continue;
       auto failed = ReadFileToString(fs, JoinPath(job.dirs.tmp, RankMarker("failed-", r)), 1 << 20);
-      if (failed.ok()) return R(Status(StatusCode::kUnavailable, "rank " + std::to_string(r) + ": " + *failed));
+      if (failed.ok()) return R(StatusFromMarker(*failed, "rank " + std::to_string(r)));
       auto done = ReadFileToString(fs, JoinPath(job.dirs.tmp, RankMarker("done-", r)), uint64_t{1} << 30);
       if (!done.ok()) return std::nullopt;
       reports[r] = std::move(*done);
@@ -235,8 +255,7 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   FileSystem& fs = *job.fs;
   auto reports = GatherMarkers(job);
   if (!reports.ok()) {
-    WriteFileAtomically(fs, JoinPath(job.dirs.tmp, kAbortedMarker), reports.status().message())
-        .IgnoreError();
+    WriteStatusMarker(fs, JoinPath(job.dirs.tmp, kAbortedMarker), reports.status()).IgnoreError();
     return reports.status();
   }
   for (int r = 0; r < job.world; ++r) {
@@ -271,7 +290,7 @@ Status AwaitCommit(const Job& job) {
   return PollUntil(job, "rank 0 to commit", [&]() -> R {
     if (fs.Stat(index).ok()) return R(Status());
     auto aborted = ReadFileToString(fs, JoinPath(job.dirs.tmp, kAbortedMarker), 1 << 20);
-    if (aborted.ok()) return R(UnavailableError("save aborted by rank 0: " + *aborted));
+    if (aborted.ok()) return R(StatusFromMarker(*aborted, "save aborted by rank 0"));
     if (!fs.Stat(job.dirs.tmp).ok() && !fs.Stat(index).ok()) {
       return R(UnavailableError("save abandoned by rank 0 (its commit failed)"));
     }
@@ -323,12 +342,10 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   }
   if (!written.ok()) {
     if (job.rank == 0) {  // nothing to wait for: tell the others and stop
-      WriteFileAtomically(fs, JoinPath(job.dirs.tmp, kAbortedMarker), written.message())
-          .IgnoreError();
+      WriteStatusMarker(fs, JoinPath(job.dirs.tmp, kAbortedMarker), written).IgnoreError();
       return written;
     }
-    WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("failed-", job.rank)),
-                        written.message())
+    WriteStatusMarker(fs, JoinPath(job.dirs.tmp, RankMarker("failed-", job.rank)), written)
         .IgnoreError();
     return written;
   }
