@@ -5,8 +5,7 @@
 namespace shardsafe {
 namespace {
 
-// Each rank's (status, payload) as GatherOrFail and GatherToRootOrFail
-// send it.
+// Each rank's (status, payload) as GatherToRootOrFail sends it.
 std::string StatusAndPayload(const Status& local, const std::string& payload) {
   wire::Writer w;
   w.Status(local);
@@ -34,13 +33,6 @@ Result<std::vector<std::string>> PayloadsOrFailure(const Comm& comm,
 Status WithRank(const Comm& comm, int rank, const Status& s) {
   if (comm.size() == 1) return s;
   return s.WithContext("rank " + std::to_string(rank));
-}
-
-Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
-                                              std::string payload) {
-  SS_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                      comm.AllGather(StatusAndPayload(local, payload)));
-  return PayloadsOrFailure(comm, all);
 }
 
 Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const Status& local,

@@ -26,11 +26,6 @@ Status AgreeOnStatus(Comm& comm, const Status& local);
 Result<std::vector<uint64_t>> ReduceMaxOrFail(Comm& comm, const Status& local,
                                               std::vector<uint64_t> values);
 
-// All-gathers (`local` status, `payload`). On success every rank receives all
-// payloads; if any rank failed, every rank gets that rank's error.
-Result<std::vector<std::string>> GatherOrFail(Comm& comm, const Status& local,
-                                              std::string payload);
-
 // Gathers (`local` status, `payload`) on `root` only. The root receives all
 // payloads, or the lowest failing rank's error (named as above); another
 // rank receives an empty vector, or its own failure. The other ranks learn

@@ -43,9 +43,6 @@ namespace shardsafe {
 class PackedTensors;  // format/index_packed.h
 
 inline constexpr std::string_view kChunkTableMagic = "SSCHUNKS";
-// The table's name in a checkpoint directory on disk; in an object store
-// "shardsafe.<nonce>.chunks" (docs/format.md §3a).
-inline constexpr std::string_view kChunkTableFileName = "shardsafe.chunks";
 inline constexpr uint64_t kChunksPerBlock = 16;
 // Chunks from which a save writes a chunk table unless told otherwise
 // (SaveOptions::chunk_table_min_chunks).

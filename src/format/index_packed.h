@@ -55,7 +55,6 @@ class PackedTensors {
   std::optional<size_t> Find(std::string_view key) const;
 
   // Chunk `c` (a number across the index), its fields without building it.
-  uint64_t num_chunks() const { return chunks_.size(); }
   uint32_t file(uint64_t c) const { return chunks_[c].file; }
   uint64_t at(uint64_t c) const { return chunks_[c].at; }
   uint64_t bytes(uint64_t c) const { return chunks_[c].bytes; }

@@ -604,13 +604,4 @@ std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root) 
   return claimed;
 }
 
-Status CleanLeftovers(FileSystem& fs, const std::string& root) {
-  std::vector<ClaimedDir> claimed;
-  {
-    SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));
-    claimed = ClaimLeftovers(fs, root);
-  }
-  return RemoveClaimed(fs, std::move(claimed));
-}
-
 }  // namespace shardsafe

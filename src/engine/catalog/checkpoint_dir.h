@@ -169,8 +169,4 @@ std::vector<ClaimedDir> ClaimLeftovers(FileSystem& fs, const std::string& root);
 // SHARDSAFE_S3_LEFTOVER_AGE seconds.
 std::chrono::seconds ObjectLeftoverAge();
 
-// ClaimLeftovers under the root's lock, then deletes what it claimed. Best
-// effort: failures are returned but harmless.
-Status CleanLeftovers(FileSystem& fs, const std::string& root);
-
 }  // namespace shardsafe
