@@ -63,8 +63,8 @@ from ._foreign import KNOWN, ForeignCheckpoint, Format, detect
 from ._options import SaveOptions
 from ._paths import is_s3, staged
 from ._parts import PerRank
-from ._state import (DTYPE_NAMES, Flat, encode_values, flatten, from_json, join, rebuild,
-                     to_json)
+from ._json import from_json, join, to_json
+from ._state import DTYPE_NAMES, Flat, encode_values, flatten, rebuild
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DTypeMismatchError, InvalidStateError, KeyMismatchError,
                      ShapeMismatchError, ShardsafeError)

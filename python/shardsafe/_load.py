@@ -10,7 +10,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,29 +22,11 @@ from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
 from ._options import LoadOptions
 from ._parts import PerRank, Sharded, decode_per_rank
+from ._result import LoadResult
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
                      TensorLeaf, decode_value, decoded_values, flatten, holds, rebuild)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
-
-
-@dataclass
-class LoadResult:
-    """What load did: the checkpoint it read and the keys that did not match."""
-
-    path: str
-    tag: str
-    missing_keys: list[str]
-    unexpected_keys: list[str]
-    metadata: Any
-    bytes_read: int
-    seconds: float
-    # of bytes_read, read from a shared-memory ring or the page cache because
-    # another rank on this machine read them too (share_reads)
-    bytes_shared: int = 0
-    # Every global value the checkpoint holds, by key (DeepSpeed's
-    # client_state), whether or not the state asked for it.
-    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
