@@ -10,6 +10,7 @@ rank's part of a global tensor say so with Sharded, values that differ by
 rank with PerRank; see README.md, "Python".
 """
 
+from . import peers  # other tools' checkpoints: shardsafe.peers.import_checkpoint, ...
 from ._describe import describe
 from ._load import load, release_load_staging
 from ._manager import CheckpointManager
