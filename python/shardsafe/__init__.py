@@ -10,12 +10,14 @@ rank's part of a global tensor say so with Sharded, values that differ by
 rank with PerRank; see README.md, "Python".
 """
 
-from ._load import LoadResult, load, release_load_staging
+from . import peers  # other tools' checkpoints: shardsafe.peers.import_checkpoint, ...
+from ._describe import describe
+from ._load import load, release_load_staging
 from ._manager import CheckpointManager
 from ._options import LoadOptions, SaveOptions
 from ._save import async_save, release_async_save, reserve_async_save, save
 from ._parts import PerRank, Sharded
-from ._C import describe as _describe
+from ._result import LoadResult
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DTypeMismatchError, InvalidStateError, KeyMismatchError, ShapeMismatchError,
                      ShardsafeError, StorageError)
@@ -31,14 +33,3 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-
-def describe(path) -> dict:
-    """What a checkpoint (or safetensors file / HF directory) holds, without
-    reading tensor data: {"path", "tag", "tensors": {key: (dtype, shape)}, ...}."""
-    import json
-    import os
-
-    d = _describe(os.fspath(path))
-    d["values"] = json.loads(d["values"])
-    d["metadata"] = json.loads(d["metadata"])
-    return d

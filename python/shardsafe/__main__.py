@@ -1,6 +1,6 @@
 """python -m shardsafe import SRC DST: converts another tool's checkpoint
-(torch DCP, Megatron torch_dist, DeepSpeed, nanotron: shardsafe._foreign)
-into a shardsafe one (shardsafe._import.import_checkpoint), with a progress
+(torch DCP, Megatron torch_dist, DeepSpeed, nanotron: shardsafe.foreign)
+into a shardsafe one (shardsafe.foreign.import_checkpoint), with a progress
 bar on a terminal (--progress: always; --no-progress: never). The
 `shardsafe import` command hands every directory the engine cannot open
 to this (their pickles are read here, never by the engine), passing
@@ -19,8 +19,7 @@ import json
 import sys
 import warnings
 
-from . import _import
-from ._foreign import KNOWN, detect
+from .foreign import KNOWN, NotImportedWarning, detect, import_checkpoint
 from ._paths import is_s3
 from .errors import ShardsafeError
 
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with warnings.catch_warnings(record=True) as caught:
-            done = _import.import_checkpoint(
+            done = import_checkpoint(
                 args.src, args.dst, unsafe_pickle=args.unsafe_pickle, overwrite=args.overwrite,
                 progress=False if args.json else args.progress)
     except (ShardsafeError, ImportError) as e:  # ImportError: a reader's package is missing
@@ -76,7 +75,7 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
     """Every warning recorded during the import but those the result
     reports (NotImportedWarning), on stderr, one line each."""
     for w in caught:
-        if not issubclass(w.category, _import.NotImportedWarning):
+        if not issubclass(w.category, NotImportedWarning):
             text = " ".join(str(w.message).split())
             print(f"warning: {w.category.__name__}: {text}", file=sys.stderr)
 

@@ -10,41 +10,23 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import _C, _boxes, _device, _foreign, _hub, _keys, _paths, peers
+from . import _C, _boxes, _device, _hub, _keys, _paths, foreign
 from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
 from ._options import LoadOptions
-from ._parts import PerRank, Sharded, decode_per_rank
+from ._parts import PerRank, decode_per_rank
+from ._result import LoadResult
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
-                     TensorLeaf, decode_value, decoded_values, flatten, holds, rebuild)
+                     TensorLeaf, decode_value, decoded_values, flatten, rebuild)
 from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
                      KeyMismatchError, ShapeMismatchError, ShardsafeError)
-
-
-@dataclass
-class LoadResult:
-    """What load did: the checkpoint it read and the keys that did not match."""
-
-    path: str
-    tag: str
-    missing_keys: list[str]
-    unexpected_keys: list[str]
-    metadata: Any
-    bytes_read: int
-    seconds: float
-    # of bytes_read, read from a shared-memory ring or the page cache because
-    # another rank on this machine read them too (share_reads)
-    bytes_shared: int = 0
-    # Every global value the checkpoint holds, by key (DeepSpeed's
-    # client_state), whether or not the state asked for it.
-    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -299,7 +281,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     a .safetensors file, a Hugging Face model directory, a hub repo id
     ("ORG/NAME") in the local hub cache (refs/main; no network), or another
     tool's checkpoint: torch DCP (through DCP's own reader: shardsafe.peers),
-    Megatron torch_dist, DeepSpeed, nanotron (shardsafe._foreign; rename
+    Megatron torch_dist, DeepSpeed, nanotron (shardsafe.foreign; rename
     and experts need it imported first: shardsafe import). Collective.
     An s3:// URI is read by the engine, or, where it holds nothing the
     engine opens, staged on a local disk by every rank and read as another
@@ -344,9 +326,11 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     skip = _skipper(skip_keys)
     comm = resolve(process_group)
     fmt = _detect_on_every_rank(path, comm)
+    foreign_args = dict(strict=strict, process_group=process_group, unsafe_pickle=unsafe_pickle,
+                        convert_dtypes=bool(options.convert_dtypes), skip=skip,
+                        mapped=rename is not None or bool(experts))
     if fmt is not None:
-        return _load_foreign(state_dict, path, fmt, strict, process_group, unsafe_pickle,
-                             rename is not None or bool(experts), skip, options)
+        return foreign.load(state_dict, path, fmt, **foreign_args)
     flat = plan = desc = keys = source = values = saved_values = None
     error, report = None, None
     try:
@@ -363,8 +347,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if _paths.is_s3(path) and all(agree(comm, None, source is None and
                                         isinstance(error, CheckpointNotFoundError) and
                                         error.detail != "NO_SUCH_BUCKET")):
-        return _load_staged(state_dict, path, error, comm, strict, process_group, unsafe_pickle,
-                            rename is not None or bool(experts), skip, options)
+        return _load_staged(state_dict, path, error, comm, foreign_args)
     reports = agree(comm, error, report)
     missing = sorted({k for r in reports for k in r["missing"]})
     unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
@@ -398,40 +381,13 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                       saved_values)
 
 
-def _load_foreign(state_dict: Any, path: str, fmt: _foreign.Format, strict: bool,
-                  process_group: dist.ProcessGroup | None, unsafe_pickle: bool, mapped: bool,
-                  skip: Callable[[str], bool] | None, options: LoadOptions) -> LoadResult:
-    """load() of another tool's checkpoint (shardsafe._foreign): a torch DCP
-    one through DCP's own resharding load where DCP knows every target,
-    else through shardsafe._import's loader."""
-    if mapped:
-        raise InvalidStateError(f"{path} is a {fmt.name} checkpoint: rename and experts need a "
-                                f"shardsafe one (shardsafe import SRC DST)")
-    # DCP's own load cannot fill shardsafe.Sharded parts.
-    generic = skip is not None or holds(state_dict, lambda v: isinstance(v, Sharded))
-    comm = resolve(process_group)
-    if fmt is peers.FORMAT and comm is not None:  # one way on every rank
-        generic = any(agree(comm, None, generic))
-    if fmt is peers.FORMAT and not generic:
-        missing, unexpected, seconds = peers.load_dcp(state_dict, path, strict=strict,
-                                                      process_group=process_group,
-                                                      unsafe_pickle=unsafe_pickle)
-        return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
-                          None, 0, seconds, 0, {})
-    from . import _import
-
-    return _import.load_foreign(state_dict, path, fmt, strict=strict,
-                                process_group=process_group, unsafe_pickle=unsafe_pickle,
-                                convert_dtypes=bool(options.convert_dtypes), skip=skip)
-
-
 def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,
-                 comm: TorchComm | None, *args: Any) -> LoadResult:
+                 comm: TorchComm | None, foreign_args: dict) -> LoadResult:
     """load() of an s3:// prefix holding nothing the engine opens (its
     error: `not_native`): the prefix staged on a local disk by every rank
     (shardsafe._paths.staged, removed afterwards), another tool's checkpoint
-    detected there and loaded (_load_foreign's `args`), as from a local
-    directory; nothing known there is `not_native`, extended."""
+    detected there and loaded (foreign.load with `foreign_args`), as from a
+    local directory; nothing known there is `not_native`, extended."""
     with contextlib.ExitStack() as stack:
         local, error = None, None
         try:
@@ -441,20 +397,20 @@ def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,
         agree(comm, error)
         fmt = _detect_on_every_rank(local, comm)
         if fmt is None:
-            raise CheckpointNotFoundError(f"{not_native}; nor is it a {_foreign.KNOWN} "
+            raise CheckpointNotFoundError(f"{not_native}; nor is it a {foreign.KNOWN} "
                                           f"checkpoint", not_native.code)
-        result = _load_foreign(state_dict, local, fmt, *args)
+        result = foreign.load(state_dict, local, fmt, **foreign_args)
     return replace(result, path=uri, tag=os.path.basename(uri.rstrip("/")))
 
 
-def _detect_on_every_rank(path: str, comm: TorchComm | None) -> _foreign.Format | None:
+def _detect_on_every_rank(path: str, comm: TorchComm | None) -> foreign.Format | None:
     """The other tool's format `path` holds (None: shardsafe's own or a
     model), the same on every rank: ranks that see the file system
     differently (a `latest` rewritten meanwhile, a lagging shared file
     system) would otherwise take different paths and wait on each other."""
     fmt, error = None, None
     try:
-        fmt = _foreign.detect(path)
+        fmt = foreign.detect(path)
     except ShardsafeError as e:
         error = e
     names = agree(comm, error, None if fmt is None else fmt.name)

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from . import _C, _paths
+from . import _C, _paths, hf
 from ._comm import resolve
 from ._engine import PerProcess, future
-from ._load import LoadResult, load
+from ._load import load
+from ._result import LoadResult
 from ._options import SaveOptions
 from ._save import prepared
 from .errors import CheckpointNotFoundError
@@ -128,8 +129,6 @@ class CheckpointManager:
         flight (raising its failure). Keyword arguments as
         shardsafe.hf.export (prefix="model." for the model of a training
         state, dtype, max_shard_size, overwrite, ...); its stats."""
-        from . import hf
-
         self._m.wait_async()
         group = self._group
         if group is None and dist.is_available() and dist.is_initialized():

@@ -17,6 +17,7 @@ otherwise, for frameworks that shard without DTensor:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ._json import (FLOAT_TAG, MAX_NESTING, StoredValueError, from_json, nesting, non_finite,
+                    to_json)
 from .errors import CorruptCheckpointError, InvalidStateError
 
 
@@ -164,11 +167,7 @@ def encode_per_rank(value: Any, key: str) -> bytes:
     """A PerRank value as its blob: a safetensors file whose tensors are the
     value's tensors and whose `__metadata__["value"]` is the value as JSON,
     each tensor replaced by {"__shardsafe_tensor__": NAME} (docs/format.md §6)."""
-    import json
-
     from safetensors.torch import save
-
-    from ._state import to_json
 
     tensors: dict[str, torch.Tensor] = {}
 
@@ -191,21 +190,6 @@ def encode_per_rank(value: Any, key: str) -> bytes:
     return save(tensors, metadata={"value": doc})
 
 
-MAX_NESTING = 256  # lists and dicts a stored value may nest, as in the index
-
-
-def nesting(doc: Any) -> int:
-    """How deeply lists and dicts nest in parsed JSON `doc` (0 for a scalar),
-    counted without recursion."""
-    deepest, stack = 0, [(doc, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, depth + 1)
-            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
-    return deepest
-
-
 def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int) -> Any:
     """The value of rank `rank`'s per-rank blob of `key` in the checkpoint at
     `path`, shaped after `like` (the target's value): a tensor where the
@@ -214,8 +198,6 @@ def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int) -> A
     "PATH: per-rank value KEY (rank R): PROBLEM": not a safetensors file,
     no JSON `value` in its metadata, a tensor tag that names no tensor of
     the blob, a float tag other than the three non-finite floats."""
-    from ._state import FLOAT_TAG, StoredValueError, from_json, non_finite
-
     def corrupt(problem: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"{path}: per-rank value {key!r} (rank {rank}): {problem}",
                                       "DATA_LOSS")
@@ -260,8 +242,6 @@ def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int) -> A
 def _parse_blob(blob: bytes, corrupt: Callable[[str], Exception]) -> tuple[dict, Any]:
     """(tensors, value as parsed JSON) of a per-rank blob: a safetensors
     file whose metadata `value` is JSON text; `corrupt(problem)` otherwise."""
-    import json
-
     from safetensors.torch import load
 
     try:

@@ -19,9 +19,9 @@ from ._comm import TorchComm, resolve
 from ._engine import future, saver, without_gc
 from ._files import FileRefusedError, read_bytes
 from ._options import SaveOptions
+from ._json import to_json
 from ._parts import encode_per_rank
-from ._state import (FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten,
-                     to_json)
+from ._state import FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten
 from .errors import InvalidStateError, ShardsafeError
 
 

@@ -16,7 +16,7 @@ tuple items use their index. What each node becomes:
   fills that state dict and hands it back through ``load_state_dict``.
 - a dict, list or tuple holding tensors somewhere below: walked.
 - anything else (numbers, strings, None, containers of those): one JSON
-  value under its key. Non-finite floats are kept (tagged objects in the
+  value under its key (_json.py). Non-finite floats are kept (tagged objects in the
   JSON). A value JSON cannot hold is an error naming its key, unless the
   caller passes ``unsafe_pickle=True``: it is then pickled into a blob, and
   loading it needs the same opt-in.
@@ -29,7 +29,6 @@ integer dict keys and namedtuples where the target has them).
 
 from __future__ import annotations
 
-import math
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._json import StoredValueError, from_json, join, to_json
 from ._parts import PerRank, Sharded
 from .errors import CorruptCheckpointError, InvalidStateError
 
@@ -58,19 +58,6 @@ PER_RANK_PREFIX = "rank/"  # per-rank blob names of PerRank values
 # {"excluded_frozen": [keys]}; a state key of this name is refused.
 RESERVED_KEY = "__shardsafe__"
 FILE_PREFIX = "file/"  # blob names of files saved with a checkpoint (config.json, ...)
-FLOAT_TAG = "__shardsafe_float__"  # {"__shardsafe_float__": "nan"}: a non-finite float
-# What to_json writes under FLOAT_TAG (repr of each non-finite float), and
-# the only tags from_json reads back.
-NON_FINITE: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-class StoredValueError(ValueError):
-    """Saved JSON that no save writes (from_json); the caller names the
-    checkpoint and the key (CorruptCheckpointError)."""
-
-
-def join(prefix: str, name: Any) -> str:
-    return f"{prefix}.{name}" if prefix else str(name)
 
 
 def is_stateful(x: Any) -> bool:
@@ -247,65 +234,9 @@ def rebuild(state: Any, flat: Flat, tensor_fn: Callable[[str, torch.Tensor], Non
         del visit  # as in flatten
 
 
-# ------------------------------------------------------------ JSON values --
-
-def to_json(value: Any, key: str) -> Any:
-    """`value` as JSON-able data; InvalidStateError naming `key` if it is not."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        if not -(2**63) <= value < 2**64:
-            raise InvalidStateError(f"value at {key!r}: integer {value} does not fit in 64 bits")
-        return int(value)
-    if isinstance(value, float):
-        return float(value) if math.isfinite(value) else {FLOAT_TAG: repr(value)}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v, join(key, i)) for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, (str, int)) or isinstance(k, bool):
-                raise InvalidStateError(f"value at {key!r}: dict key {k!r} is not a str or int")
-            out[str(k)] = to_json(v, join(key, k))
-        return out
-    raise InvalidStateError(
-        f"value at {key!r} of type {type(value).__name__} cannot be stored as JSON; convert it, "
-        f"or pass unsafe_pickle=True to store it with pickle (loading then runs pickle too)")
-
-
-def from_json(stored: Any, like: Any) -> Any:
-    """Saved JSON data back as Python, shaped after `like` (the target's
-    value). StoredValueError for a float tag other than NON_FINITE's."""
-    if isinstance(stored, dict) and set(stored) == {FLOAT_TAG}:
-        return non_finite(stored[FLOAT_TAG])
-    if isinstance(stored, list):
-        likes = like if isinstance(like, (list, tuple)) and len(like) == len(stored) else None
-        items = [from_json(s, likes[i] if likes is not None else None) for i, s in enumerate(stored)]
-        if isinstance(like, tuple) and likes is not None:
-            return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
-        return items
-    if isinstance(stored, dict):
-        like_keys = {str(k): k for k in like} if isinstance(like, Mapping) else {}
-        out = {}
-        for k, v in stored.items():
-            orig = like_keys.get(k, k)
-            out[orig] = from_json(v, like[orig] if orig in like_keys.values() else None)
-        return out
-    if isinstance(like, float) and isinstance(stored, int) and not isinstance(stored, bool):
-        return float(stored)
-    return stored
-
-
-def non_finite(tag: Any) -> float:
-    """The float a FLOAT_TAG value names; StoredValueError for any other."""
-    if isinstance(tag, str) and tag in NON_FINITE:
-        return NON_FINITE[tag]
-    raise StoredValueError(f"float tag {tag!r} is not one of {', '.join(map(repr, NON_FINITE))}")
-
-
 def decoded_values(values: dict[str, Any], path: str) -> dict[str, Any]:
     """The index's global values as Python (from_json); a value no save
-    writes (a float tag other than NON_FINITE's) is a CorruptCheckpointError
+    writes (a float tag other than _json.NON_FINITE's) is a CorruptCheckpointError
     naming the checkpoint `path` and the key."""
     out = {}
     for key, stored in values.items():

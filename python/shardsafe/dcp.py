@@ -69,8 +69,8 @@ from ._boxes import dtype_name as _dtype_name
 from ._comm import agree as _agree
 from ._options import LoadOptions, SaveOptions
 from ._comm import TorchComm, resolve
-from ._state import (DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, decoded_values,
-                     from_json, to_json)
+from ._json import from_json, to_json
+from ._state import DTYPE_NAMES, PICKLE_PREFIX, TORCH_DTYPES, decode_value, decoded_values
 from .errors import InvalidStateError, ShardsafeError
 
 try:

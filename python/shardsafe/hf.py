@@ -64,10 +64,12 @@ import torch
 
 from . import _C, _hub, _paths
 from ._comm import TorchComm, agree, resolve
+from ._describe import describe
 from ._files import read_bytes
 from ._keys import (FP8_BLOCK, MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, SCALE_SUFFIX, ExpertGroup,
                     Rename, renamer)
-from ._load import LoadResult, load
+from ._load import load
+from ._result import LoadResult
 from ._save import save
 from ._state import DTYPE_NAMES
 from .errors import InvalidStateError, ShardsafeError
@@ -305,8 +307,6 @@ def _adapter_state(model: Any, path: str | os.PathLike,
         _check_adapter_config(config_file, configs[adapter_name], adapter_name)
     state = get_peft_model_state_dict(model, adapter_name=adapter_name,
                                       save_embedding_layers=False)
-    from . import describe
-
     extra = set(describe(weights)["tensors"]) - set(state)
     if extra:  # peft saves embedding layers with some adapters: take those saved
         full = get_peft_model_state_dict(model, adapter_name=adapter_name,

@@ -29,7 +29,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 import shardsafe
-from shardsafe import _files, _foreign, _nanotron_weights
+from shardsafe import _files, foreign
+from shardsafe.foreign import nanotron_weights
 from shardsafe._files import FileRefusedError, open_read
 from test_peer_nanotron import make_checkpoint
 
@@ -119,19 +120,19 @@ FOREIGN = {"DeepSpeed": _deepspeed_root, "Megatron torch_dist": _megatron_root,
 def test_a_fifo_pointer_of_another_tools_root_fails_load_and_import_promptly(fmt, tmp_path):
     root = tmp_path / "root"
     pointer = FOREIGN[fmt](root)
-    assert _foreign.detect(root).name == fmt  # claimed through its pointer file
+    assert foreign.detect(root).name == fmt  # claimed through its pointer file
     _fifo(pointer)
     # Not a pointer now (read_latest: None if unreadable), so no format
     # claims the root: the load and the import say so.
     with _deadline():
-        assert _foreign.read_latest(str(pointer)) is None
-        assert _foreign.detect(root) is None
+        assert foreign.read_latest(str(pointer)) is None
+        assert foreign.detect(root) is None
     got = _load(root)
     assert got["error"] == "CheckpointNotFoundError", got
     assert str(root) in got["message"], got
     proc = _python_import(root, tmp_path / "out")
     assert proc.returncode == 2, proc.stderr
-    assert f"shardsafe: error: no {_foreign.KNOWN} checkpoint in {root}" in proc.stderr
+    assert f"shardsafe: error: no {foreign.KNOWN} checkpoint in {root}" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -157,7 +158,7 @@ def test_a_fifo_latest_of_a_shardsafe_root_does_not_hang_load_or_import(tmp_path
     assert got == {"tag": "step-00000002", "step": 2}, got
     proc = _python_import(root, tmp_path / "py-out")
     assert proc.returncode == 2, proc.stderr  # a shardsafe root is no other tool's
-    assert f"no {_foreign.KNOWN} checkpoint in {root}" in proc.stderr
+    assert f"no {foreign.KNOWN} checkpoint in {root}" in proc.stderr
     # The command-line tool imports a shardsafe root itself.
     proc = run("import", root, tmp_path / "cli-out", timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
@@ -172,7 +173,7 @@ def test_the_command_line_import_hands_the_fifo_root_to_python_and_fails(fmt, tm
     _fifo(FOREIGN[fmt](root))
     proc = run("import", root, tmp_path / "out", timeout=TIMEOUT)
     assert proc.returncode == 2, proc.stderr
-    assert f"nor is it a {_foreign.KNOWN} checkpoint" in proc.stderr, proc.stderr
+    assert f"nor is it a {foreign.KNOWN} checkpoint" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -229,7 +230,7 @@ def test_a_fifo_pickle_in_a_deepspeed_checkpoint_is_an_error_naming_it(tmp_path)
     with _deadline():
         with pytest.raises(shardsafe.InvalidStateError,
                            match=_exactly(f"open {pt}: is a FIFO, not a regular file")):
-            _foreign.torch_load(str(pt), unsafe_pickle=False, within=str(pt.parent))
+            foreign.torch_load(str(pt), unsafe_pickle=False, within=str(pt.parent))
 
 
 # ------------------------------------------- the helper's one descriptor --
@@ -326,10 +327,10 @@ def test_a_file_swapped_after_the_open_is_not_read(swap, tmp_path, monkeypatch):
 
     swapped = _swap(monkeypatch, change)
     with _deadline():
-        assert _foreign.read_latest(str(root / "latest")) == "step-7"
+        assert foreign.read_latest(str(root / "latest")) == "step-7"
     assert swapped == [str(root / "latest")]
     # The swap happened: opened now, the path is refused.
-    assert _foreign.read_latest(str(root / "latest")) is None
+    assert foreign.read_latest(str(root / "latest")) is None
 
 
 def test_torch_reads_the_checked_descriptor_not_the_path(tmp_path, monkeypatch):
@@ -341,10 +342,10 @@ def test_torch_reads_the_checked_descriptor_not_the_path(tmp_path, monkeypatch):
     torch.save({"w": torch.arange(3)}, pt)
     torch.save({"w": torch.full((3,), -1)}, tmp_path / "other.pt")
     swapped = _swap(monkeypatch, lambda p: os.replace(tmp_path / "other.pt", p))
-    got = _foreign.torch_load(str(pt), unsafe_pickle=False, within=str(pt.parent))
+    got = foreign.torch_load(str(pt), unsafe_pickle=False, within=str(pt.parent))
     assert swapped == [str(pt)]
     assert torch.equal(got["w"], torch.arange(3))
-    got = _foreign.torch_load(str(pt), unsafe_pickle=False)
+    got = foreign.torch_load(str(pt), unsafe_pickle=False)
     assert torch.equal(got["w"], torch.full((3,), -1))  # the path names the other file now
 
 
@@ -355,7 +356,7 @@ def test_safetensors_reads_the_checked_descriptor_not_the_path(tmp_path, monkeyp
     save_file({"data": torch.arange(6.0)}, f)
     save_file({"data": torch.zeros(6)}, tmp_path / "other.safetensors")
     swapped = _swap(monkeypatch, lambda p: os.replace(tmp_path / "other.safetensors", p))
-    got = _nanotron_weights.read_tensor(str(f), "w", str(f.parent))
+    got = nanotron_weights.read_tensor(str(f), "w", str(f.parent))
     assert swapped == [str(f)]
     assert torch.equal(got, torch.arange(6.0))
 
@@ -367,7 +368,7 @@ def test_a_nanotron_weight_file_linking_outside_is_refused_naming_the_key(tmp_pa
     outside = tmp_path / "outside.safetensors"
     weight.rename(outside)
     weight.symlink_to(outside)
-    ck = _foreign.open_checkpoint(root)
+    ck = foreign.open_checkpoint(root)
     with pytest.raises(shardsafe.InvalidStateError,
                        match=re.escape(f"{weight}: tensor '") + ".*"
                        + re.escape(f"': resolves to {outside}, outside {root}") + "$"):

@@ -1,5 +1,5 @@
-"""Other tools' checkpoints through one machinery (shardsafe._foreign,
-shardsafe._import): the formats registered in detection order, Megatron
+"""Other tools' checkpoints through one machinery (shardsafe.foreign:
+its readers, load and importer): the formats registered in detection order, Megatron
 torch_dist checkpoints written by megatron-core's own save (2 ranks, gloo)
 read without Megatron, loaded straight into other layouts (DTensor and
 Sharded targets on 2 ranks) and imported with their common state as values,
@@ -30,8 +30,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import shardsafe
-from shardsafe import _foreign, _import
-from shardsafe._megatron import MegatronCheckpoint
+from shardsafe import foreign
+from shardsafe.foreign.megatron import MegatronCheckpoint
 from conftest import EXIT_OK, describe
 from dist_util import run_workers
 
@@ -93,18 +93,18 @@ def _zeros() -> dict:
 
 
 def test_formats_are_registered_in_detection_order(megatron_root, tmp_path):
-    names = [f.name for f in _foreign.formats()]
+    names = [f.name for f in foreign.formats()]
     # Megatron's torch_dist is a DCP directory with more: it comes first.
     assert names.index("Megatron torch_dist") < names.index("torch DCP"), names
-    modules = {f.open.__module__ for f in _foreign.formats()}
-    assert {"shardsafe._deepspeed", "shardsafe._nanotron"} <= modules, modules
-    assert _foreign.detect(megatron_root / "iter_0000007").name == "Megatron torch_dist"
-    assert _foreign.detect(megatron_root).name == "Megatron torch_dist"  # through the tracker
+    modules = {f.open.__module__ for f in foreign.formats()}
+    assert {"shardsafe.foreign.deepspeed", "shardsafe.foreign.nanotron"} <= modules, modules
+    assert foreign.detect(megatron_root / "iter_0000007").name == "Megatron torch_dist"
+    assert foreign.detect(megatron_root).name == "Megatron torch_dist"  # through the tracker
     # A shardsafe root has a `latest` file too (as DeepSpeed's does): never claimed.
     shardsafe.save({"w": torch.ones(2)}, tmp_path / "root" / "step-1")
     (tmp_path / "root" / "latest").write_text("step-1\n")
-    assert _foreign.detect(tmp_path / "root") is None
-    assert _foreign.detect(tmp_path / "root" / "step-1") is None
+    assert foreign.detect(tmp_path / "root") is None
+    assert foreign.detect(tmp_path / "root" / "step-1") is None
 
 
 def test_megatron_checkpoint_reads_tensors_common_state_and_objects(megatron_root):
@@ -213,7 +213,7 @@ def test_megatron_hostile_checkpoints(megatron_root, tmp_path):
     evil = _copy_megatron(megatron_root, tmp_path / "evil")
     torch.save({"iteration": 7, "hook": Evil()}, evil / "common.pt")
     with pytest.raises(shardsafe.InvalidStateError) as info:
-        _import.import_checkpoint(evil, tmp_path / "out")
+        foreign.import_checkpoint(evil, tmp_path / "out")
     msg = str(info.value)
     assert "\n" not in msg and "evil/common.pt" in msg and "system" in msg, msg
     assert "unsafe_pickle=True" in msg and not (tmp_path / "out").exists()
@@ -235,7 +235,7 @@ def test_megatron_hostile_checkpoints(megatron_root, tmp_path):
     tracker = tmp_path / "tracker"  # a tracker that is not UTF-8 names nothing
     _copy_megatron(megatron_root, tracker / "iter_0000007")
     (tracker / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\xfe7")
-    assert _foreign.detect(tracker) is None
+    assert foreign.detect(tracker) is None
 
     zarr = _copy_megatron(megatron_root, tmp_path / "zarr")
     (zarr / "metadata.json").write_text(json.dumps({"sharded_backend": "zarr"}))
@@ -248,10 +248,10 @@ def test_a_value_tensor_of_an_unstorable_dtype_is_one_clear_error(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "dcp")), no_dist=True)
-    fc = _foreign.open_checkpoint(tmp_path / "dcp")
+    fc = foreign.open_checkpoint(tmp_path / "dcp")
     assert list(fc.tensors()) == ["w"]  # DCP pickled the tuple: a value holding a tensor
     with pytest.raises(shardsafe.InvalidStateError) as info:
-        _import.import_checkpoint(tmp_path / "dcp", tmp_path / "out")
+        foreign.import_checkpoint(tmp_path / "dcp", tmp_path / "out")
     assert str(info.value) == (f"{tmp_path / 'dcp'}: tensor 'obj.0': dtype torch.complex128 cannot "
                                f"be stored in safetensors")
     assert not (tmp_path / "out").exists()
@@ -268,7 +268,7 @@ _MEASURE = textwrap.dedent("""
         for line in open("/proc/self/status"):
             if line.startswith(field):
                 return int(line.split()[1]) * 1024
-    import torch, shardsafe._import as imp
+    import torch, shardsafe.foreign as imp
     before = rss("VmRSS:")
     done = imp.import_checkpoint(sys.argv[1], sys.argv[2], progress=True)
     print(json.dumps({"growth": rss("VmHWM:") - before, "done": done}))

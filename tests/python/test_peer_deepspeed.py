@@ -1,4 +1,4 @@
-"""DeepSpeed checkpoints read by shardsafe._deepspeed, checked against
+"""DeepSpeed checkpoints read by shardsafe.foreign.deepspeed, checked against
 DeepSpeed itself.
 
 The checkpoints are written by the real deepspeed package (pinned below) on
@@ -30,7 +30,8 @@ import torch
 
 import shardsafe
 from deepspeed_train import CLIENT_STATE, STEPS
-from shardsafe import _deepspeed, _foreign, _import
+from shardsafe import foreign
+from shardsafe.foreign import common as _common, deepspeed as _deepspeed
 from shardsafe.errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
                               StorageError)
 
@@ -344,7 +345,7 @@ def test_pickles_are_weights_only_unless_unsafe(ckpts, tmp_path):
     assert same(ck.read("lin1.bias"), ref(ckpts, "z2")["zero_to_fp32"]["lin1.bias"])
     # The importer drops (and reports) what JSON cannot hold: the date, and
     # DeepSpeed's own LossScaler object, which unsafe_pickle unpickles as is.
-    done = _import.import_checkpoint(root, tmp_path / "out", unsafe_pickle=True, progress=False)
+    done = foreign.import_checkpoint(root, tmp_path / "out", unsafe_pickle=True, progress=False)
     assert done["dropped"] == ["deepspeed.loss_scaler", "client_state.when"]
     assert done["not_imported"] == []
 
@@ -370,8 +371,8 @@ def test_an_io_error_is_a_storage_error(ckpts, tmp_path, monkeypatch):
     is never mapped); a link to it in the checkpoint would be refused as
     leading outside before any read."""
     root, tag = copy(ckpts, "z2", tmp_path)
-    failing, real = str(optim(tag, 2)), _foreign.fd_path
-    monkeypatch.setattr(_foreign, "fd_path",
+    failing, real = str(optim(tag, 2)), _common.fd_path
+    monkeypatch.setattr(_common, "fd_path",
                         lambda f: "/proc/self/mem" if f.name == failing else real(f))
     ck = _deepspeed.open(root)
     with pytest.raises(StorageError) as e:
@@ -394,7 +395,7 @@ def test_a_list_in_the_client_state_keeps_its_items_in_place(ckpts, tmp_path):
     assert len(client["buf"]) == 2 and same(client["buf"][0], buf) and client["buf"][1] == 5
     assert client["deep"]["l"][0] == 1 and same(client["deep"]["l"][1]["x"], inner * 2)
     assert same(ck.read("client_state.deep.t"), inner)
-    done = _import.import_checkpoint(root, tmp_path / "out", progress=False)
+    done = foreign.import_checkpoint(root, tmp_path / "out", progress=False)
     assert done["dropped"] == []
     got = {"client_state": {"buf": [torch.zeros(3), 0],
                             "deep": {"t": torch.zeros(2, dtype=torch.int64),

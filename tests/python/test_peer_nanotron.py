@@ -1,4 +1,4 @@
-"""nanotron checkpoints read by shardsafe._nanotron as global tensors.
+"""nanotron checkpoints read by shardsafe.foreign.nanotron as global tensors.
 
 nanotron's own save code cannot run here: its ParallelContext requires CUDA
 and the nccl backend (nanotron 0.4 `parallel/context.py` asserts
@@ -49,7 +49,8 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import EXIT_OK, describe
-from shardsafe import _import, _nanotron, _nanotron_weights
+from shardsafe import foreign
+from shardsafe.foreign import nanotron as _nanotron, nanotron_weights as _nanotron_weights
 from shardsafe.errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError
 
 VERSION = "1.4"
@@ -661,7 +662,7 @@ def test_shardsafe_import_prints_what_was_not_imported(ckpt, run, tmp_path):
         "\n".join(notes), describe(proc)
     assert len(notes) == 1 + len(all_optimizer_keys(STAGE0_SHARDED)) + 1, describe(proc)  # + random
     assert "warning: UserWarning: Detected pickle protocol 3" in proc.stderr, describe(proc)
-    out = _import.import_checkpoint(root, tmp_path / "again", progress=False)
+    out = foreign.import_checkpoint(root, tmp_path / "again", progress=False)
     assert [f"note: not imported: {ln}" for ln in out["not_imported"]] == notes
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import save as st_save
 
 import shardsafe
 from shardsafe import _save
-from shardsafe._state import FLOAT_TAG
+from shardsafe._json import FLOAT_TAG
 
 
 def _blob(value_text: str | None, tensors: dict | None = None) -> bytes:

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardsafe
-from shardsafe import _C, _import
+from shardsafe import _C, foreign
 from conftest import EXIT_ERROR, EXIT_OK, describe
 from dist_util import run_workers
 from test_import import BIAS, LAYERS, QKV, _zeros as _megatron_zeros, megatron_root  # noqa: F401
@@ -87,7 +87,7 @@ def _prefix_bytes(client, prefix: str) -> tuple[int, int]:
 
 def test_dcp_imports_from_the_bucket_into_a_local_checkpoint_bit_exact(dcp_uri, staging,
                                                                         tmp_path):
-    done = _import.import_checkpoint(dcp_uri, tmp_path / "ckpt", progress=False)
+    done = foreign.import_checkpoint(dcp_uri, tmp_path / "ckpt", progress=False)
     assert done["format"] == "torch DCP" and done["source"] == dcp_uri, done
     assert _entries(staging) == []
     got = _dcp_zeros()
@@ -97,10 +97,10 @@ def test_dcp_imports_from_the_bucket_into_a_local_checkpoint_bit_exact(dcp_uri, 
     assert meta["imported_from"] == {"format": "torch DCP", "path": dcp_uri}
 
 
-@pytest.mark.filterwarnings("ignore::shardsafe._import.NotImportedWarning")  # args.params_dtype
+@pytest.mark.filterwarnings("ignore::shardsafe.foreign.NotImportedWarning")  # args.params_dtype
 def test_megatron_root_imports_from_the_bucket_into_the_bucket(s3, megatron_uri, staging):
     dst = f"s3://{BUCKET}/imported/megatron"
-    done = _import.import_checkpoint(megatron_uri, dst, progress=False)
+    done = foreign.import_checkpoint(megatron_uri, dst, progress=False)
     # The root's tracker names iter_0000007: a nested prefix, staged too.
     assert done["source"] == f"{megatron_uri}/iter_0000007", done
     assert done["format"] == "Megatron torch_dist" and "args.params_dtype" in done["dropped"]
@@ -110,13 +110,13 @@ def test_megatron_root_imports_from_the_bucket_into_the_bucket(s3, megatron_uri,
     assert torch.equal(got["decoder.qkv.weight"], QKV) and torch.equal(got["decoder.bias"], BIAS)
     assert torch.equal(got["decoder.layers.mlp.weight"], LAYERS) and got["iteration"] == 7
     with pytest.raises(shardsafe.CheckpointExistsError, match="imported/megatron"):
-        _import.import_checkpoint(megatron_uri, dst, progress=False)
+        foreign.import_checkpoint(megatron_uri, dst, progress=False)
     assert _entries(staging) == []
 
 
 def test_dcp_imports_from_the_bucket_into_the_bucket(dcp_uri, staging):
     dst = f"s3://{BUCKET}/imported/dcp"
-    _import.import_checkpoint(dcp_uri, dst, progress=False)
+    foreign.import_checkpoint(dcp_uri, dst, progress=False)
     got = _dcp_zeros()
     shardsafe.load(got, dst)
     _assert_dcp_loaded(got)
@@ -179,7 +179,7 @@ def test_too_little_staging_space_is_named_before_anything_is_copied(s3, dcp_uri
             f"bytes free in the staging directory {staging} (set SHARDSAFE_STAGING_DIR to a "
             f"directory with more space)")
     with pytest.raises(shardsafe.StorageError) as info:
-        _import.import_checkpoint(dcp_uri, tmp_path / "ckpt", progress=False)
+        foreign.import_checkpoint(dcp_uri, tmp_path / "ckpt", progress=False)
     assert str(info.value) == want
     with pytest.raises(shardsafe.StorageError) as info:
         shardsafe.load(_dcp_zeros(), dcp_uri)
@@ -191,7 +191,7 @@ def test_a_prefix_holding_no_known_checkpoint_is_a_clear_not_found(s3, run, stag
     s3.put_object(Bucket=BUCKET, Key="notes/readme.txt", Body=b"not a checkpoint")
     for uri in (f"s3://{BUCKET}/nothing-here", f"s3://{BUCKET}/notes"):
         with pytest.raises(shardsafe.CheckpointNotFoundError) as info:
-            _import.import_checkpoint(uri, tmp_path / "ckpt", progress=False)
+            foreign.import_checkpoint(uri, tmp_path / "ckpt", progress=False)
         assert str(info.value) == (f"no torch DCP, Megatron torch_dist, DeepSpeed or nanotron "
                                    f"checkpoint in {uri}")
         with pytest.raises(shardsafe.CheckpointNotFoundError, match=f"{uri}.*nor is it a torch "

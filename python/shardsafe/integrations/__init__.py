@@ -16,11 +16,11 @@ installed (the optional extras); ``import shardsafe`` never needs them.
 
 from __future__ import annotations
 
+import importlib
+
 
 def require(module: str, extra: str, what: str) -> None:
     """Imports `module`, or raises ImportError naming the pip extra."""
-    import importlib
-
     try:
         importlib.import_module(module)
     except ImportError as e:

@@ -70,6 +70,7 @@ from lightning.fabric.plugins import CheckpointIO  # noqa: E402
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402
 
 from .. import _paths  # noqa: E402
+from .._describe import describe  # noqa: E402
 from .._files import fd_path, open_read  # noqa: E402
 from .._load import load  # noqa: E402
 from .._options import SaveOptions  # noqa: E402
@@ -258,8 +259,6 @@ class ShardsafeCheckpointIO(CheckpointIO):
                 return TorchCheckpointIO().load_checkpoint(
                     fd_path(f), map_location=map_location if map_location is not None
                     else (lambda storage, loc: storage), weights_only=weights_only)
-        from .. import describe
-
         desc = describe(path)
         layout = desc["values"].get(LAYOUT_KEY)
         if layout is None:

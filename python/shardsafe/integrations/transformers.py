@@ -75,10 +75,12 @@ from transformers.utils import (is_sagemaker_mp_enabled, is_torch_hpu_available,
                                 is_torch_npu_available, is_torch_xla_available)
 
 from .. import _paths  # noqa: E402
+from .._describe import describe  # noqa: E402
 from .._load import load  # noqa: E402
 from .._manager import CheckpointManager  # noqa: E402
 from .._options import SaveOptions  # noqa: E402
 from .._parts import PerRank  # noqa: E402
+from .._save import save  # noqa: E402
 from ..errors import InvalidStateError  # noqa: E402
 from ..hf import model_files  # noqa: E402
 
@@ -102,8 +104,6 @@ def _only(*parts: str) -> list[re.Pattern]:
 
 def _saved(checkpoint: str, part: str) -> bool:
     """Whether the checkpoint holds top-level part `part` (tensors or values)."""
-    from .. import describe
-
     desc = describe(checkpoint)
     return any(k == part or k.startswith(part + ".")
                for k in [*desc["tensors"], *desc["values"]])
@@ -206,8 +206,6 @@ class ShardsafeTrainer(Trainer):
             self._manager(root).save(step, state, files=files, overwrite=True,
                                      options=self._shardsafe_options)
         else:  # a checkpoint name of another form: saved by path
-            from .._save import save
-
             save(state, output_dir, files=files, overwrite=True, options=self._shardsafe_options)
         if self.args.should_save:
             for name, content in files.items():

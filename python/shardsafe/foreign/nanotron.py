@@ -1,5 +1,5 @@
 """nanotron checkpoints, read as global tensors (a ForeignCheckpoint of
-shardsafe._foreign).
+shardsafe.foreign.reader).
 
 Layout (huggingface/nanotron `src/nanotron/serialize/`: weights.py,
 utils.py get_path, metadata.py, optimizer.py, random.py, main.py):
@@ -15,7 +15,7 @@ utils.py get_path, metadata.py, optimizer.py, random.py, main.py):
       lr_scheduler/lr_scheduler.pt
       random/tp-T-of-TT_dp-D-of-DD_pp-P-of-PP.pt
 
-Weights (shardsafe._nanotron_weights). `tensors()` lists every parameter
+Weights (shardsafe.foreign.nanotron_weights). `tensors()` lists every parameter
 under its nanotron name (e.g. `model.decoder.0.pp_block.attn.qkv_proj.weight`)
 with the unsharded shape; `read(key)` places every shard file's local
 slices at their global slices, which must tile the global tensor exactly;
@@ -63,7 +63,7 @@ as saved (the importer drops and reports what JSON cannot hold). Random
 states (pickles of nanotron.random.RandomStates, restorable only into the
 same topology) are not read; they are listed under not_imported. Pickles
 are read with torch.load(weights_only=True, mmap=True) unless
-unsafe_pickle=True (shardsafe._foreign.torch_load: a damaged pickle is a
+unsafe_pickle=True (shardsafe.foreign.common.torch_load: a damaged pickle is a
 CorruptCheckpointError naming it); the safetensors package reads the weight
 files, and opening a checkpoint without it installed is an ImportError.
 """
@@ -80,13 +80,13 @@ from typing import Any, Optional
 
 import torch
 
-from ._files import read_bytes
-from ._foreign import (Format, PickleRefusedError, as_dicts, one_line, read_latest,
-                       torch_load)
-from ._nanotron_weights import (CHECKPOINT_FILE, Box, Piece, Plan, box_index, corrupt, hits,
+from .._files import read_bytes
+from ..errors import CheckpointNotFoundError, InvalidStateError, StorageError
+from .common import PickleRefusedError, as_dicts, one_line, read_latest, torch_load
+from .nanotron_weights import (CHECKPOINT_FILE, Box, Piece, Plan, box_index, corrupt, hits,
                                 plan_weight, read_tensor, read_weight, safetensors_module,
                                 scan_weights)
-from .errors import CheckpointNotFoundError, InvalidStateError, StorageError
+from .reader import Format
 
 OPTIMIZER_PREFIX = "optimizer."
 TIED_NOTE = ("a tied parameter is saved once, under its tie group's name; its other names are "

@@ -1,5 +1,5 @@
 """DeepSpeed checkpoints (`engine.save_checkpoint`), read as global tensors
-without DeepSpeed installed: a ForeignCheckpoint of shardsafe._foreign.
+without DeepSpeed installed: a ForeignCheckpoint of shardsafe.foreign.reader.
 
 Layout (deepspeed/runtime/engine.py _save_checkpoint / _save_zero_checkpoint,
 deepspeed/checkpoint/constants.py; checked against deepspeed 0.19.8, whose
@@ -34,7 +34,7 @@ ROOT or ROOT/TAG opens. Keys (all global tensors, contiguous, on the CPU):
 
 Two sources of one key (a parameter named `module.x` and a module entry
 `x`) are refused, never mixed. The ZeRO partitions are rebuilt as
-zero_to_fp32 rebuilds them (shardsafe._deepspeed_zero). A read opens only
+zero_to_fp32 rebuilds them (shardsafe.foreign.deepspeed_zero). A read opens only
 the rank files whose partitions cover the key; each file is unpickled once,
 memory-mapped, and kept until close(), so a read costs the tensor plus the
 file pages it touches.
@@ -61,7 +61,7 @@ dicts; the importer drops and reports what JSON cannot hold).
 Pickles are read with torch.load(weights_only=True, mmap=True), allowing
 DeepSpeed's own small records (loss scaler, ZeRO stage, fragment address)
 and argparse.Namespace as plain attribute holders (no DeepSpeed code runs),
-unless unsafe_pickle=True (shardsafe._foreign.torch_load: a refused type is
+unless unsafe_pickle=True (shardsafe.foreign.common.torch_load: a refused type is
 an InvalidStateError naming the way out, a damaged file a
 CorruptCheckpointError).
 """
@@ -76,10 +76,11 @@ from typing import Any
 
 import torch
 
-from ._deepspeed_zero import Reader, add_zero, get_field, param_shapes
-from ._foreign import Format, as_dicts, one_line, read_latest, torch_load
-from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
-                     ShardsafeError)
+from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                      ShardsafeError)
+from .common import as_dicts, one_line, read_latest, torch_load
+from .deepspeed_zero import Reader, add_zero, get_field, param_shapes
+from .reader import Format
 
 LATEST = "latest"
 _MODEL_RE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
@@ -360,7 +361,7 @@ class DeepSpeedCheckpoint:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ------------------------------------ for shardsafe._deepspeed_zero --
+    # ------------------------------------ for shardsafe.foreign.deepspeed_zero --
 
     def where(self) -> str:
         """The rank-0 model-states file."""

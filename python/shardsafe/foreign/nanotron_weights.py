@@ -1,5 +1,5 @@
 """nanotron weight files read as global tensors: file names, slice
-metadata, tiling and reads (the weights part of shardsafe._nanotron, whose
+metadata, tiling and reads (the weights part of shardsafe.foreign.nanotron, whose
 module doc describes the whole format).
 
 Each weight file holds one tensor "data", the local shard (Mamba
@@ -43,10 +43,10 @@ from typing import Any, Optional
 
 import torch
 
-from ._files import FileRefusedError, fd_path, open_read
-from ._foreign import one_line
-from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
-                     StorageError)
+from .._files import FileRefusedError, fd_path, open_read
+from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                      StorageError)
+from .common import one_line
 
 CHECKPOINT_FILE = "checkpoint_metadata.json"
 

@@ -1,20 +1,5 @@
-"""Other tools' checkpoints (shardsafe._foreign) loaded into any layout, and
-imported as shardsafe checkpoints.
-
-load_foreign(state, checkpoint): shardsafe.load of a foreign checkpoint. Each
-of the state's tensor targets (plain tensors, DTensor shards,
-shardsafe.Sharded parts, flat ranges included) gets its box of the global
-tensor of its key: each key this rank needs is read once (`read(key)`, or
-`read_box` where the format has it and the targets are boxes, not the
-whole tensor) and copied into every target of it, then dropped, so memory
-is about the largest tensor. Values come from `values()`, looked up by
-the state's key paths ("optim.param_groups" finds values()["optim"]
-["param_groups"]); a tensor the format keeps among its values (an RNG
-state) loads like a tensor. Strict key matching and its report are the
-native load's: a key missing on any rank, or saved and wanted by no rank,
-is a KeyMismatchError on every rank before anything changes (one
-all_gather); a failure reading on any rank is raised on every rank (one
-more). Every rank reads what it needs itself: no data moves between ranks.
+"""Other tools' checkpoints imported as shardsafe checkpoints (`shardsafe
+import SRC DST`, shardsafe.peers.import_checkpoint).
 
 import_checkpoint(src, dst): a foreign checkpoint converted into a one-rank
 shardsafe checkpoint, in one commit, in bounded memory. Its tensors are
@@ -49,25 +34,20 @@ import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from . import _C
-from ._boxes import Boxes, dtype_name
-from ._comm import agree, resolve
-from ._device import _host_view
-from ._foreign import KNOWN, ForeignCheckpoint, Format, detect
-from ._options import SaveOptions
-from ._paths import is_s3, staged
-from ._parts import PerRank
-from ._state import (DTYPE_NAMES, Flat, encode_values, flatten, from_json, join, rebuild,
-                     to_json)
-from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
-                     DTypeMismatchError, InvalidStateError, KeyMismatchError,
-                     ShapeMismatchError, ShardsafeError)
+from .. import _C
+from .._device import _host_view
+from .._json import join, to_json
+from .._options import SaveOptions
+from .._paths import is_s3, staged
+from .._state import DTYPE_NAMES, encode_values, flatten
+from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                      InvalidStateError, ShardsafeError)
+from .formats import KNOWN, detect
+from .reader import ForeignCheckpoint, checked
 
 TQDM_PIN = "tqdm==4.70.1"
 
@@ -76,229 +56,6 @@ class NotImportedWarning(UserWarning):
     """Part of a foreign checkpoint an import leaves out (also listed in its
     result: "dropped", "not_imported")."""
 
-
-# ------------------------------------------------------------------ load --
-
-@dataclass
-class _Target:
-    """One box (or flat range of a box) of a global tensor that a state
-    tensor on this rank holds."""
-
-    key: str
-    dest: torch.Tensor  # shaped `size`; for a flat range, any shape with that many elements
-    shape: tuple[int, ...]  # global
-    offset: tuple[int, ...]
-    size: tuple[int, ...]
-    flat: tuple[int, int] | None = None
-
-
-def _targets(flat: Flat) -> list[_Target]:
-    box = Boxes()
-    out = []
-    for leaf in flat.tensors:
-        b = box(leaf.key, leaf.tensor)
-        out.append(_Target(leaf.key, b.local, b.shape, b.offset, b.size))
-    for key, sharded in flat.sharded.items():
-        for p in sharded.parts:
-            out.append(_Target(key, p.local, sharded.shape, p.offset, p.size, p.flat))
-    for t in out:
-        dtype_name(t.key, t.dest)
-        if t.dest.is_meta:
-            raise InvalidStateError(f"tensor {t.key!r} is on the meta device: it has no memory "
-                                    f"to load into (materialize the model first, e.g. "
-                                    f"module.to_empty(device=...))")
-    return out
-
-
-def _index(values: Any, prefix: str = "", out: dict | None = None) -> dict[str, Any]:
-    """Every node of the nested values by its joined key path."""
-    out = {} if out is None else out
-    if isinstance(values, Mapping):
-        items = values.items()
-    elif isinstance(values, (list, tuple)) and prefix:
-        items = enumerate(values)
-    else:
-        return out
-    for k, v in items:
-        key = join(prefix, k)
-        out[key] = v
-        _index(v, key, out)
-    return out
-
-
-def _unwanted(values: Any, wanted: set[str], prefix: str = "") -> list[str]:
-    """The largest subtrees of the nested values that no wanted key reaches."""
-    out = []
-    items = values.items() if isinstance(values, Mapping) else enumerate(values)
-    for k, v in items:
-        key = join(prefix, k)
-        if key in wanted:
-            continue
-        below = key + "."
-        if isinstance(v, (Mapping, list, tuple)) and v and any(w.startswith(below)
-                                                               for w in wanted):
-            out += _unwanted(v, wanted, key)
-        else:
-            out.append(key)
-    return out
-
-
-@dataclass
-class _Match:
-    """This rank's key matching: where each target reads from, and the report."""
-
-    saved: dict[str, tuple[torch.dtype, tuple[int, ...]]]
-    values: dict[str, Any]
-    index: dict[str, Any]
-    targets: list[_Target]
-    missing: list[str]
-    unexpected: list[str]
-
-
-def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
-           skip: Callable[[str], bool] | None) -> _Match:
-    saved = fc.tensors()
-    values = fc.values()
-    index = _index(values)
-    targets, missing = [], []
-    for t in _targets(flat):
-        found = saved.get(t.key)
-        if found is None and isinstance(index.get(t.key), torch.Tensor):
-            found = (index[t.key].dtype, tuple(index[t.key].shape))
-        if found is None:
-            if t.key not in missing:
-                missing.append(t.key)
-            continue
-        dtype, shape = found
-        if tuple(shape) != t.shape:
-            raise ShapeMismatchError(f"{fc.path}: tensor {t.key!r}: shape mismatch: checkpoint "
-                                     f"has {list(shape)}, target has {list(t.shape)}",
-                                     "INVALID_ARGUMENT")
-        if dtype != t.dest.dtype and not convert:
-            raise DTypeMismatchError(f"{fc.path}: tensor {t.key!r}: dtype mismatch: checkpoint "
-                                     f"has {dtype}, target has {t.dest.dtype} (allow conversion "
-                                     f"with convert_dtypes)", "INVALID_ARGUMENT")
-        targets.append(t)
-    missing += [k for k in flat.values if k not in index]
-    missing += list(flat.per_rank)  # no foreign format has shardsafe's per-rank values
-    wanted = {t.key for t in targets} | set(flat.values)
-    unexpected = sorted({k for k in saved if k not in wanted}
-                        | (set(_unwanted(values, wanted)) - set(saved)))
-    if skip is not None:
-        unexpected = [k for k in unexpected if not skip(k)]
-    return _Match(saved, values, index, targets, missing, unexpected)
-
-
-def _copy(t: _Target, box: torch.Tensor, whole: bool) -> None:
-    """Copies target `t`'s part from `box`: the global tensor (whole) or
-    exactly t's box."""
-    src = box[tuple(slice(o, o + s) for o, s in zip(t.offset, t.size))] if whole else box
-    if t.flat is None:
-        t.dest.copy_(src)
-        return
-    try:
-        dest = t.dest.view(-1)
-    except RuntimeError:
-        raise InvalidStateError(f"tensor {t.key!r}: a flat range loads into a tensor that can "
-                                f"be viewed as 1-D (a contiguous one)") from None
-    dest.copy_(src.reshape(-1)[t.flat[0]:t.flat[1]])
-
-
-def _read_all(m: _Match, fc: ForeignCheckpoint) -> int:
-    """Reads each key this rank's targets need, once, into its targets;
-    returns the bytes read."""
-    by_key: dict[str, list[_Target]] = {}
-    for t in m.targets:
-        by_key.setdefault(t.key, []).append(t)
-    read_box = getattr(fc, "read_box", None)
-    nbytes = 0
-    with torch.no_grad():
-        for key in sorted(by_key):
-            targets = by_key[key]
-            if key not in m.saved:  # a tensor among the values
-                for t in targets:
-                    _copy(t, m.index[key], whole=True)
-                continue
-            covered = sum(math.prod(t.size) for t in targets)
-            if (read_box is not None and covered < math.prod(targets[0].shape)
-                    and all(t.flat is None for t in targets)):
-                for t in targets:  # each box alone: only the chunks that hold it
-                    box = read_box(key, t.offset, t.size)
-                    nbytes += box.numel() * box.element_size()
-                    _copy(t, _checked(fc, key, box, tuple(t.size), m.saved[key][0]), whole=False)
-                continue
-            whole = _checked(fc, key, fc.read(key), m.saved[key][1], m.saved[key][0])
-            nbytes += whole.numel() * whole.element_size()
-            for t in targets:
-                _copy(t, whole, whole=True)
-            del whole
-    return nbytes
-
-
-def _checked(fc: ForeignCheckpoint, key: str, t: torch.Tensor, shape: tuple[int, ...],
-             dtype: torch.dtype) -> torch.Tensor:
-    """`t` as read, if it has the dtype and shape the checkpoint lists."""
-    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-        raise CorruptCheckpointError(f"{fc.path}: tensor {key!r} reads as {t.dtype} "
-                                     f"{list(t.shape)}, its checkpoint lists {dtype} "
-                                     f"{list(shape)}", "DATA_LOSS")
-    return t
-
-
-def _value(saved: Any, like: Any) -> Any:
-    """A saved value shaped after the target's (tuples, int dict keys), as a
-    native load gives it; one JSON cannot hold as it is."""
-    try:
-        return from_json(to_json(saved, "value"), like)
-    except InvalidStateError:
-        return saved
-
-
-def load_foreign(state_dict: Any, path: str, fmt: Format, *, strict: bool = True,
-                 process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
-                 convert_dtypes: bool = False,
-                 skip: Callable[[str], bool] | None = None) -> Any:
-    """shardsafe.load of the foreign checkpoint at `path` (of format `fmt`)
-    into `state_dict` in place; returns a shardsafe.LoadResult. Collective
-    over `process_group` (see the module doc)."""
-    from ._load import LoadResult  # _load dispatches here
-
-    start = time.monotonic()
-    comm = resolve(process_group)
-    fc = m = flat = error = report = None
-    try:
-        fc = fmt.open(path, unsafe_pickle=unsafe_pickle)
-        flat = flatten(state_dict, for_load=True)
-        if skip is not None:
-            flat.drop(skip)
-        m = _match(flat, fc, convert_dtypes, skip)
-        report = {"missing": m.missing, "unexpected": m.unexpected}
-    except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
-        error = e
-    try:
-        reports = agree(comm, error, report)
-        missing = sorted({k for r in reports for k in r["missing"]})
-        unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-        if strict and (missing or unexpected):
-            raise KeyMismatchError(missing, unexpected, path)
-        error = None
-        try:
-            nbytes = _read_all(m, fc)
-        except Exception as e:  # noqa: BLE001 - as above
-            error, nbytes = e, 0
-        agree(comm, error)
-    finally:
-        if fc is not None:
-            fc.close()
-    if flat.values or flat.state_dicts or flat.per_rank:
-        rebuild(state_dict, flat, lambda key, t: None,
-                lambda key, old: (old if isinstance(old, PerRank) or key not in m.index
-                                  else _value(m.index[key], old)))
-    return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
-                      None, nbytes, time.monotonic() - start, 0, m.values)
-
-
-# ---------------------------------------------------------------- import --
 
 class _LazyCopier:
     """The engine's DeviceCopier (shardsafe._device) for an import: each
@@ -364,7 +121,7 @@ class _LazyCopier:
             self._held.move_to_end(i)
             return held
         key, dtype, shape, nbytes = self._items[i]
-        t = _checked(self._fc, key, self._fc.read(key), shape, dtype)
+        t = checked(self._fc, key, self._fc.read(key), shape, dtype)
         self.reads += 1
         held = [t.contiguous().reshape(-1).view(torch.uint8), nbytes]
         self._held[i] = held

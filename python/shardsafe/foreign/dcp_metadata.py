@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from ._files import read_bytes
-from ._foreign import one_line
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError, StorageError
+from .._files import read_bytes
+from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                      StorageError)
+from .common import one_line
 
 DCP_METADATA = ".metadata"
 

@@ -18,13 +18,13 @@ megatron-core 0.16.1, whose save the tests run):
 Newer Megatron keeps the common state as a DCP bytes item "common_state"
 instead of common.pt (Megatron's notes in shared/reference/peers.md); both
 are read. A checkpoint directory or its root (the tracker names the
-iteration) opens. Tensors are the DCP checkpoint's (shardsafe.peers);
+iteration) opens. Tensors are the DCP checkpoint's (shardsafe.foreign.dcp);
 values() are the common state, argparse.Namespace objects (Megatron's
 `args`) as dicts, and the ShardedObjects under their DCP keys, as saved
 (the importer drops and reports what JSON cannot hold). Everything is read:
 not_imported() is empty. common.pt is unpickled with
 torch.load(weights_only=True) allowing argparse.Namespace (attributes only,
-no code) unless unsafe_pickle=True (shardsafe._foreign.torch_load).
+no code) unless unsafe_pickle=True (shardsafe.foreign.common.torch_load).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import json
 import os
 from typing import Any
 
-from ._files import read_bytes
-from ._foreign import Format, as_dicts, one_line, read_latest, torch_load
-from .errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
-                     StorageError)
-from .peers import DcpCheckpoint, is_dcp
+from .._files import read_bytes
+from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidStateError,
+                      StorageError)
+from .common import as_dicts, one_line, read_latest, torch_load
+from .dcp import DcpCheckpoint, is_dcp
+from .reader import Format
 
 TRACKER = "latest_checkpointed_iteration.txt"
 CONFIG = "metadata.json"

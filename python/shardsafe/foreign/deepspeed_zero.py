@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO partitions rebuilt into global tensors, as DeepSpeed's
-zero_to_fp32 rebuilds them: the part of shardsafe._deepspeed that reads the
+zero_to_fp32 rebuilds them: the part of shardsafe.foreign.deepspeed that reads the
 optimizer-states files (`add_zero(ck)` lists every key of them on the
 reader `ck`).
 
@@ -15,32 +15,53 @@ joined, cut to numel, make the parameter. Optimizer state tensors have the
 layout of the fp32 partition they belong to. A read opens only the rank
 files whose partitions cover the key.
 
-The reader `ck` (shardsafe._deepspeed.DeepSpeedCheckpoint) gives: `ms` (the
-rank-0 model-states dict), `osd0` (rank 0's optimizer_state_dict), `world`
-(the DP size), `files` (path(name), get(name, key)), `optim_name(r)`,
-`osd(r, key)`, `where()` (the model-states file), `add(key, dtype, shape,
-read)`, and collects `skipped` {key: why}, `state_values`, `param_groups`
-and `consolidated` (zero_to_fp32's names, in its order).
+The reader `ck` (shardsafe.foreign.deepspeed.DeepSpeedCheckpoint, seen here
+as the ZeroCheckpoint it is) gives: `ms` (the rank-0 model-states dict),
+`osd0` (rank 0's optimizer_state_dict), `stage`, `world` (the DP size),
+`files` (path(name), get(name, key)), `optim_name(r)`, `osd(r, key)`,
+`where()` (the model-states file), `add(key, dtype, shape, read)`, and
+collects `skipped` {key: why}, `state_values`, `param_groups` and
+`consolidated` (zero_to_fp32's names, in its order).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from .errors import CorruptCheckpointError
-
-if TYPE_CHECKING:
-    from ._deepspeed import DeepSpeedCheckpoint
+from ..errors import CorruptCheckpointError
 
 Reader = Callable[[str], torch.Tensor]  # read(key): the key names it in errors
 _Entry = tuple[torch.dtype, tuple[int, ...], Reader]
 
 
-def add_zero(ck: DeepSpeedCheckpoint) -> None:
+class ZeroCheckpoint(Protocol):
+    """What this module reads of, and records on, the DeepSpeed reader
+    (module doc)."""
+
+    ms: Mapping[str, Any]
+    osd0: dict[str, Any]
+    stage: int
+    world: int
+    files: Any  # path(name) -> str, get(name, key) -> the unpickled file
+    skipped: dict[str, str]
+    state_values: dict[str, dict[str, Any]]
+    param_groups: list[dict[str, Any]]
+    consolidated: list[str]
+
+    def where(self) -> str: ...
+
+    def optim_name(self, rank: int) -> str: ...
+
+    def osd(self, rank: int, key: str) -> dict[str, Any]: ...
+
+    def add(self, key: str, dtype: torch.dtype, shape: tuple[int, ...], read: Reader) -> None: ...
+
+
+def add_zero(ck: ZeroCheckpoint) -> None:
     """Lists the consolidated parameters and the optimizer state of a ZeRO
     1-3 checkpoint (ck.stage) on `ck`."""
     (Zero3 if ck.stage == 3 else Zero12)(ck).add()
@@ -77,7 +98,7 @@ def copy_range(parts: list[torch.Tensor], start: int, length: int, out: torch.Te
 
 # -------------------------------------------- zero_to_fp32 names, shared --
 
-def _add_consolidated(ck: DeepSpeedCheckpoint,
+def _add_consolidated(ck: ZeroCheckpoint,
                       trained: list[tuple[str, torch.dtype, tuple[int, ...], Reader]],
                       frozen: Callable[[str, tuple[int, ...]], tuple[torch.dtype, Reader]]
                       ) -> None:
@@ -104,7 +125,7 @@ def _add_consolidated(ck: DeepSpeedCheckpoint,
         ck.add(name, dtype, shape, read)
 
 
-def _buffer_reader(ck: DeepSpeedCheckpoint, name: str) -> Reader:
+def _buffer_reader(ck: ZeroCheckpoint, name: str) -> Reader:
     def read(key: str) -> torch.Tensor:
         t = ck.ms["module"][name]
         if t.is_floating_point() and t.dtype != torch.float32:
@@ -121,7 +142,7 @@ def _state_tensors(state: Any) -> dict[str, Any]:
     return dict(state) if isinstance(state, Mapping) else {}
 
 
-def _record_scalars(ck: DeepSpeedCheckpoint, names: list[str], state: Mapping[str, Any]) -> None:
+def _record_scalars(ck: ZeroCheckpoint, names: list[str], state: Mapping[str, Any]) -> None:
     """Non-tensor per-group optimizer state (an int step of older torch): values."""
     for k, v in state.items():
         if not isinstance(v, torch.Tensor):
@@ -129,7 +150,7 @@ def _record_scalars(ck: DeepSpeedCheckpoint, names: list[str], state: Mapping[st
                 ck.state_values.setdefault(n, {})[k] = v
 
 
-def _groups_values(ck: DeepSpeedCheckpoint, groups: Any, names: list[list[str]]) -> None:
+def _groups_values(ck: ZeroCheckpoint, groups: Any, names: list[list[str]]) -> None:
     out = []
     for i, group_names in enumerate(names):
         g = groups[i] if isinstance(groups, list) and i < len(groups) else {}
@@ -144,7 +165,7 @@ class Zero12:
     """ZeRO-1/2: one flat fp32 group per parameter group, cut into DP-many
     partitions of one padded size; rank r's data starts at r * P."""
 
-    def __init__(self, ck: DeepSpeedCheckpoint) -> None:
+    def __init__(self, ck: ZeroCheckpoint) -> None:
         self.ck = ck
         osd0 = ck.osd0
         where0 = ck.files.path(ck.optim_name(0))
@@ -282,7 +303,7 @@ class Zero12:
         return t.dtype, read
 
 
-def param_shapes(ck: DeepSpeedCheckpoint) -> list[dict[str, tuple[int, ...]]]:
+def param_shapes(ck: ZeroCheckpoint) -> list[dict[str, tuple[int, ...]]]:
     """The model-states file's param_shapes: per group, name -> shape."""
     groups = get_field(ck.ms, ("param_shapes",), ck.where(), "")
     try:
@@ -313,7 +334,7 @@ class Zero3:
     """ZeRO-3: every parameter cut into DP-many pieces of ceil(numel / dp);
     each rank's pieces follow each other across its fp32 sub-groups."""
 
-    def __init__(self, ck: DeepSpeedCheckpoint) -> None:
+    def __init__(self, ck: ZeroCheckpoint) -> None:
         self.ck = ck
         where0 = ck.files.path(ck.optim_name(0))
         shapes = param_shapes(ck)
