@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "shardsafe/status.h"
 #include "shardsafe/types.h"
+#include "testing/status_matchers.h"
 
 namespace shardsafe {
 namespace {

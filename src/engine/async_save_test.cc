@@ -9,9 +9,10 @@
 #include <fstream>
 #include <future>
 
-#include "engine/test_util.h"
 #include "shardsafe/tools.h"
-#include "storage/fault_injection.h"
+#include "testing/fault_injection.h"
+#include "testing/status_matchers.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -19,12 +20,6 @@ namespace {
 using Json = nlohmann::json;
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 constexpr int kRanks = 4;
 const Shape kShape{64, 48};

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog/checkpoint_dir.h"
-#include "engine/test_util.h"
 #include "shardsafe/tools.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {

@@ -13,10 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/test_util.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/device_memory.h"
 #include "shardsafe/source.h"
+#include "testing/status_matchers.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -24,12 +25,6 @@ namespace {
 using Json = nlohmann::json;
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 // Host memory posing as device memory: its device address is the host
 // address with bit 47 flipped, which no x86-64 or AArch64 user-space load

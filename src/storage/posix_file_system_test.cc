@@ -9,7 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "shardsafe/filesystem.h"
-#include "storage/storage_test_util.h"
+#include "testing/status_matchers.h"
+#include "testing/storage_test_util.h"
 
 namespace shardsafe {
 namespace {

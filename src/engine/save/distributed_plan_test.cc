@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "engine/save/plan_home.h"
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_testing.h"
 #include "engine/save/plan_wire.h"
 #include "layout/layout_testing.h"

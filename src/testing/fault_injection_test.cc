@@ -1,13 +1,14 @@
 // Tests of FaultInjectingFileSystem: counting per kind, one-off failures of
 // each kind, crash simulation, thread safety, and WriteFileAtomically under
 // every fault it can meet.
-#include "storage/fault_injection.h"
+#include "testing/fault_injection.h"
 
 #include <algorithm>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "storage/storage_test_util.h"
+#include "testing/status_matchers.h"
+#include "testing/storage_test_util.h"
 
 namespace shardsafe {
 namespace {
