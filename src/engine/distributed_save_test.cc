@@ -309,7 +309,8 @@ TEST(TogetherMarkersTest, AMarkerCutShortOrTooLongNamesItsRank) {
   off.replica_digest = 1;
   const std::string digest_off =
       EncodeTogetherMarker(EncodeReport(off, {.compact = true, .chunk_checksums = false}), "\xff");
-  EXPECT_FALSE(ReadTogetherMarkers({marker, digest_off}).ok());
+  EXPECT_TRUE(IsError(ReadTogetherMarkers({marker, digest_off}), StatusCode::kInternal,
+                      "truncated message between ranks"));
 }
 
 // Its markers carry each rank's copies: a replica that differs fails every
