@@ -33,7 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/save/distributed_index.h"
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "format/index.h"
 #include "planner_jobs.h"
 #include "proc_memory.h"

@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "engine/save/distributed_save.h"
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_wire.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"

@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "shardsafe/comm.h"
 
 namespace shardsafe::bench {

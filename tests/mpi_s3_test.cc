@@ -14,20 +14,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/test_util.h"
 #include "s3/s3_client.h"
-#include "s3/s3_test_util.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/mpi_comm.h"
+#include "testing/s3_test_util.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
-
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
 
 constexpr char kBucket[] = "mpi-ckpts";
 const Shape kRows{16, 12};  // F32: rows split 4 ways on save, columns 3 ways on load

@@ -8,7 +8,7 @@
 // caller's buffers need no alignment); where the file system refuses O_DIRECT
 // (open fails with EINVAL: tmpfs before Linux 6.6, some devices) the file
 // silently falls back to buffered I/O. Tests wrap a
-// FileSystem to inject faults (storage/fault_injection.h).
+// FileSystem to inject faults (src/testing/fault_injection.h).
 //
 // Thread-safety: FileSystem methods may be called concurrently. A file object
 // is used by one thread at a time.

@@ -10,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "shardsafe/status.h"
 #include "shardsafe/types.h"
+#include "testing/status_matchers.h"
 
 namespace shardsafe {
 namespace {
@@ -166,18 +167,24 @@ TEST(TypesTest, NumBytesRejectsPartialBytesAndOverflow) {
 TEST(TypesTest, ValidateSliceChecksBoundsAndSubByteCuts) {
   Shape shape{8, 6};
   EXPECT_TRUE(ValidateSlice({Box{{0, 0}, {8, 6}}, std::nullopt}, shape, DType::kF32).ok());
-  EXPECT_FALSE(ValidateSlice({Box{{4, 0}, {5, 6}}, std::nullopt}, shape, DType::kF32).ok());
-  EXPECT_FALSE(ValidateSlice({Box{{0}, {8}}, std::nullopt}, shape, DType::kF32).ok());
-  EXPECT_FALSE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{10, 49}}, shape, DType::kF32).ok());
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{4, 0}, {5, 6}}, std::nullopt}, shape, DType::kF32),
+                      StatusCode::kInvalidArgument, "exceeds shape [8, 6] in dimension 0"));
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{0}, {8}}, std::nullopt}, shape, DType::kF32),
+                      StatusCode::kInvalidArgument, "has rank 1 but the tensor [8, 6] has rank 2"));
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{10, 49}}, shape, DType::kF32),
+                      StatusCode::kInvalidArgument, "exceeds the box's 48 elements"));
   EXPECT_TRUE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{10, 48}}, shape, DType::kF32).ok());
   // F4: cuts at multiples of 2 elements.
   EXPECT_TRUE(ValidateSlice({Box{{0, 2}, {8, 4}}, std::nullopt}, shape, DType::kF4).ok());
-  EXPECT_FALSE(ValidateSlice({Box{{0, 1}, {8, 4}}, std::nullopt}, shape, DType::kF4).ok());
-  EXPECT_FALSE(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{1, 4}}, shape, DType::kF4).ok());
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{0, 1}, {8, 4}}, std::nullopt}, shape, DType::kF4),
+                      StatusCode::kInvalidArgument, "off a byte boundary (cut at multiples of 2"));
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{0, 0}, {8, 6}}, FlatRange{1, 4}}, shape, DType::kF4),
+                      StatusCode::kInvalidArgument, "off a byte boundary (cut at multiples of 2"));
   EXPECT_EQ(SliceToString({Box{{0, 2}, {8, 4}}, FlatRange{1, 3}}), "[0:8, 2:6].flat[1:3]");
   // Malformed boxes are described, not read out of bounds.
   EXPECT_EQ(SliceToString({Box{{1}, {2, 3}}, std::nullopt}), "[1:3, ?:?]");
-  EXPECT_FALSE(ValidateSlice({Box{{0}, {8, 6}}, std::nullopt}, shape, DType::kF32).ok());
+  EXPECT_TRUE(IsError(ValidateSlice({Box{{0}, {8, 6}}, std::nullopt}, shape, DType::kF32),
+                      StatusCode::kInvalidArgument, "slice [0:8, ?:?] has rank"));
 }
 
 }  // namespace

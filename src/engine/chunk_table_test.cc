@@ -14,19 +14,13 @@
 
 #include "engine/load/table_reads.h"
 #include "format/checksum_file.h"
-#include "engine/test_util.h"
 #include "shardsafe/source.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 const Shape kW{64, 48};   // F32: 2 row boxes (TP), each in 2 flat pieces (ZeRO)
 const Shape kE{40, 16};   // BF16: 4 column boxes

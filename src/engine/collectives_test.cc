@@ -7,19 +7,14 @@
 #include <atomic>
 #include <filesystem>
 
-#include "engine/test_util.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/source.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
 
 // Counts the collectives that pass through it, and the bytes this rank
 // sends and receives in them (what a collective hands each rank, not what

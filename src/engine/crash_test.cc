@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/test_util.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {

@@ -19,20 +19,15 @@
 #include "engine/save/distributed_plan.h"
 #include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
-#include "engine/test_util.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/tools.h"
+#include "testing/status_matchers.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 constexpr int kRanks = 4;
 const Shape kW{64, 48};         // F32: 2 row boxes (TP), each in 2 flat pieces (ZeRO)
@@ -314,7 +309,8 @@ TEST(TogetherMarkersTest, AMarkerCutShortOrTooLongNamesItsRank) {
   off.replica_digest = 1;
   const std::string digest_off =
       EncodeTogetherMarker(EncodeReport(off, {.compact = true, .chunk_checksums = false}), "\xff");
-  EXPECT_FALSE(ReadTogetherMarkers({marker, digest_off}).ok());
+  EXPECT_TRUE(IsError(ReadTogetherMarkers({marker, digest_off}), StatusCode::kInternal,
+                      "truncated message between ranks"));
 }
 
 // Its markers carry each rank's copies: a replica that differs fails every

@@ -23,8 +23,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/test_util.h"
-#include "storage/fault_injection.h"
+#include "testing/fault_injection.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -32,9 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 
 using Json = nlohmann::json;
-using testing::OracleShard;
-using testing::OwnedShard;
-using testing::RunRanks;
 
 namespace fs = std::filesystem;
 

@@ -12,15 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/catalog/checkpoint_dir.h"
-#include "engine/test_util.h"
 #include "shardsafe/source.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using Json = nlohmann::json;
-
-using testing::SaveManagerStep;
 
 // Records, at every name created or renamed directly under the root,
 // whether the root was locked then (a TryLock of it from here fails).

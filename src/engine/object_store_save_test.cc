@@ -1,5 +1,5 @@
 // The commit protocol on an object store (save/object_store_commit.h),
-// against moto behind the fault proxy (s3/s3_test_util.h): a save of step
+// against moto behind the fault proxy (testing/s3_test_util.h): a save of step
 // 2 over a root holding step 1 is cut short at every one of its storage
 // operations in turn (FaultInjectingFileSystem::FailAfter: the process
 // "dies" there), after which step 1 must load bit-exact, step 2 must be
@@ -11,20 +11,14 @@
 #include <cstdlib>
 #include <set>
 
-#include "engine/test_util.h"
-#include "shardsafe/source.h"
 #include "s3/s3_file_system.h"
-#include "s3/s3_test_util.h"
-#include "storage/fault_injection.h"
+#include "shardsafe/source.h"
+#include "testing/fault_injection.h"
+#include "testing/s3_test_util.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
-
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 constexpr int kSavers = 2;
 constexpr int kLoaders = 3;

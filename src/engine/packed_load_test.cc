@@ -8,20 +8,14 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/test_util.h"
 #include "format/index_packed.h"
 #include "shardsafe/source.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OracleShard;
-using testing::OwnedShard;
-using testing::OwnedTarget;
 
 // More chunks than one batch of a load plans (engine/load/load.cc).
 constexpr int kTensors = 20000;

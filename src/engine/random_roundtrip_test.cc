@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "engine/test_util.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -20,12 +20,6 @@ uint64_t CheckpointBytes(const std::string& dir) {
   }
   return n;
 }
-
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
 
 using Rng = std::mt19937_64;
 

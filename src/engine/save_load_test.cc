@@ -8,22 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/load/source.h"
-#include "engine/test_util.h"
-#include "shardsafe/source.h"
 #include "format/index.h"
+#include "shardsafe/source.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
-using testing::FlipByte;
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 Slice Rows(uint64_t begin, uint64_t end, uint64_t cols) {
   return {Box{{begin, 0}, {end - begin, cols}}, std::nullopt};

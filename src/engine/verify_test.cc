@@ -5,8 +5,8 @@
 
 #include <filesystem>
 
-#include "engine/test_util.h"
 #include "shardsafe/tools.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {

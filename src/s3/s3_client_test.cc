@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "s3/s3_test_util.h"
+#include "testing/s3_test_util.h"
 
 namespace shardsafe {
 namespace {

@@ -6,8 +6,8 @@
 #include "gtest/gtest.h"
 #include "s3/s3_client.h"
 #include "s3/s3_encoding.h"
-#include "s3/s3_test_util.h"
 #include "s3/s3_url.h"
+#include "testing/s3_test_util.h"
 
 namespace shardsafe {
 namespace {

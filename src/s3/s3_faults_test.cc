@@ -4,7 +4,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
-#include "s3/s3_test_util.h"
+#include "testing/s3_test_util.h"
 
 namespace shardsafe {
 namespace {

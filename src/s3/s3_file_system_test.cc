@@ -5,7 +5,7 @@
 
 #include "base/crc32c.h"
 #include "s3/s3_file_system.h"
-#include "s3/s3_test_util.h"
+#include "testing/s3_test_util.h"
 
 namespace shardsafe::testing {
 namespace {

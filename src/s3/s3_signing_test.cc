@@ -17,7 +17,7 @@
 
 #include "base/crc32c.h"
 #include "gtest/gtest.h"
-#include "s3/s3_test_util.h"
+#include "testing/s3_test_util.h"
 
 namespace shardsafe {
 namespace {

@@ -9,7 +9,8 @@
 
 #include "gtest/gtest.h"
 #include "shardsafe/filesystem.h"
-#include "storage/storage_test_util.h"
+#include "testing/status_matchers.h"
+#include "testing/storage_test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -178,12 +179,14 @@ TEST_F(PosixFileSystemTest, ReadsWithinADirectoryNeverFollowALinkOutOfIt) {
   EXPECT_EQ(*ReadFileToString(fs_, dir_.File("ckpt/in"), 100, within), "inside");
   const ReadOptions via_alias{.direct = false, .within = dir_.File("alias")};
   EXPECT_EQ(*ReadFileToString(fs_, dir_.File("alias/sub/inner"), 100, via_alias), "inside");
-  EXPECT_FALSE(ReadFileToString(fs_, dir_.File("alias/out"), 100, via_alias).ok());
+  EXPECT_TRUE(IsError(ReadFileToString(fs_, dir_.File("alias/out"), 100, via_alias),
+                      StatusCode::kInvalidArgument, "a symbolic link leading outside"));
   // A prefix of the name is not the directory: ckpt2 is outside ckpt.
   ASSERT_TRUE(fs_.CreateDir(dir_.File("ckpt2")).ok());
   Put(dir_.File("ckpt2/f"), "x");
   ASSERT_EQ(symlink("../ckpt2/f", dir_.File("ckpt/sibling").c_str()), 0);
-  EXPECT_FALSE(ReadFileToString(fs_, dir_.File("ckpt/sibling"), 100, within).ok());
+  EXPECT_TRUE(IsError(ReadFileToString(fs_, dir_.File("ckpt/sibling"), 100, within),
+                      StatusCode::kInvalidArgument, "a symbolic link leading outside"));
   // Unconfined reads follow links as before.
   EXPECT_EQ(Get(dir_.File("ckpt/out")), "outside");
 }

@@ -20,7 +20,7 @@
 
 #include "base/crc32c.h"
 #include "gtest/gtest.h"
-#include "storage/storage_test_util.h"
+#include "testing/storage_test_util.h"
 
 namespace shardsafe {
 namespace {

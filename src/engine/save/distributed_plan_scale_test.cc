@@ -15,7 +15,7 @@
 
 #include <algorithm>
 
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_wire.h"
 #include "layout/plan_part.h"
 #include "layout/simulated_layouts.h"

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "engine/save/plan_home.h"
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_testing.h"
 #include "engine/save/plan_wire.h"
 #include "layout/layout_testing.h"
@@ -140,7 +140,10 @@ TEST(DistributedPlanTest, ThreadRanksPlanOverTheirCommAsTheSimulatedRanksDo) {
 
 // Every rank returns the same error, the one naming the key.
 void ExpectErrorEverywhere(const std::vector<RankHoldings>& holdings, const std::string& what) {
-  ASSERT_FALSE(PlanSave(holdings, {}).ok());
+  const Result<SavePlan> whole = PlanSave(holdings, {});
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(whole.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(whole.status().message(), HasSubstr(what));
   const std::vector<Result<SavePlan>> parts = PlanInProcess(holdings, {});
   ASSERT_FALSE(parts[0].ok());
   EXPECT_EQ(parts[0].status().code(), StatusCode::kInvalidArgument);
@@ -265,7 +268,10 @@ TEST(DistributedPlanTest, HomesSpreadKeysAndHolderListsTakeAFewBytes) {
   }
   EXPECT_EQ(ranks, dp_group);
   wire::Reader outside(bytes);
-  EXPECT_FALSE(GetRankRuns(outside, 32 * 2047).ok()) << "a rank past the world";
+  const Result<std::vector<RankRun>> past = GetRankRuns(outside, 32 * 2047);
+  ASSERT_FALSE(past.ok()) << "a rank past the world";
+  EXPECT_EQ(past.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(past.status().message(), HasSubstr("a holder list out of range or order"));
 }
 
 }  // namespace

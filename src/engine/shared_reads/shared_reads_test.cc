@@ -11,17 +11,10 @@
 #include <utility>
 
 #include "engine/shared_reads/ring_reads.h"
-#include "engine/test_util.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
-
-using testing::MakeShard;
-using testing::MakeTarget;
-using testing::MatchesOracle;
-using testing::OwnedShard;
-using testing::OwnedTarget;
-using testing::RunRanks;
 
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kFileSize = 64 * kMiB;

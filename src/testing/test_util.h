@@ -1,5 +1,9 @@
-// Test helpers for engine tests: an element-by-element oracle for shard
-// contents, threads-as-ranks runners, and temporary directories.
+// Test helpers for the tests of the engine and of what uses it (hf, the MPI
+// programs): an element-by-element oracle for shard contents,
+// threads-as-ranks runners, and temporary directories. They use the public
+// API (include/shardsafe) only. The end of this header names them in
+// namespace shardsafe, where those tests live, so no test repeats a `using`
+// list of its own.
 #pragma once
 
 #include <algorithm>
@@ -202,3 +206,20 @@ inline bool MatchesOracle(const OwnedTarget& t) {
 }
 
 }  // namespace shardsafe::testing
+
+namespace shardsafe {
+
+using testing::FlipByte;
+using testing::ForwardingFileSystem;
+using testing::ListedTags;
+using testing::MakeShard;
+using testing::MakeTarget;
+using testing::MakeTempDir;
+using testing::MatchesOracle;
+using testing::OracleShard;
+using testing::OwnedShard;
+using testing::OwnedTarget;
+using testing::RunRanks;
+using testing::SaveManagerStep;
+
+}  // namespace shardsafe

@@ -2,7 +2,7 @@
 //
 // Arming records an absolute target ("fail when the counter of this kind
 // reaches `at`"), so counting stays a single increment under the lock.
-#include "storage/fault_injection.h"
+#include "testing/fault_injection.h"
 
 namespace shardsafe {
 namespace {

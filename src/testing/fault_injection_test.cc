@@ -1,13 +1,14 @@
 // Tests of FaultInjectingFileSystem: counting per kind, one-off failures of
 // each kind, crash simulation, thread safety, and WriteFileAtomically under
 // every fault it can meet.
-#include "storage/fault_injection.h"
+#include "testing/fault_injection.h"
 
 #include <algorithm>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "storage/storage_test_util.h"
+#include "testing/status_matchers.h"
+#include "testing/storage_test_util.h"
 
 namespace shardsafe {
 namespace {
@@ -100,9 +101,10 @@ TEST_F(FaultInjectionTest, FailAfterFailsEverythingFromTheNthOperation) {
   ASSERT_TRUE(file.ok());
   EXPECT_TRUE((*file)->Append("a", 1).ok());                          // op 1
   EXPECT_TRUE((*file)->Append("b", 1).ok());                          // op 2
-  EXPECT_FALSE((*file)->Sync().ok());                                 // op 3: the crash
-  EXPECT_FALSE((*file)->Close().ok());
-  EXPECT_FALSE(fs_.CreateDir(dir_.File("x")).ok());
+  // op 3: the crash, and every operation after it.
+  EXPECT_TRUE(IsError((*file)->Sync(), StatusCode::kUnavailable, "injected fault"));
+  EXPECT_TRUE(IsError((*file)->Close(), StatusCode::kUnavailable, "injected fault"));
+  EXPECT_TRUE(IsError(fs_.CreateDir(dir_.File("x")), StatusCode::kUnavailable, "injected fault"));
   EXPECT_EQ(fs_.injected_failures(), 3);
   fs_.ClearFaults();
   EXPECT_TRUE(fs_.CreateDir(dir_.File("x")).ok());

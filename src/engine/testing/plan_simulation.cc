@@ -1,4 +1,4 @@
-#include "engine/save/plan_simulation.h"
+#include "engine/testing/plan_simulation.h"
 
 #include <chrono>
 #include <memory>

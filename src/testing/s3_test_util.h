@@ -25,7 +25,7 @@
 
 #include "gtest/gtest.h"
 #include "s3/s3_client.h"
-#include "storage/storage_test_util.h"
+#include "testing/storage_test_util.h"
 
 extern char** environ;
 
@@ -42,7 +42,7 @@ template <typename T>
 #define S3_ASSERT_OK(expr) ASSERT_TRUE(::shardsafe::testing::IsOk(expr))
 #define S3_EXPECT_OK(expr) EXPECT_TRUE(::shardsafe::testing::IsOk(expr))
 
-// tests/s3/NAME in the source tree (this header is src/s3/s3_test_util.h).
+// tests/s3/NAME in the source tree (this header is src/testing/s3_test_util.h).
 inline std::string S3TestScript(const std::string& name) {
   std::filesystem::path here = std::filesystem::weakly_canonical(__FILE__);
   return (here.parent_path().parent_path().parent_path() / "tests" / "s3" / name).string();

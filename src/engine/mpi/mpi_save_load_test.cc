@@ -22,20 +22,17 @@
 
 #include "engine/save/distributed_plan.h"
 #include "engine/save/plan_wire.h"
-#include "engine/test_util.h"
 #include "layout/plan_part.h"
 #include "layout/simulated_layouts.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/mpi_comm.h"
+#include "testing/test_util.h"
 
 namespace shardsafe {
 namespace {
 
 using Json = nlohmann::json;
-
-using testing::OracleShard;
-using testing::OwnedShard;
 
 int g_rank = 0;
 int g_passed = 0, g_failed = 0;
@@ -79,7 +76,7 @@ struct Target {
   std::vector<std::byte> buf;
 };
 
-Target MakeTarget(const std::string& key, DType dtype, const Shape& shape, const Slice& slice) {
+Target EmptyTarget(const std::string& key, DType dtype, const Shape& shape, const Slice& slice) {
   Target t{key, dtype, shape, slice, {}};
   t.buf.assign(*NumBytes(dtype, slice.NumElements()) + 1, std::byte{0xEE});
   return t;
@@ -145,15 +142,15 @@ std::unique_ptr<RankState> TrainingState(int rank, int64_t step) {
 std::vector<Target> OtherLayout(int rank) {
   const uint64_t r = static_cast<uint64_t>(rank);
   std::vector<Target> t;
-  t.push_back(MakeTarget("attn.wq", DType::kF32, kWq, BoxSlice({0, 3 * r}, {16, 3})));
-  t.push_back(MakeTarget("mlp.w", DType::kBF16, kMlp, FlatSlice(kMlp, 40 * r, 40 * r + 40)));
-  t.push_back(MakeTarget("norm", DType::kF32, kNorm, WholeSlice(kNorm)));
-  t.push_back(MakeTarget("step", DType::kI64, kStep, WholeSlice(kStep)));
-  t.push_back(MakeTarget("opt.exp_avg.attn.wq", DType::kF32, kWq, BoxSlice({4 * r, 0}, {4, 12})));
-  t.push_back(MakeTarget("opt.exp_avg.mlp.w", DType::kF32, kMlp, BoxSlice({0, 5 * r}, {8, 5})));
-  t.push_back(MakeTarget("opt.flat", DType::kF64, kFlat, WholeSlice(kFlat)));
+  t.push_back(EmptyTarget("attn.wq", DType::kF32, kWq, BoxSlice({0, 3 * r}, {16, 3})));
+  t.push_back(EmptyTarget("mlp.w", DType::kBF16, kMlp, FlatSlice(kMlp, 40 * r, 40 * r + 40)));
+  t.push_back(EmptyTarget("norm", DType::kF32, kNorm, WholeSlice(kNorm)));
+  t.push_back(EmptyTarget("step", DType::kI64, kStep, WholeSlice(kStep)));
+  t.push_back(EmptyTarget("opt.exp_avg.attn.wq", DType::kF32, kWq, BoxSlice({4 * r, 0}, {4, 12})));
+  t.push_back(EmptyTarget("opt.exp_avg.mlp.w", DType::kF32, kMlp, BoxSlice({0, 5 * r}, {8, 5})));
+  t.push_back(EmptyTarget("opt.flat", DType::kF64, kFlat, WholeSlice(kFlat)));
   // An odd piece too: a box crossing every saved shard boundary.
-  t.push_back(MakeTarget("attn.wq", DType::kF32, kWq, BoxSlice({5, 1 + r}, {7, 6})));
+  t.push_back(EmptyTarget("attn.wq", DType::kF32, kWq, BoxSlice({5, 1 + r}, {7, 6})));
   return t;
 }
 
