@@ -11,12 +11,6 @@
 
 namespace shardsafe {
 
-int HomeOf(std::string_view key, int world) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ULL;
-  return static_cast<int>(h % static_cast<uint64_t>(std::max(world, 1)));
-}
-
 RankPlanner::RankPlanner(int rank, int world, const RankHoldings& holdings,
                          const SavePlanOptions& options)
     : rank_(rank), world_(world), holdings_(holdings), options_(options),

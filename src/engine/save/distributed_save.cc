@@ -9,7 +9,6 @@
 #include "engine/save/commit.h"
 #include "engine/save/distributed_plan.h"
 #include "engine/save/replica_check.h"
-#include "engine/save/save_internal.h"
 #include "format/index.h"
 
 namespace shardsafe {

@@ -1,6 +1,62 @@
 // Save: the collective protocol of commit.h, from the caller's state to a
 // committed checkpoint. Every rank runs the same sequence of collectives
 // whatever happens locally, so a failure anywhere reaches every rank.
+//
+// Every save runs these steps: Save and CheckpointManager (SaveToRoot) and
+// AsyncSaver (async_save.cc), each planned on rank 0 or by all ranks
+// together (distributed_save.h), onto POSIX or an object store (commit.h,
+// object_store_commit.h). What differs is who plans (marked "planner")
+// and how the reports reach rank 0 and the outcome the other ranks
+// ("channel": collectives, or an async save's marker files).
+//
+//  0. Check (each rank, no collective): SaveOptions::local_failure, the
+//     tag, the file system, the shards and blobs, the user JSON
+//     (CheckLocalState). A failure rides in step 1's first collective.
+//  1. Plan (collective, planner; GatherAndPlan): the quick check (one
+//     AllReduceMax: every layout unchanged, the digests and the planner
+//     agree) reuses the cached plan (plan_cache.h); otherwise rank 0
+//     gathers every layout, plans and scatters each rank its part, or the
+//     ranks plan together (PlanTogether: rounds 1-8, each home its part of
+//     the chunk table, rank 0 an index skeleton). Touches no file.
+//  2. Prepare (rank 0, commit.h step 1; PlanAndPrepare): PrepareSave
+//     creates and locks ROOT/.tmp-TAG.NONCE (on an object store: picks the
+//     data objects' suffix, writes `started`); one broadcast (SaveStart)
+//     tells every rank where to write, whether reports are compact and
+//     whether a chunk table is written.
+//  3. Write (each rank; an async save copies into staging on the caller's
+//     thread and writes from a background thread): its data files,
+//     fdatasync'ed; its checksum file (chunk table saves); planner
+//     together, a home's part of the chunk table; meanwhile the checksums
+//     of the replicas it holds but does not write (replica_check.h).
+//  4. Report (channel): collectives gather every rank's report (or
+//     failure) on rank 0, and a second round brings the copies' checksums
+//     when the replica digests do not add up; markers: each rank leaves
+//     `done-RRRRR` (its report and copies) or `failed-RRRRR`, and rank 0
+//     polls for them.
+//  5. Commit (rank 0): the reports decoded (planner: ReadReports, or the
+//     compact ones of a plan made together), the replicas checked, the
+//     index made (planner: MakeIndex from the whole plan, or IndexOfSave
+//     from the skeleton) and committed (CommitSave: commit.h steps 4-7).
+//     A failure removes what the save wrote (AbandonSave).
+//  6. Outcome (channel): collectives broadcast "committed" and the
+//     warnings, or the failure; markers: rank 0 leaves `aborted` on
+//     failure, the other ranks poll until the index appears, `aborted`
+//     appears or the temporary directory vanishes.
+//
+// What a crash in each step leaves:
+//  - 0-1: nothing; the other ranks fail in the collective (or their
+//    Comm's timeout).
+//  - 2-4: a .tmp-TAG.NONCE that readers ignore and the next save into the
+//    root removes once nobody holds its lock (an object store: the
+//    prefix and the data objects with the save's suffix, which no index
+//    names, removed once older than ObjectLeftoverAge()); `latest` and
+//    every committed checkpoint untouched. With markers, the waiting ranks
+//    time out (SaveOptions::peer_timeout).
+//  - 5: as commit.h says: before its rename (object store: the index's
+//    conditional write) nothing is committed; after it the checkpoint is.
+//  - 6: committed. Rank 0 reports success with a warning when the
+//    broadcast fails; the other ranks return the broadcast's failure, or
+//    (markers) find the index and succeed.
 #include <algorithm>
 #include <chrono>
 #include <future>
@@ -257,12 +313,6 @@ Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs
   return reports;
 }
 
-bool DigestsAddUp(const std::vector<RankReport>& reports) {
-  uint64_t sum = 0;
-  for (const RankReport& report : reports) sum += report.replica_digest;
-  return sum == 0;
-}
-
 Result<LeaderCommit> MakeIndex(const SavePlan& plan,
                                const std::vector<std::vector<WrittenFile>>& written,
                                const UserJson& json, const std::string& tag,
@@ -277,12 +327,6 @@ Result<LeaderCommit> MakeIndex(const SavePlan& plan,
                       IndexToCommit(&out.index, how.chunk_table, dirs.file_suffix, table));
   if (how.chunk_table && layouts && !table) layouts->KeepTable(out.written.table);
   return out;
-}
-
-std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports) {
-  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
-  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
-  return by_rank;
 }
 
 Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,

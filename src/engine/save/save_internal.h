@@ -73,10 +73,6 @@ Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs
                                             const SavePlan& plan, FileLayouts* layouts,
                                             bool* layouts_match = nullptr);
 
-// Whether the reports' replica digests add up to 0: no copy differs from
-// what was written, but with probability 2^-64 (replica_check.h).
-bool DigestsAddUp(const std::vector<RankReport>& reports);
-
 // How rank 0 makes a save's index: with a chunk table and checksum files
 // (version 3, SaveStart::chunk_table) or not, and the plan's layouts,
 // whose chunk table is reused, or kept once made, when the reports' file
@@ -97,8 +93,6 @@ Result<LeaderCommit> MakeIndex(const SavePlan& plan,
                                const std::vector<std::vector<WrittenFile>>& written,
                                const UserJson& json, const std::string& tag,
                                const SaveDirs& dirs, int world_size, const LeaderIndex& how);
-// The files of each report, by rank.
-std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports);
 
 // Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
 // makes the index (MakeIndex) and commits. Returns the post-commit
