@@ -6,8 +6,8 @@
 #include "base/env.h"
 #include "base/thread_pool.h"
 #include "engine/catalog/checkpoint_dir.h"
+#include "engine/plan/plan_home.h"
 #include "engine/save/object_store_commit.h"
-#include "engine/save/plan_home.h"
 #include "format/checksum_file.h"
 #include "format/chunk_table.h"
 

@@ -6,8 +6,8 @@
 #include "base/env.h"
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/commit.h"
-#include "engine/save/distributed_plan.h"
 #include "engine/save/replica_check.h"
 #include "format/index.h"
 

@@ -1,13 +1,13 @@
 // One rank's side of a distributed plan: the rounds as distributed_plan.h
 // lists them. The home's work is in plan_home.cc, rank 0's in
 // plan_coordinator.cc; this file holds what every rank does for itself.
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/distributed_plan.h"
 
 #include <algorithm>
 #include <numeric>
 
 #include "comm/wire.h"
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 
 namespace shardsafe {
 

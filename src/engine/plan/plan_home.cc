@@ -1,4 +1,4 @@
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 
 #include <algorithm>
 #include <array>
