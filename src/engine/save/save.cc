@@ -5,9 +5,11 @@
 // Every save runs these steps: Save and CheckpointManager (SaveToRoot) and
 // AsyncSaver (async_save.cc), each planned on rank 0 or by all ranks
 // together (distributed_save.h), onto POSIX or an object store (commit.h,
-// object_store_commit.h). What differs is who plans (marked "planner")
-// and how the reports reach rank 0 and the outcome the other ranks
-// ("channel": collectives, or an async save's marker files).
+// object_store_commit.h). What differs is who plans (marked "planner":
+// after step 1 every difference is a call of PlannedBy, planned_by.h,
+// chosen once from the agreed plan) and how the reports reach rank 0 and
+// the outcome the other ranks ("channel": collectives here, or an async
+// save's marker files in async_save.cc).
 //
 //  0. Check (each rank, no collective): SaveOptions::local_failure, the
 //     tag, the file system, the shards and blobs, the user JSON
@@ -69,6 +71,7 @@
 #include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
 #include "engine/save/plan_wire.h"
+#include "engine/save/planned_by.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
@@ -262,21 +265,18 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
                                     prepared.json, together.ok() && *together));
   prepared.plan = std::move(agreed.plan);
   prepared.plan_reused = agreed.reused;
-  prepared.layouts = std::move(agreed.layouts);
-  prepared.together = agreed.together;
-  prepared.skeleton = std::move(agreed.skeleton);
-  prepared.table_part = std::move(agreed.table_part);
+  prepared.planned = agreed.together
+                         ? PlannedTogether(std::move(agreed.skeleton), std::move(agreed.table_part))
+                         : PlannedOnRankZero(std::move(agreed.layouts));
   // Step 1, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
-    Result<bool> table = prepared.together ? Result<bool>(true)
-                                           : WritesChunkTable(prepared.plan->chunks.size(),
-                                                              options.chunk_table_min_chunks);
+    Result<bool> table =
+        prepared.planned->WritesTable(*prepared.plan, options.chunk_table_min_chunks);
     Result<TmpDir> made = table.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
                                      : Result<TmpDir>(table.status());
-    const bool compact =
-        prepared.together || (prepared.layouts && prepared.layouts->ready());
+    const bool compact = prepared.planned->CompactReports();
     dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, compact, *table}))
                      : Result<std::string>(made.status());
     if (made.ok()) prepared.lock = std::move(made->lock);
@@ -397,9 +397,7 @@ class LeaderAnswer {
       AbandonSave(fs_, prepared_.dirs);
       return msgs.status().WithContext("saving " + JoinPath(root_, tag_));
     }
-    auto read = prepared_.together
-                    ? DecodeCompactReports(*msgs)
-                    : ReadReports(*msgs, plan_, prepared_.layouts.get(), &layouts_match_);
+    auto read = prepared_.planned->ReadReports(plan_, *msgs);
     if (!read.ok()) return Fail(read.status());
     reports_ = std::move(*read);
     if (!DigestsAddUp(reports_)) return std::string(1, kSendCopies);
@@ -410,30 +408,15 @@ class LeaderAnswer {
   // a version-3 save, its chunks' checksums), then steps 4-6.
   Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) return Fail(msgs.status());
-    if (prepared_.together) {
-      Status s = CheckReplicaRounds(*msgs);
-      return s.ok() ? Commit() : Fail(s);
-    }
-    for (size_t r = 0; r < msgs->size() && r < reports_.size(); ++r) {
-      ReportForm form;
-      auto more = DecodeReport((*msgs)[r], &form);
-      if (!more.ok()) return Fail(more.status());
-      reports_[r].copies = std::move(more->copies);
-      Status s = AddChunkChecksums(more->files, &reports_[r].files);
-      if (!s.ok()) return Fail(s);
-    }
-    return Commit();
+    Status s = prepared_.planned->AddCopies(*msgs, &reports_);
+    return s.ok() ? Commit() : Fail(s);
   }
 
  private:
   Result<std::string> Commit() {
-    auto committed =
-        prepared_.together
-            ? CommitTogether(fs_, *prepared_.skeleton, std::move(reports_), prepared_.json,
-                             root_, tag_, prepared_.dirs, commit_)
-            : CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
-                             prepared_.dirs, comm_.size(), commit_,
-                             {prepared_.chunk_table, prepared_.layouts.get(), layouts_match_});
+    auto committed = prepared_.planned->Commit(fs_, plan_, std::move(reports_), prepared_.json,
+                                               root_, tag_, prepared_.dirs, comm_.size(),
+                                               prepared_.chunk_table, commit_);
     if (!committed.ok()) return Fail(committed.status());
     return kCommitted + *committed;
   }
@@ -451,7 +434,6 @@ class LeaderAnswer {
   Comm& comm_;
   const CommitOptions& commit_;
   std::vector<RankReport> reports_;  // decoded, kept for the second round
-  bool layouts_match_ = false;
 };
 
 }  // namespace
@@ -482,8 +464,8 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     Status s = WriteChecksumFile(plan, comm.rank(), *written, prepared.dirs, fs);
     if (!s.ok()) written = s;
   }
-  if (written.ok() && prepared.together && !prepared.table_part->empty()) {
-    Status s = WriteTablePart(*prepared.table_part, comm.rank(), prepared.dirs, fs);
+  if (written.ok()) {
+    Status s = prepared.planned->WriteExtras(comm.rank(), prepared.dirs, fs);
     if (!s.ok()) written = s;
   }
   auto checksums = copies.get();
@@ -515,8 +497,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     if (prepared.chunk_table) own_copies.files = own.files;  // with their chunks' checksums
     auto more = GatherToRootOrFail(
         comm, 0, Status(),
-        prepared.together ? EncodeReplicaRound(plan, comm.rank(), own_copies.copies, own.files)
-                          : EncodeReport(own_copies, ReportForm{.compact = true}));
+        prepared.planned->EncodeCopies(plan, comm.rank(), own_copies, own.files));
     if (leader) answer = leader_answer.ToCopies(more);
     outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }

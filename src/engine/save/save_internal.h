@@ -13,16 +13,14 @@
 
 namespace shardsafe {
 
+class PlannedBy;  // planned_by.h
+
 struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;  // this rank's part, or on rank 0 the whole plan
   bool plan_reused = false;  // the cached plan of an unchanged layout
-  // Planned together (distributed_save.h): rank 0's skeleton of the index,
-  // a home's part of the chunk table; reports always compact, a chunk
-  // table always written.
-  bool together = false;
-  std::shared_ptr<const IndexSkeleton> skeleton;
-  std::shared_ptr<const std::string> table_part;
-  std::shared_ptr<FileLayouts> layouts;  // the plan's (CachedPlan::layouts)
+  // Who planned it (rank 0, or all ranks together) and what the later
+  // steps do differently for it.
+  std::shared_ptr<PlannedBy> planned;
   bool compact_reports = false;          // step 3 (SaveStart)
   bool chunk_table = false;              // version 3: checksum files (SaveStart)
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
