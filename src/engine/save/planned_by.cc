@@ -1,8 +1,6 @@
 #include "engine/save/planned_by.h"
 
-#include "engine/save/commit.h"
 #include "engine/save/distributed_save.h"
-#include "engine/save/save_internal.h"
 
 namespace shardsafe {
 namespace {
@@ -117,6 +115,63 @@ class Together final : public PlannedBy {
 };
 
 }  // namespace
+
+Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
+                                            const SavePlan& plan, FileLayouts* layouts,
+                                            bool* layouts_match) {
+  std::vector<RankReport> reports(msgs.size());
+  bool all_full = true, all_compact = true;
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    ReportForm form;
+    SS_ASSIGN_OR_RETURN(reports[r], DecodeReport(msgs[r], &form));
+    all_full = all_full && !form.compact;
+    all_compact = all_compact && form.compact;
+    if (!form.compact) continue;
+    Status s = layouts ? layouts->Fill(&reports[r].files)
+                       : InternalError("compact save report without layouts");
+    if (!s.ok()) {
+      if (layouts) layouts->Forget();  // the next save reports in full
+      return s;
+    }
+  }
+  const bool kept = all_full && layouts && layouts->Keep(plan, reports);
+  if (layouts_match) *layouts_match = layouts && (kept || (all_compact && layouts->ready()));
+  return reports;
+}
+
+Result<LeaderCommit> MakeIndex(const SavePlan& plan,
+                               const std::vector<std::vector<WrittenFile>>& written,
+                               const UserJson& json, const std::string& tag,
+                               const SaveDirs& dirs, int world_size, const LeaderIndex& how) {
+  FileLayouts* layouts = how.layouts_match ? how.layouts : nullptr;
+  std::shared_ptr<const EncodedChunkTable> table =
+      how.chunk_table && layouts ? layouts->table() : nullptr;
+  LeaderCommit out;
+  SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, written, json, tag, world_size,
+                                            dirs.file_suffix, {how.chunk_table, !table}));
+  SS_ASSIGN_OR_RETURN(out.written,
+                      IndexToCommit(&out.index, how.chunk_table, dirs.file_suffix, table));
+  if (how.chunk_table && layouts && !table) layouts->KeepTable(out.written.table);
+  return out;
+}
+
+Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
+                                   std::vector<RankReport> reports, const UserJson& json,
+                                   const std::string& root, const std::string& tag,
+                                   const SaveDirs& dirs, int world_size,
+                                   const CommitOptions& commit, const LeaderIndex& how) {
+  std::vector<std::vector<CopyChecksum>> copies(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) copies[r] = std::move(reports[r].copies);
+  const std::vector<std::vector<WrittenFile>> written = FilesByRank(std::move(reports));
+  SS_RETURN_IF_ERROR(CheckReplicas(plan, written, copies));
+  SS_ASSIGN_OR_RETURN(LeaderCommit made,
+                      MakeIndex(plan, written, json, tag, dirs, world_size, how));
+  std::vector<std::string> warnings;
+  SS_RETURN_IF_ERROR(CommitSave(fs, dirs, root, made.index, made.written, commit, &warnings));
+  std::string joined;
+  for (const auto& w : warnings) joined += w + "\n";
+  return joined;
+}
 
 std::unique_ptr<PlannedBy> PlannedOnRankZero(std::shared_ptr<FileLayouts> layouts) {
   return std::make_unique<OnRankZero>(std::move(layouts));

@@ -6,14 +6,13 @@
 
 #include "engine/save/commit.h"
 #include "engine/save/distributed_index.h"
+#include "engine/save/planned_by.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/user_json.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {
-
-class PlannedBy;  // planned_by.h
 
 struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;  // this rank's part, or on rank 0 the whole plan
@@ -60,47 +59,6 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options);
-
-// Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
-// in whole-plan numbers; compact ones completed from `layouts`, which keeps
-// the layouts when all are full and forgets them when a compact one does
-// not match (so that the next save reports in full). `*layouts_match`
-// (when set): every file's layout is the one `layouts` keeps (all compact,
-// or kept now), so that its chunk table fits this save.
-Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
-                                            const SavePlan& plan, FileLayouts* layouts,
-                                            bool* layouts_match = nullptr);
-
-// How rank 0 makes a save's index: with a chunk table and checksum files
-// (version 3, SaveStart::chunk_table) or not, and the plan's layouts,
-// whose chunk table is reused, or kept once made, when the reports' file
-// layouts are theirs (ReadReports).
-struct LeaderIndex {
-  bool chunk_table = false;
-  FileLayouts* layouts = nullptr;
-  bool layouts_match = false;
-};
-
-// Rank 0: the index of a save and what its commit writes (IndexToCommit).
-struct LeaderCommit {
-  CheckpointIndex index;
-  CommitIndex written;
-};
-// `written`: what each rank wrote (by rank, FilesByRank).
-Result<LeaderCommit> MakeIndex(const SavePlan& plan,
-                               const std::vector<std::vector<WrittenFile>>& written,
-                               const UserJson& json, const std::string& tag,
-                               const SaveDirs& dirs, int world_size, const LeaderIndex& how);
-
-// Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
-// makes the index (MakeIndex) and commits. Returns the post-commit
-// warnings, one per line; on failure what the save wrote is left for the
-// caller to remove (AbandonSave).
-Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   std::vector<RankReport> reports, const UserJson& json,
-                                   const std::string& root, const std::string& tag,
-                                   const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit, const LeaderIndex& how);
 
 std::vector<std::string> SplitLines(const std::string& text);
 SaveStats StatsOf(const SavePlan& plan, int rank);
