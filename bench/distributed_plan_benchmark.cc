@@ -1,4 +1,4 @@
-// What a save plan made by all ranks together (engine/save/distributed_plan.h)
+// What a save plan made by all ranks together (engine/plan/distributed_plan.h)
 // costs each rank of a simulated job, against PlanSave on rank 0 (what a save
 // runs today: planner_benchmark measures it).
 //

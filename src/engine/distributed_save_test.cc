@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
 #include "shardsafe/async_save.h"

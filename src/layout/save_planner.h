@@ -4,7 +4,7 @@
 // slice) and the blobs it wants saved. Output: a SavePlan (pure and
 // deterministic, no I/O); under 1,024 ranks the engine plans on rank 0
 // and sends each rank its part (plan_part.h); from 1,024 ranks all ranks
-// reach the same parts together (engine/save/distributed_plan.h).
+// reach the same parts together (engine/plan/distributed_plan.h).
 //
 // Guarantees:
 // - All ranks agree on dtype and shape of each key, else InvalidArgument.
@@ -162,7 +162,7 @@ Result<SavePlan> PlanSave(std::span<const RankHoldings> holdings,
                           const SavePlanOptions& options);
 
 // The rules PlanSave follows, for a planner that runs them in parts on
-// several ranks (engine/save/distributed_plan.h) and must reach the same
+// several ranks (engine/plan/distributed_plan.h) and must reach the same
 // plan.
 
 // The split size: a sixteenth of `unique_bytes` / `ranks`, and at least

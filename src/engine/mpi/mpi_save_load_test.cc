@@ -6,7 +6,7 @@
 // oracle, checks that overlapping shards fail on every rank with nothing
 // committed, runs a CheckpointManager with keep_last=2 over 3 steps, saves
 // with a chunk table, and plans a save on all ranks together
-// (engine/save/distributed_plan.h), each rank's part checked against the
+// (engine/plan/distributed_plan.h), each rank's part checked against the
 // one cut from the whole plan.
 // Prints "N passed, N failed" and exits non-zero on any failure.
 #include <unistd.h>
@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/plan_wire.h"
 #include "layout/plan_part.h"
 #include "layout/simulated_layouts.h"

@@ -45,6 +45,7 @@
 #include "comm/wire.h"
 #include "engine/catalog/checkpoint_dir.h"
 #include "engine/save/distributed_save.h"
+#include "engine/save/planned_by.h"
 #include "engine/save/replica_check.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
@@ -116,13 +117,8 @@ class Handle final : public AsyncSaveHandle {
 struct Job : StagedImages {
   std::shared_ptr<const SavePlan> plan;
   bool plan_reused = false;
-  std::shared_ptr<FileLayouts> layouts;  // rank 0 keeps them from the full reports
-  bool chunk_table = false;              // version 3: a checksum file (SaveStart)
-  // Planned together (distributed_save.h): rank 0's index skeleton, this
-  // rank's part of the chunk table as a home (empty: none).
-  bool together = false;
-  std::shared_ptr<const IndexSkeleton> skeleton;
-  std::shared_ptr<const std::string> table_part;
+  bool chunk_table = false;  // version 3: a checksum file (SaveStart)
+  std::shared_ptr<PlannedBy> planned;  // who planned it (planned_by.h)
   std::string root, tag;
   SaveDirs dirs;
   FileSystem* fs = nullptr;            // where root lies (FileSystemFor)
@@ -261,20 +257,11 @@ Result<std::vector<std::string>> CommitWhenAllDone(const Job& job) {
   for (int r = 0; r < job.world; ++r) {
     SS_RETURN_IF_ERROR(fs.RemoveFile(JoinPath(job.dirs.tmp, RankMarker("done-", r))));
   }
-  Result<std::string> committed = std::string();
-  if (job.together) {
-    auto read = ReadTogetherMarkers(*reports);
-    committed = read.ok() ? CommitTogether(fs, *job.skeleton, std::move(*read), job.json,
-                                           job.root, job.tag, job.dirs, job.commit)
-                          : Result<std::string>(read.status());
-  } else {
-    bool layouts_match = false;
-    auto read = ReadReports(*reports, *job.plan, job.layouts.get(), &layouts_match);
-    committed = read.ok() ? CommitOnLeader(fs, *job.plan, std::move(*read), job.json, job.root,
-                                           job.tag, job.dirs, job.world, job.commit,
-                                           {job.chunk_table, job.layouts.get(), layouts_match})
-                          : Result<std::string>(read.status());
-  }
+  auto read = job.planned->ReadMarkers(*job.plan, *reports);
+  Result<std::string> committed =
+      read.ok() ? job.planned->Commit(fs, *job.plan, std::move(*read), job.json, job.root,
+                                      job.tag, job.dirs, job.world, job.chunk_table, job.commit)
+                : Result<std::string>(read.status());
   if (!committed.ok()) {
     AbortKeepingTheReason(fs, job.dirs, committed.status());
     return committed.status();
@@ -299,23 +286,11 @@ Status AwaitCommit(const Job& job) {
 }
 
 // Step e: the `done` marker of `report` (this rank's files, as written)
-// and the job's copies' checksums: the full report with the copies;
-// planned together, the compact report with the replica digest and the
-// replica round. Only once the foreground is over (job.held is its last
-// write).
+// and the job's copies' checksums (PlannedBy::EncodeMarker). Only once the
+// foreground is over (job.held is its last write).
 std::string Marker(const Job& job, RankReport report) {
-  if (!job.together) {
-    report.copies = job.held.copies;
-    NumberAsWhole(*job.plan, &report);
-    return EncodeReport(report);
-  }
-  if (job.options.verify_replicas) {
-    report.replica_digest = ReplicaDigest(*job.plan, job.rank, job.held, report.files);
-  }
-  NumberAsWhole(*job.plan, &report);
-  return EncodeTogetherMarker(
-      EncodeReport(report, {.compact = true, .chunk_checksums = false}),
-      EncodeReplicaRound(*job.plan, job.rank, job.held.copies, report.files));
+  return job.planned->EncodeMarker(*job.plan, job.rank, std::move(report), job.held,
+                                   job.options.verify_replicas);
 }
 
 // The whole background part for one rank, started while the foreground
@@ -333,9 +308,7 @@ Status RunBackground(Job& job, std::vector<std::string>* warnings) {
   if (written.ok() && job.chunk_table) {
     written = WriteChecksumFile(*job.plan, job.rank, report.files, job.dirs, fs);
   }
-  if (written.ok() && job.together && !job.table_part->empty()) {
-    written = WriteTablePart(*job.table_part, job.rank, job.dirs, fs);
-  }
+  if (written.ok()) written = job.planned->WriteExtras(job.rank, job.dirs, fs);
   if (written.ok()) {
     written = WriteFileAtomically(fs, JoinPath(job.dirs.tmp, RankMarker("done-", job.rank)),
                                   Marker(job, std::move(report)));
@@ -419,11 +392,8 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   }
   job->plan = std::move(prepared.plan);
   job->plan_reused = prepared.plan_reused;
-  job->layouts = std::move(prepared.layouts);
   job->chunk_table = prepared.chunk_table;
-  job->together = prepared.together;
-  job->skeleton = std::move(prepared.skeleton);
-  job->table_part = std::move(prepared.table_part);
+  job->planned = std::move(prepared.planned);
   job->root = root;
   job->tag = tag;
   job->dirs = std::move(prepared.dirs);

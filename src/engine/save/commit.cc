@@ -6,24 +6,13 @@
 #include "base/env.h"
 #include "base/thread_pool.h"
 #include "engine/catalog/checkpoint_dir.h"
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/plan_home.h"
 #include "engine/save/object_store_commit.h"
 #include "format/checksum_file.h"
 #include "format/chunk_table.h"
 
 namespace shardsafe {
 namespace {
-
-// Parts of a chunk table written at once.
-constexpr size_t kParallelTableWrites = 8;
-
-// Writes `text` as the file `path`, fdatasync'ed.
-Status WriteSynced(FileSystem& fs, const std::string& path, const std::string& text) {
-  SS_ASSIGN_OR_RETURN(auto file, fs.NewWritableFile(path, WriteOptions{}));
-  SS_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
-  SS_RETURN_IF_ERROR(file->Sync());
-  return file->Close();
-}
 
 void Warn(const Status& s, std::vector<std::string>* warnings) {
   if (!s.ok()) warnings->push_back(s.message());
@@ -47,7 +36,7 @@ Status Publish(FileSystem& fs, const std::string& tmp_dir, const std::string& ro
                std::vector<ClaimedDir>* to_delete, std::vector<std::string>* warnings) {
   SS_ASSIGN_OR_RETURN(CommitRecord record,
                       NextCommitRecord(fs, root, commit.step, commit.update_latest));
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kCommitFileName),
+  SS_RETURN_IF_ERROR(WriteSaveFile(fs, JoinPath(tmp_dir, kCommitFileName),
                                  SerializeCommitRecord(record)));
   SS_RETURN_IF_ERROR(fs.SyncDir(tmp_dir));
   const std::string final_dir = JoinPath(root, tag);
@@ -200,23 +189,6 @@ Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
   return SerializeIndexToCommit(*index, std::move(table));
 }
 
-Status WriteSaveFile(FileSystem& fs, const std::string& path, const std::string& bytes) {
-  // In an object store one PUT, under a private name as the data's.
-  return fs.IsObjectStore() ? WriteFileAtomically(fs, path, bytes) : WriteSynced(fs, path, bytes);
-}
-
-Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table) {
-  const size_t parts = table.parts.size();
-  ThreadPool pool(parts > 1 ? std::min<size_t>(kParallelTableWrites, parts) : 0);
-  TaskGroup writes(&pool);
-  for (size_t p = 0; p < parts; ++p) {
-    writes.Add([&fs, &bytes = table.bytes[p], path = JoinPath(dir, table.parts[p].name)] {
-      return WriteSaveFile(fs, path, bytes);
-    });
-  }
-  return writes.Wait();
-}
-
 Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
                   const CheckpointIndex& index, const CommitIndex& written,
                   const CommitOptions& commit, std::vector<std::string>* warnings) {
@@ -226,7 +198,7 @@ Status CommitSave(FileSystem& fs, const SaveDirs& dirs, const std::string& root,
   const std::string& tmp_dir = dirs.tmp;
   // Step 4: the index; the commit record once the root is locked.
   if (written.table) SS_RETURN_IF_ERROR(WriteChunkTable(fs, tmp_dir, *written.table));
-  SS_RETURN_IF_ERROR(WriteSynced(fs, JoinPath(tmp_dir, kIndexFileName), written.text));
+  SS_RETURN_IF_ERROR(WriteSaveFile(fs, JoinPath(tmp_dir, kIndexFileName), written.text));
   std::vector<ClaimedDir> replaced, pruned;
   {
     SS_ASSIGN_OR_RETURN(auto root_lock, LockRoot(fs, root));

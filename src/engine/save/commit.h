@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/save/save_dirs.h"
 #include "engine/save/save_writer.h"
 #include "engine/save/user_json.h"
 #include "format/index.h"
@@ -58,27 +59,6 @@
 #include "shardsafe/checkpoint.h"
 
 namespace shardsafe {
-
-// Where a save writes. On POSIX, `tmp` is the temporary directory the
-// data files are written into and that step 5 renames; `data` is `tmp`
-// and `file_suffix` "". On an object store (docs/design.md, "Object
-// storage"), `tmp` is ROOT/.tmp-TAG.NONCE, private to the save and holding
-// only an async save's markers; the data files go straight to `data`,
-// ROOT/TAG, named data-RRRRR-FFF`file_suffix`.safetensors with
-// `file_suffix` ".NONCE", a name no other save uses.
-struct SaveDirs {
-  std::string tmp;
-  std::string data;
-  std::string file_suffix;
-};
-
-// A save's directories and the lock rank 0 holds on the temporary one until
-// the save is committed or abandoned (null where the file system has no
-// locks).
-struct TmpDir {
-  SaveDirs dirs;
-  std::shared_ptr<FileLock> lock;
-};
 
 // Step 1. Leftovers are temporary directories nobody holds a lock on (a
 // save killed before committing): saves of other tags still in progress,
@@ -109,14 +89,6 @@ Result<CheckpointIndex> BuildIndex(const SavePlan& plan,
                                    int world_size, const std::string& file_suffix,
                                    IndexForm form = {});
 
-// How a save commits (steps 4-6).
-struct CommitOptions {
-  bool overwrite = false;      // step 5 swaps out an existing checkpoint
-  bool update_latest = false;  // step 6 runs
-  std::optional<int64_t> step; // recorded in the commit record
-  int keep_last = 0;           // step 7 runs when > 0
-};
-
 // Whether a save of `chunks` chunks writes a chunk table: from
 // `min_chunks` chunks on (SaveOptions::chunk_table_min_chunks; 0:
 // SHARDSAFE_CHUNK_TABLE_MIN_CHUNKS, else kDefaultChunkTableMinChunks).
@@ -131,13 +103,6 @@ Result<bool> WritesChunkTable(uint64_t chunks, uint64_t min_chunks);
 Result<CommitIndex> IndexToCommit(CheckpointIndex* index, bool chunk_table,
                                   const std::string& file_suffix,
                                   std::shared_ptr<const EncodedChunkTable> table = nullptr);
-
-// Writes a file of a save beside its data files: synced (in an object
-// store one PUT).
-Status WriteSaveFile(FileSystem& fs, const std::string& path, const std::string& bytes);
-
-// Writes the parts of `table` into `dir` (WriteSaveFile), several at once.
-Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table);
 
 // Steps 4-7: the commit record (its sequence read from the root's committed
 // checkpoints) and the index, then the rename, `latest` and retention. A failure before the commit

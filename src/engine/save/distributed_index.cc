@@ -4,8 +4,8 @@
 
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/commit.h"
-#include "engine/save/distributed_plan.h"
 #include "format/checksum_file.h"
 #include "layout/plan_part.h"
 

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 #include "engine/save/save_writer.h"
 #include "engine/save/user_json.h"
 #include "format/chunk_table.h"

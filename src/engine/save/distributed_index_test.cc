@@ -12,8 +12,8 @@
 
 #include <thread>
 
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/commit.h"
-#include "engine/save/distributed_plan.h"
 #include "engine/save/plan_testing.h"
 #include "format/index.h"
 #include "layout/plan_part.h"

@@ -4,7 +4,7 @@
 // empty tensors, blobs, small file caps), on TP x PP x DP, FSDP and MoE
 // meshes, over simulated ranks in one process and over thread ranks; a
 // layout PlanSave refuses fails on every rank with one error.
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/distributed_plan.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <numeric>
 #include <thread>
 
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 #include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_testing.h"
 #include "engine/save/plan_wire.h"

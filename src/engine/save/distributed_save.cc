@@ -6,10 +6,9 @@
 #include "base/env.h"
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/plan/distributed_plan.h"
 #include "engine/save/commit.h"
-#include "engine/save/distributed_plan.h"
 #include "engine/save/replica_check.h"
-#include "engine/save/save_internal.h"
 #include "format/index.h"
 
 namespace shardsafe {

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/save/commit.h"
+#include "engine/save/save_dirs.h"
+#include "format/index.h"
 
 namespace shardsafe {
 

@@ -1,6 +1,64 @@
 // Save: the collective protocol of commit.h, from the caller's state to a
 // committed checkpoint. Every rank runs the same sequence of collectives
 // whatever happens locally, so a failure anywhere reaches every rank.
+//
+// Every save runs these steps: Save and CheckpointManager (SaveToRoot) and
+// AsyncSaver (async_save.cc), each planned on rank 0 or by all ranks
+// together (distributed_save.h), onto POSIX or an object store (commit.h,
+// object_store_commit.h). What differs is who plans (marked "planner":
+// after step 1 every difference is a call of PlannedBy, planned_by.h,
+// chosen once from the agreed plan) and how the reports reach rank 0 and
+// the outcome the other ranks ("channel": collectives here, or an async
+// save's marker files in async_save.cc).
+//
+//  0. Check (each rank, no collective): SaveOptions::local_failure, the
+//     tag, the file system, the shards and blobs, the user JSON
+//     (CheckLocalState). A failure rides in step 1's first collective.
+//  1. Plan (collective, planner; GatherAndPlan): the quick check (one
+//     AllReduceMax: every layout unchanged, the digests and the planner
+//     agree) reuses the cached plan (plan_cache.h); otherwise rank 0
+//     gathers every layout, plans and scatters each rank its part, or the
+//     ranks plan together (PlanTogether: rounds 1-8, each home its part of
+//     the chunk table, rank 0 an index skeleton). Touches no file.
+//  2. Prepare (rank 0, commit.h step 1; PlanAndPrepare): PrepareSave
+//     creates and locks ROOT/.tmp-TAG.NONCE (on an object store: picks the
+//     data objects' suffix, writes `started`); one broadcast (SaveStart)
+//     tells every rank where to write, whether reports are compact and
+//     whether a chunk table is written.
+//  3. Write (each rank; an async save copies into staging on the caller's
+//     thread and writes from a background thread): its data files,
+//     fdatasync'ed; its checksum file (chunk table saves); planner
+//     together, a home's part of the chunk table; meanwhile the checksums
+//     of the replicas it holds but does not write (replica_check.h).
+//  4. Report (channel): collectives gather every rank's report (or
+//     failure) on rank 0, and a second round brings the copies' checksums
+//     when the replica digests do not add up; markers: each rank leaves
+//     `done-RRRRR` (its report and copies) or `failed-RRRRR`, and rank 0
+//     polls for them.
+//  5. Commit (rank 0): the reports decoded (planner: ReadReports, or the
+//     compact ones of a plan made together), the replicas checked, the
+//     index made (planner: MakeIndex from the whole plan, or IndexOfSave
+//     from the skeleton) and committed (CommitSave: commit.h steps 4-7).
+//     A failure removes what the save wrote (AbandonSave).
+//  6. Outcome (channel): collectives broadcast "committed" and the
+//     warnings, or the failure; markers: rank 0 leaves `aborted` on
+//     failure, the other ranks poll until the index appears, `aborted`
+//     appears or the temporary directory vanishes.
+//
+// What a crash in each step leaves:
+//  - 0-1: nothing; the other ranks fail in the collective (or their
+//    Comm's timeout).
+//  - 2-4: a .tmp-TAG.NONCE that readers ignore and the next save into the
+//    root removes once nobody holds its lock (an object store: the
+//    prefix and the data objects with the save's suffix, which no index
+//    names, removed once older than ObjectLeftoverAge()); `latest` and
+//    every committed checkpoint untouched. With markers, the waiting ranks
+//    time out (SaveOptions::peer_timeout).
+//  - 5: as commit.h says: before its rename (object store: the index's
+//    conditional write) nothing is committed; after it the checkpoint is.
+//  - 6: committed. Rank 0 reports success with a warning when the
+//    broadcast fails; the other ranks return the broadcast's failure, or
+//    (markers) find the index and succeed.
 #include <algorithm>
 #include <chrono>
 #include <future>
@@ -13,6 +71,7 @@
 #include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
 #include "engine/save/plan_wire.h"
+#include "engine/save/planned_by.h"
 #include "engine/save/save_internal.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
@@ -206,21 +265,18 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
                                     prepared.json, together.ok() && *together));
   prepared.plan = std::move(agreed.plan);
   prepared.plan_reused = agreed.reused;
-  prepared.layouts = std::move(agreed.layouts);
-  prepared.together = agreed.together;
-  prepared.skeleton = std::move(agreed.skeleton);
-  prepared.table_part = std::move(agreed.table_part);
+  prepared.planned = agreed.together
+                         ? PlannedTogether(std::move(agreed.skeleton), std::move(agreed.table_part))
+                         : PlannedOnRankZero(std::move(agreed.layouts));
   // Step 1, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
-    Result<bool> table = prepared.together ? Result<bool>(true)
-                                           : WritesChunkTable(prepared.plan->chunks.size(),
-                                                              options.chunk_table_min_chunks);
+    Result<bool> table =
+        prepared.planned->WritesTable(*prepared.plan, options.chunk_table_min_chunks);
     Result<TmpDir> made = table.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
                                      : Result<TmpDir>(table.status());
-    const bool compact =
-        prepared.together || (prepared.layouts && prepared.layouts->ready());
+    const bool compact = prepared.planned->CompactReports();
     dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, compact, *table}))
                      : Result<std::string>(made.status());
     if (made.ok()) prepared.lock = std::move(made->lock);
@@ -232,75 +288,6 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   prepared.chunk_table = start.chunk_table;
   prepared.fs = *fs;  // found: GatherAndPlan failed every rank otherwise
   return prepared;
-}
-
-Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
-                                            const SavePlan& plan, FileLayouts* layouts,
-                                            bool* layouts_match) {
-  std::vector<RankReport> reports(msgs.size());
-  bool all_full = true, all_compact = true;
-  for (size_t r = 0; r < msgs.size(); ++r) {
-    ReportForm form;
-    SS_ASSIGN_OR_RETURN(reports[r], DecodeReport(msgs[r], &form));
-    all_full = all_full && !form.compact;
-    all_compact = all_compact && form.compact;
-    if (!form.compact) continue;
-    Status s = layouts ? layouts->Fill(&reports[r].files)
-                       : InternalError("compact save report without layouts");
-    if (!s.ok()) {
-      if (layouts) layouts->Forget();  // the next save reports in full
-      return s;
-    }
-  }
-  const bool kept = all_full && layouts && layouts->Keep(plan, reports);
-  if (layouts_match) *layouts_match = layouts && (kept || (all_compact && layouts->ready()));
-  return reports;
-}
-
-bool DigestsAddUp(const std::vector<RankReport>& reports) {
-  uint64_t sum = 0;
-  for (const RankReport& report : reports) sum += report.replica_digest;
-  return sum == 0;
-}
-
-Result<LeaderCommit> MakeIndex(const SavePlan& plan,
-                               const std::vector<std::vector<WrittenFile>>& written,
-                               const UserJson& json, const std::string& tag,
-                               const SaveDirs& dirs, int world_size, const LeaderIndex& how) {
-  FileLayouts* layouts = how.layouts_match ? how.layouts : nullptr;
-  std::shared_ptr<const EncodedChunkTable> table =
-      how.chunk_table && layouts ? layouts->table() : nullptr;
-  LeaderCommit out;
-  SS_ASSIGN_OR_RETURN(out.index, BuildIndex(plan, written, json, tag, world_size,
-                                            dirs.file_suffix, {how.chunk_table, !table}));
-  SS_ASSIGN_OR_RETURN(out.written,
-                      IndexToCommit(&out.index, how.chunk_table, dirs.file_suffix, table));
-  if (how.chunk_table && layouts && !table) layouts->KeepTable(out.written.table);
-  return out;
-}
-
-std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports) {
-  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
-  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
-  return by_rank;
-}
-
-Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   std::vector<RankReport> reports, const UserJson& json,
-                                   const std::string& root, const std::string& tag,
-                                   const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit, const LeaderIndex& how) {
-  std::vector<std::vector<CopyChecksum>> copies(reports.size());
-  for (size_t r = 0; r < reports.size(); ++r) copies[r] = std::move(reports[r].copies);
-  const std::vector<std::vector<WrittenFile>> written = FilesByRank(std::move(reports));
-  SS_RETURN_IF_ERROR(CheckReplicas(plan, written, copies));
-  SS_ASSIGN_OR_RETURN(LeaderCommit made,
-                      MakeIndex(plan, written, json, tag, dirs, world_size, how));
-  std::vector<std::string> warnings;
-  SS_RETURN_IF_ERROR(CommitSave(fs, dirs, root, made.index, made.written, commit, &warnings));
-  std::string joined;
-  for (const auto& w : warnings) joined += w + "\n";
-  return joined;
 }
 
 std::vector<std::string> SplitLines(const std::string& text) {
@@ -353,9 +340,7 @@ class LeaderAnswer {
       AbandonSave(fs_, prepared_.dirs);
       return msgs.status().WithContext("saving " + JoinPath(root_, tag_));
     }
-    auto read = prepared_.together
-                    ? DecodeCompactReports(*msgs)
-                    : ReadReports(*msgs, plan_, prepared_.layouts.get(), &layouts_match_);
+    auto read = prepared_.planned->ReadReports(plan_, *msgs);
     if (!read.ok()) return Fail(read.status());
     reports_ = std::move(*read);
     if (!DigestsAddUp(reports_)) return std::string(1, kSendCopies);
@@ -366,30 +351,15 @@ class LeaderAnswer {
   // a version-3 save, its chunks' checksums), then steps 4-6.
   Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) return Fail(msgs.status());
-    if (prepared_.together) {
-      Status s = CheckReplicaRounds(*msgs);
-      return s.ok() ? Commit() : Fail(s);
-    }
-    for (size_t r = 0; r < msgs->size() && r < reports_.size(); ++r) {
-      ReportForm form;
-      auto more = DecodeReport((*msgs)[r], &form);
-      if (!more.ok()) return Fail(more.status());
-      reports_[r].copies = std::move(more->copies);
-      Status s = AddChunkChecksums(more->files, &reports_[r].files);
-      if (!s.ok()) return Fail(s);
-    }
-    return Commit();
+    Status s = prepared_.planned->AddCopies(*msgs, &reports_);
+    return s.ok() ? Commit() : Fail(s);
   }
 
  private:
   Result<std::string> Commit() {
-    auto committed =
-        prepared_.together
-            ? CommitTogether(fs_, *prepared_.skeleton, std::move(reports_), prepared_.json,
-                             root_, tag_, prepared_.dirs, commit_)
-            : CommitOnLeader(fs_, plan_, std::move(reports_), prepared_.json, root_, tag_,
-                             prepared_.dirs, comm_.size(), commit_,
-                             {prepared_.chunk_table, prepared_.layouts.get(), layouts_match_});
+    auto committed = prepared_.planned->Commit(fs_, plan_, std::move(reports_), prepared_.json,
+                                               root_, tag_, prepared_.dirs, comm_.size(),
+                                               prepared_.chunk_table, commit_);
     if (!committed.ok()) return Fail(committed.status());
     return kCommitted + *committed;
   }
@@ -407,7 +377,6 @@ class LeaderAnswer {
   Comm& comm_;
   const CommitOptions& commit_;
   std::vector<RankReport> reports_;  // decoded, kept for the second round
-  bool layouts_match_ = false;
 };
 
 }  // namespace
@@ -438,8 +407,8 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     Status s = WriteChecksumFile(plan, comm.rank(), *written, prepared.dirs, fs);
     if (!s.ok()) written = s;
   }
-  if (written.ok() && prepared.together && !prepared.table_part->empty()) {
-    Status s = WriteTablePart(*prepared.table_part, comm.rank(), prepared.dirs, fs);
+  if (written.ok()) {
+    Status s = prepared.planned->WriteExtras(comm.rank(), prepared.dirs, fs);
     if (!s.ok()) written = s;
   }
   auto checksums = copies.get();
@@ -471,8 +440,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
     if (prepared.chunk_table) own_copies.files = own.files;  // with their chunks' checksums
     auto more = GatherToRootOrFail(
         comm, 0, Status(),
-        prepared.together ? EncodeReplicaRound(plan, comm.rank(), own_copies.copies, own.files)
-                          : EncodeReport(own_copies, ReportForm{.compact = true}));
+        prepared.planned->EncodeCopies(plan, comm.rank(), own_copies, own.files));
     if (leader) answer = leader_answer.ToCopies(more);
     outcome = BroadcastOrFail(comm, 0, answer, /*name_root=*/false);
   }

@@ -6,6 +6,7 @@
 
 #include "engine/save/commit.h"
 #include "engine/save/distributed_index.h"
+#include "engine/save/planned_by.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/user_json.h"
 #include "layout/save_planner.h"
@@ -16,13 +17,9 @@ namespace shardsafe {
 struct PreparedSave {
   std::shared_ptr<const SavePlan> plan;  // this rank's part, or on rank 0 the whole plan
   bool plan_reused = false;  // the cached plan of an unchanged layout
-  // Planned together (distributed_save.h): rank 0's skeleton of the index,
-  // a home's part of the chunk table; reports always compact, a chunk
-  // table always written.
-  bool together = false;
-  std::shared_ptr<const IndexSkeleton> skeleton;
-  std::shared_ptr<const std::string> table_part;
-  std::shared_ptr<FileLayouts> layouts;  // the plan's (CachedPlan::layouts)
+  // Who planned it (rank 0, or all ranks together) and what the later
+  // steps do differently for it.
+  std::shared_ptr<PlannedBy> planned;
   bool compact_reports = false;          // step 3 (SaveStart)
   bool chunk_table = false;              // version 3: checksum files (SaveStart)
   UserJson json;  // this rank's values, metadata and layout (rank 0's are saved)
@@ -62,53 +59,6 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options);
-
-// Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
-// in whole-plan numbers; compact ones completed from `layouts`, which keeps
-// the layouts when all are full and forgets them when a compact one does
-// not match (so that the next save reports in full). `*layouts_match`
-// (when set): every file's layout is the one `layouts` keeps (all compact,
-// or kept now), so that its chunk table fits this save.
-Result<std::vector<RankReport>> ReadReports(const std::vector<std::string>& msgs,
-                                            const SavePlan& plan, FileLayouts* layouts,
-                                            bool* layouts_match = nullptr);
-
-// Whether the reports' replica digests add up to 0: no copy differs from
-// what was written, but with probability 2^-64 (replica_check.h).
-bool DigestsAddUp(const std::vector<RankReport>& reports);
-
-// How rank 0 makes a save's index: with a chunk table and checksum files
-// (version 3, SaveStart::chunk_table) or not, and the plan's layouts,
-// whose chunk table is reused, or kept once made, when the reports' file
-// layouts are theirs (ReadReports).
-struct LeaderIndex {
-  bool chunk_table = false;
-  FileLayouts* layouts = nullptr;
-  bool layouts_match = false;
-};
-
-// Rank 0: the index of a save and what its commit writes (IndexToCommit).
-struct LeaderCommit {
-  CheckpointIndex index;
-  CommitIndex written;
-};
-// `written`: what each rank wrote (by rank, FilesByRank).
-Result<LeaderCommit> MakeIndex(const SavePlan& plan,
-                               const std::vector<std::vector<WrittenFile>>& written,
-                               const UserJson& json, const std::string& tag,
-                               const SaveDirs& dirs, int world_size, const LeaderIndex& how);
-// The files of each report, by rank.
-std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports);
-
-// Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
-// makes the index (MakeIndex) and commits. Returns the post-commit
-// warnings, one per line; on failure what the save wrote is left for the
-// caller to remove (AbandonSave).
-Result<std::string> CommitOnLeader(FileSystem& fs, const SavePlan& plan,
-                                   std::vector<RankReport> reports, const UserJson& json,
-                                   const std::string& root, const std::string& tag,
-                                   const SaveDirs& dirs, int world_size,
-                                   const CommitOptions& commit, const LeaderIndex& how);
 
 std::vector<std::string> SplitLines(const std::string& text);
 SaveStats StatsOf(const SavePlan& plan, int rank);

@@ -321,4 +321,16 @@ Result<SaveStart> DecodeSaveStart(std::string_view msg) {
   return start;
 }
 
+bool DigestsAddUp(const std::vector<RankReport>& reports) {
+  uint64_t sum = 0;
+  for (const RankReport& report : reports) sum += report.replica_digest;
+  return sum == 0;
+}
+
+std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports) {
+  std::vector<std::vector<WrittenFile>> by_rank(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) by_rank[r] = std::move(reports[r].files);
+  return by_rank;
+}
+
 }  // namespace shardsafe

@@ -54,6 +54,13 @@ struct RankReport {
   uint64_t replica_digest = 0;
 };
 
+// Whether the reports' replica digests add up to 0: no copy differs from
+// what was written, but with probability 2^-64 (replica_check.h).
+bool DigestsAddUp(const std::vector<RankReport>& reports);
+
+// The files of each report, by rank.
+std::vector<std::vector<WrittenFile>> FilesByRank(std::vector<RankReport> reports);
+
 // How a report is encoded. In full it carries each file's size and the
 // offsets of its entries; a compact one only the entries' checksums. Rank
 // 0 takes the rest from the layouts it kept from an earlier save of the

@@ -3,7 +3,6 @@
 #include <cstdio>
 
 #include "base/thread_pool.h"
-#include "engine/save/commit.h"
 #include "format/checksum_file.h"
 #include "format/index.h"
 #include "layout/plan_part.h"

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/save/save_dirs.h"
 #include "format/safetensors.h"
 #include "layout/save_planner.h"
 #include "shardsafe/checkpoint.h"
@@ -27,7 +28,7 @@ struct WrittenFile {
   std::vector<WrittenEntry> blobs;   // parallel to PlannedFile::blobs
 };
 
-// "data-00003-001.safetensors", or with a suffix (SaveDirs, commit.h)
+// "data-00003-001.safetensors", or with a suffix (SaveDirs, save_dirs.h)
 // "data-00003-001.1a2b3c4d5e6f7a8b.safetensors".
 std::string DataFileName(int rank, uint32_t number, std::string_view suffix);
 
@@ -40,9 +41,6 @@ std::string ChecksumFileName(int rank, std::string_view suffix);
 // "chunks-00003.chunks", or with a suffix "chunks-00003.1a2b3c4d5e6f7a8b.chunks":
 // the part of the chunk table rank 3 is home to (docs/format.md §3c).
 std::string ChunkTableFileName(int rank, std::string_view suffix);
-
-// Where a save writes (defined in commit.h).
-struct SaveDirs;
 
 // The bytes of one entry of a data file, in the caller's memory (or, when
 // `device` is set, at a device address the engine reads through it).

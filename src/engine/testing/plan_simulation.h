@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/plan/distributed_plan.h"
+#include "engine/plan/plan_home.h"
 #include "engine/save/distributed_index.h"
-#include "engine/save/distributed_plan.h"
-#include "engine/save/plan_home.h"
 
 namespace shardsafe {
 

@@ -1,21 +1,15 @@
 // One rank's side of a distributed plan: the rounds as distributed_plan.h
 // lists them. The home's work is in plan_home.cc, rank 0's in
 // plan_coordinator.cc; this file holds what every rank does for itself.
-#include "engine/save/distributed_plan.h"
+#include "engine/plan/distributed_plan.h"
 
 #include <algorithm>
 #include <numeric>
 
 #include "comm/wire.h"
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 
 namespace shardsafe {
-
-int HomeOf(std::string_view key, int world) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ULL;
-  return static_cast<int>(h % static_cast<uint64_t>(std::max(world, 1)));
-}
 
 RankPlanner::RankPlanner(int rank, int world, const RankHoldings& holdings,
                          const SavePlanOptions& options)

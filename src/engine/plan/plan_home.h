@@ -40,6 +40,9 @@
 
 namespace shardsafe {
 
+// The home rank of `key` in a job of `world` ranks: a hash of the key.
+int HomeOf(std::string_view key, int world);
+
 // One of a home's keys as the index lists it: its chunks (pieces cut, in
 // the whole plan's order from `first_number`) with their slices and bytes
 // (file and offset unset).

@@ -1,13 +1,18 @@
-#include "engine/save/plan_home.h"
+#include "engine/plan/plan_home.h"
 
 #include <algorithm>
 #include <array>
 
 #include "layout/box_math.h"
-#include "engine/save/distributed_plan.h"
 #include "layout/tiling.h"
 
 namespace shardsafe {
+
+int HomeOf(std::string_view key, int world) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ULL;
+  return static_cast<int>(h % static_cast<uint64_t>(std::max(world, 1)));
+}
 namespace {
 
 Status Bad(const std::string& what) {

@@ -69,9 +69,6 @@ class Reader;
 }
 class KeyHome;
 
-// The home rank of `key` in a job of `world` ranks.
-int HomeOf(std::string_view key, int world);
-
 class RankPlanner {
  public:
   // `holdings` must outlive the planner; its shards are read in ToHomes

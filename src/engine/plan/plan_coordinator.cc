@@ -6,8 +6,8 @@
 #include <unordered_map>
 
 #include "comm/wire.h"
-#include "engine/save/distributed_plan.h"
-#include "engine/save/plan_home.h"
+#include "engine/plan/distributed_plan.h"
+#include "engine/plan/plan_home.h"
 
 namespace shardsafe {
 namespace {
