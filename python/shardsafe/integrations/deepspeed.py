@@ -41,9 +41,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import require
-
-require("deepspeed", "deepspeed", "shardsafe.integrations.deepspeed")
+try:
+    import deepspeed  # noqa: F401
+except ImportError as e:
+    raise ImportError(f"shardsafe.integrations.deepspeed needs the 'deepspeed' package: pip "
+                      f"install deepspeed ({e})") from e
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
