@@ -13,7 +13,7 @@ under deepspeed.initialize. BASE is OUT/name.wW, W the saving run's WORLD.
   into BASE.uni). Rank 0 writes BASE.train.pt: every rank's loss of every
   step, and at SAVE_AT the full fp32 masters and Adam moments
   (deepspeed.utils.safe_get_full_*), the module state, the counters, the
-  learning rates and the loss scale.
+  optimizer's hyperparameters and the loss scale.
 - "resumeW" / "resumeWds": a fresh engine (other initial weights) loads
   BASE.ss of W with shardsafe.integrations.deepspeed.load and trains steps
   SAVE_AT..STEPS-1; rank 0 writes BASE.toWORLD.pt with the same records
@@ -21,8 +21,8 @@ under deepspeed.initialize. BASE is OUT/name.wW, W the saving run's WORLD.
   the records and losses of a fresh engine that DeepSpeed itself resumed
   from BASE.uni (load_universal).
 - "error": for the variants with "expect_error", builds the engine and
-  writes the error of shardsafe.integrations.deepspeed.save to
-  OUT/name.error.txt.
+  writes the error of shardsafe.integrations.deepspeed.save (or of load of
+  OUT/LOAD, where the variant has "load") to OUT/name.error.txt.
 
 Each step's batch depends only on the step and the rank, so a resumed run
 sees the batches the uninterrupted one saw.
@@ -91,15 +91,26 @@ def _record(engine, variant: dict) -> dict:
     """The engine's full state as DeepSpeed's own accessors see it."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    rec = {"module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
+    import deepspeed
+
+    if variant["stage"] == 3:
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            module = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    else:
+        module = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    rec = {"module": module,
            "counters": [engine.global_steps, engine.global_samples, engine.skipped_steps],
            "loss_scale": float(engine.optimizer.loss_scaler.cur_scale),
-           "lr": [g["lr"] for g in engine.optimizer.param_groups]}
+           "hyper": [{k: v for k, v in g.items() if k != "params"}
+                     for g in engine.optimizer.param_groups],
+           "steps": sorted(float(st["step"]) for st in engine.optimizer.optimizer.state.values()
+                           if "step" in st)}
     if variant.get("zero", {}).get("round_robin_gradients"):
         return rec  # the accessors map round-robin buffers wrongly (deepspeed_train.py)
-    # deepspeed 0.19.8 links the accessors after the first group's step only
-    engine.optimizer._hp_optimizer_states_linked = False
-    engine.optimizer._lazy_init_hp_params_optimizer_state()
+    if variant["stage"] < 3:
+        # deepspeed 0.19.8 links the accessors after the first group's step only
+        engine.optimizer._hp_optimizer_states_linked = False
+        engine.optimizer._lazy_init_hp_params_optimizer_state()
     for key in ("fp32", "exp_avg", "exp_avg_sq"):
         rec[key] = {}
     for n, p in engine.module.named_parameters():
@@ -152,11 +163,21 @@ def _resume(rank: int, world: int, out: str, variant: dict, saved: int, referenc
               "client_state": client_state}
     del engine
     gc.collect()
-    if reference:
+    if reference and not variant.get("zero", {}).get("round_robin_gradients"):
         # seed 0, the saving run's: deepspeed 0.19.8's universal load leaves
         # frozen parameters as initialised
         engine = _engine(variant, seed=0, universal=True)
         engine.load_checkpoint(base + ".uni")
+        if variant["stage"] == 3:
+            # deepspeed 0.19.8's ZeRO-3 universal load gives every parameter
+            # group the first group's hyperparameters (the saved ones back)
+            # and all groups one shared Adam `step` tensor, which each
+            # group's step then increments (one each again)
+            saved = torch.load(base + ".train.pt", weights_only=False)["at_save"]["hyper"]
+            for group, hyper in zip(engine.optimizer.param_groups, saved):
+                group.update(hyper)
+            for st in engine.optimizer.optimizer.state.values():
+                st["step"] = st["step"].clone()
         result["ds_after_load"] = _record(engine, variant)
         result["ds_losses"] = _losses(engine, range(SAVE_AT, STEPS), rank)
     if rank == 0:
@@ -168,7 +189,10 @@ def _expect_error(rank: int, out: str, variant: dict) -> None:
 
     engine = _engine(variant, seed=0)
     try:
-        ss_deepspeed.save(engine, os.path.join(out, variant["name"] + ".ss"))
+        if "load" in variant:
+            ss_deepspeed.load(engine, os.path.join(out, variant["load"]))
+        else:
+            ss_deepspeed.save(engine, os.path.join(out, variant["name"] + ".ss"))
         message = "no error"
     except Exception as e:  # noqa: BLE001 - the test checks the class and message
         message = f"{type(e).__name__}: {e}"
@@ -203,7 +227,8 @@ def _worker(rank: int, world: int, port: int, out: str, phases: str,
 
 
 def main() -> None:
-    out, world, phases, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+    out, world, phases = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    variants = json.loads(sys.argv[4])
     os.environ["DS_ACCELERATOR"] = "cpu"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,19 +10,24 @@ state sees the same losses to the last bit.
 
 - same DP size: the loss curve after the resume is the uninterrupted run's;
 - DP 2 -> 3 (the small parameter group's third partition is all padding):
-  the fp32 masters, Adam moments, module, counters, learning rates and loss
-  scale after the load are the saved run's, as DeepSpeed's own accessors
-  (safe_get_full_fp32_param / safe_get_full_optimizer_state) see them;
+  the fp32 masters, Adam moments and steps, module, counters,
+  hyperparameters and loss scale after the load are the saved run's, as
+  DeepSpeed's own accessors (safe_get_full_fp32_param /
+  safe_get_full_optimizer_state) see them;
 - DP 3 -> 2: the same, and the loss curve equals that of DeepSpeed's own
   resharded resume (its checkpoint converted by ds_to_universal, loaded
-  with load_universal). DeepSpeed's universal load cannot load 2 -> 3 here:
-  it fails on a rank whose partition of a group is all padding.
+  with load_universal; under ZeRO-3 with two of its slips undone, see
+  deepspeed_resume.py). DeepSpeed's universal load cannot load 2 -> 3 here:
+  under ZeRO-1/2 it fails on a rank whose partition of a group is all
+  padding.
 
-Variants: ZeRO-1 fp32, ZeRO-2 bf16, ZeRO-2 fp16 (its dynamic loss scaler
-skipping two steps before the save; DeepSpeed's CPU accelerator is told
-fp16 is supported, as torch's CPU kernels run it), and ZeRO-3, which must
-fail with a one-line error. A missing deepspeed fails the tests; nothing
-is skipped.
+Variants: ZeRO-1 fp32; ZeRO-2 bf16, also with round-robin gradients; ZeRO-2
+fp16 (its dynamic loss scaler skipping two steps before the save;
+DeepSpeed's CPU accelerator is told fp16 is supported, as torch's CPU
+kernels run it); ZeRO-3 fp32 (every parameter below the persistence
+threshold: gathered again after the load); ZeRO-3 bf16 with sub-groups of
+50 elements and no persistent parameters; ZeRO-0, which must fail with a
+one-line error, and so must a load under another ZeRO stage. A missing deepspeed fails the tests; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -44,11 +49,23 @@ SAVE_AT = 3
 VARIANTS = [
     {"name": "z1_fp32", "stage": 1, "dtype": "fp32"},
     {"name": "z2_bf16", "stage": 2, "dtype": "bf16"},
+    {"name": "z2_bf16_round_robin", "stage": 2, "dtype": "bf16",
+     "zero": {"round_robin_gradients": True}},
     # a loss scale of 2^16 overflows at first: skipped steps, a halved scale
     {"name": "z2_fp16", "stage": 2, "dtype": "fp16"},
-    {"name": "z3_bf16", "stage": 3, "dtype": "bf16", "expect_error": True},
+    {"name": "z3_fp32", "stage": 3, "dtype": "fp32"},
+    {"name": "z3_bf16_sub_groups", "stage": 3, "dtype": "bf16",
+     "zero": {"sub_group_size": 50, "stage3_param_persistence_threshold": 0}},
+    {"name": "z0_fp32", "stage": 0, "dtype": "fp32", "expect_error": True},
+    {"name": "z3_from_z1", "stage": 3, "dtype": "fp32", "expect_error": True,
+     "load": "z1_fp32.w2.ss"},
 ]
 NAMES = [v["name"] for v in VARIANTS if not v.get("expect_error")]
+# deepspeed 0.19.8 maps round-robin buffers wrongly in safe_get_full_* and
+# in ds_to_universal: those runs record no fp32 / moments and have no
+# reference resume; their module weights after the load (re-synced from the
+# loaded fp32 masters) and the same-size loss curve check the mapping
+ROUND_ROBIN = {"z2_bf16_round_robin"}
 LAUNCHES = [(2, "train"), (3, "resume2,train"), (2, "resume2,resume3ds,error")]
 
 
@@ -76,10 +93,13 @@ def _load(root: Path, name: str) -> dict:
 
 def assert_same_state(saved: dict, loaded: dict) -> None:
     for key in ("fp32", "exp_avg", "exp_avg_sq", "module"):
+        assert (key in saved) == (key in loaded) and (key in saved or key != "module"), key
+        if key not in saved:
+            continue
         assert saved[key].keys() == loaded[key].keys(), key
         for n, t in saved[key].items():
             assert torch.equal(t, loaded[key][n]), f"{key} {n}"
-    for key in ("counters", "lr", "loss_scale"):
+    for key in ("counters", "hyper", "steps", "loss_scale"):
         assert saved[key] == loaded[key], key
 
 
@@ -107,8 +127,9 @@ def test_resume_at_2_of_a_dp_3_checkpoint_follows_deepspeeds_own_resharded_resum
     train = _load(runs, f"{name}.w3.train.pt")
     resumed = _load(runs, f"{name}.w3.to2.pt")
     assert_same_state(train["at_save"], resumed["after_load"])
-    assert_same_state(train["at_save"], resumed["ds_after_load"])
-    assert resumed["losses"] == resumed["ds_losses"]
+    if name not in ROUND_ROBIN:
+        assert_same_state(train["at_save"], resumed["ds_after_load"])
+        assert resumed["losses"] == resumed["ds_losses"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -121,7 +142,14 @@ def test_client_state_comes_back(runs, name):
 
 
 def test_an_unsupported_engine_is_a_one_line_error(runs):
-    message = (runs / "z3_bf16.error.txt").read_text()
-    assert message.startswith("InvalidStateError: shardsafe.integrations.deepspeed: ZeRO stage 3 "
-                              "(DeepSpeedZeroOptimizer_Stage3) is not supported"), message
+    message = (runs / "z0_fp32.error.txt").read_text()
+    assert message.startswith("InvalidStateError: shardsafe.integrations.deepspeed: ZeRO stage 0 "
+                              "(AdamW) is not supported, only ZeRO stages 1-3"), message
     assert "engine.save_checkpoint" in message and "\n" not in message
+
+
+def test_a_load_under_another_zero_stage_is_a_one_line_error(runs):
+    message = (runs / "z3_from_z1.error.txt").read_text()
+    assert message.startswith("InvalidStateError: "), message
+    assert "saved under ZeRO stage 1 with 3 flat parameter groups, the engine runs stage 3" \
+        in message and "\n" not in message

@@ -7,33 +7,41 @@
     client_state = ss_deepspeed.load(engine, "/ckpt/run1/step-100")   # any DP size
 
 Both are collective over the world group (every rank calls them), which
-must be the engine's data-parallel group. What a checkpoint holds:
+must be the engine's data-parallel group. What a checkpoint holds, every
+parameter under its name in the module (a tied one under its first):
 
-- ``module.*``: the module's state dict (weights as the engine holds them,
-  bf16 / fp16 or fp32, buffers, frozen parameters);
+- ``module.*``: the module's weights as the engine holds them (bf16 / fp16
+  or fp32) and its buffers: under ZeRO-1/2 its state dict, whole on every
+  rank; under ZeRO-3 each parameter's partition (``ds_tensor``) as a
+  ``shardsafe.Sharded`` flat range of the parameter, frozen ones included;
 - ``optim.fp32.NAME``: each trained parameter's fp32 master weights, in its
   own shape, every rank saving the flat range of it that its ZeRO
-  partition holds (``shardsafe.Sharded``; the padding DeepSpeed adds is not
-  saved), so a load at any DP size gives each rank its new ranges;
+  partition holds (``Sharded``; the padding DeepSpeed adds is not saved),
+  so a load at any DP size gives each rank its new ranges;
 - ``optim.STATE.NAME``: the optimizer's per-element state (Adam's
   ``exp_avg`` / ``exp_avg_sq``) alike; ``optim.group.I.STATE`` its other
-  tensors (Adam's ``step``), ``optim.param_groups`` the hyperparameters;
+  tensors (Adam's ``step``) per flat group (ZeRO-1/2's parameter groups,
+  ZeRO-3's sub-groups), ``optim.param_groups`` the hyperparameters;
 - ``lr_scheduler``, ``engine`` (``global_steps``, ``global_samples``,
   ``skipped_steps``), ``loss_scaler`` (the scaler's numbers: ``cur_scale``,
   ``cur_iter``, ``last_overflow_iter``, hysteresis ...), and ``client_state``
   (JSON values; its tensors under ``client_tensors.I``).
 
 ``load`` fills the engine in place, then re-syncs the bf16 / fp16 weights
-from the fp32 masters with the optimizer's own ``update_lp_params`` (as
-DeepSpeed does after a load), so the engine is ready to step. It returns
-``client_state`` as JSON keeps it (tuples come back as lists, dict keys as
-strings), its tensors in place.
+from the fp32 masters as DeepSpeed does after a load (ZeRO-1/2: the
+optimizer's ``update_lp_params``; ZeRO-3: the partitions, then persistent
+parameters gathered by ``checkpoint_event_epilogue``), so the engine is
+ready to step. It returns ``client_state`` as JSON keeps it (tuples come
+back as lists, dict keys as strings), its tensors in place. The load must
+use the ZeRO stage, dtype and (ZeRO-3) sub-group size of the save; the
+DP size may differ.
 
-Supported: ZeRO stages 1 and 2 (``DeepSpeedZeroOptimizer``; round-robin
-gradients too) with fp32, bf16 or fp16 and its loss scaler, data
-parallelism only. Anything else (ZeRO-0, ZeRO-3, the BF16 / FP16 optimizer
-wrappers, MoE, model or pipeline parallelism, NVMe offload) is an
-``InvalidStateError`` naming it; use ``engine.save_checkpoint`` there.
+Supported: ZeRO stages 1-3 (``DeepSpeedZeroOptimizer``, round-robin
+gradients too; ``DeepSpeedZeroOptimizer_Stage3``, sub-groups) with fp32,
+bf16 or fp16 and its loss scaler, data parallelism only. Anything else
+(ZeRO-0 and its BF16 / FP16 optimizer wrappers, MoE, model or pipeline
+parallelism, NVMe offload, ZeRO-3 offload) is an ``InvalidStateError``
+naming it; use ``engine.save_checkpoint`` there.
 """
 
 from __future__ import annotations
@@ -69,7 +77,7 @@ def save(engine: Any, path: str | os.PathLike, client_state: dict | None = None,
     opt = _zero_optimizer(engine)
     skeleton, tensors = _strip(client_state or {})
     state: dict[str, Any] = {
-        "module": engine.module,
+        "module": _module_state(engine, opt),
         "optim": _optimizer_state(engine, opt, for_load=False),
         "engine": {k: int(getattr(engine, k)) for k in _COUNTERS},
         "loss_scaler": _scaler_values(opt.loss_scaler),
@@ -92,11 +100,14 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
         raise InvalidStateError(f"{os.fspath(path)}: not a checkpoint of "
                                 f"shardsafe.integrations.deepspeed.save (no \"deepspeed\" value "
                                 f"of format {FORMAT}); load it with shardsafe.load")
+    _check_layout(path, engine, opt, meta)
     optim = _optimizer_state(engine, opt, for_load=True, meta=meta)
     tensors = [torch.empty(described["tensors"][f"client_tensors.{i}"][1],
                            dtype=_dtype(meta["client_tensor_dtypes"][i]))
                for i in range(meta["client_tensors"])]
-    state: dict[str, Any] = {"module": engine.module, "optim": optim,
+    if _stage3(opt):
+        opt.checkpoint_event_prologue()  # every parameter partitioned
+    state: dict[str, Any] = {"module": _module_state(engine, opt), "optim": optim,
                              "engine": {k: 0 for k in _COUNTERS}, "loss_scaler": {},
                              "client_state": {}, "client_tensors": tensors, "deepspeed": {}}
     if engine.lr_scheduler is not None and meta["lr_scheduler"]:
@@ -106,7 +117,7 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
     for k in _COUNTERS:
         setattr(engine, k, int(state["engine"][k]))
     _set_scaler_values(opt.loss_scaler, state["loss_scaler"])
-    opt.update_lp_params()  # bf16 / fp16 weights from the fp32 masters, all-gathered
+    _update_lp_params(opt)
     return _dress(state["client_state"], tensors)
 
 
@@ -115,15 +126,20 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
 def _zero_optimizer(engine: Any) -> Any:
     """engine's DeepSpeedZeroOptimizer (ZeRO-1/2), or InvalidStateError
     naming what this integration does not support."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     what = "shardsafe.integrations.deepspeed"
     stage = engine.zero_optimization_stage()
     opt = engine.optimizer
-    if stage not in (1, 2) or not isinstance(opt, DeepSpeedZeroOptimizer):
+    if not ((stage in (1, 2) and isinstance(opt, DeepSpeedZeroOptimizer)) or
+            (stage == 3 and isinstance(opt, DeepSpeedZeroOptimizer_Stage3))):
         name = type(opt).__name__ if opt is not None else "no optimizer"
         raise InvalidStateError(f"{what}: ZeRO stage {stage} ({name}) is not supported, only ZeRO "
-                                f"stages 1 and 2; use engine.save_checkpoint / load_checkpoint")
+                                f"stages 1-3; use engine.save_checkpoint / load_checkpoint")
+    if stage == 3 and (opt.offload_optimizer or opt.offload_param):
+        raise InvalidStateError(f"{what}: ZeRO-3 offload is not supported; use "
+                                f"engine.save_checkpoint / load_checkpoint")
     if getattr(opt, "has_moe_layers", False):
         raise InvalidStateError(f"{what}: MoE layers are not supported; use "
                                 f"engine.save_checkpoint / load_checkpoint")
@@ -131,18 +147,88 @@ def _zero_optimizer(engine: Any) -> Any:
         raise InvalidStateError(f"{what}: NVMe offload is not supported; use "
                                 f"engine.save_checkpoint / load_checkpoint")
     world = dist.get_world_size() if dist.is_initialized() else 1
-    for i, group in enumerate(opt.real_dp_process_group):
+    groups = ([p.ds_process_group for g in opt.fp16_groups for p in g] if _stage3(opt)
+              else opt.real_dp_process_group)
+    for i, group in enumerate(groups):
         if dist.get_world_size(group=group) != world:
             raise InvalidStateError(
-                f"{what}: parameter group {i}'s data-parallel group has "
+                f"{what}: parameter partition group {i} has "
                 f"{dist.get_world_size(group=group)} ranks, the world {world}: only pure data "
                 f"parallelism is supported (no model, pipeline or sequence parallelism)")
     return opt
 
 
+def _check_layout(path: Any, engine: Any, opt: Any, meta: dict) -> None:
+    """The checkpoint's ZeRO stage and flat groups are the engine's."""
+    stage, groups = int(engine.zero_optimization_stage()), len(_flat_groups(opt))
+    if meta.get("zero_stage") != stage or len(meta.get("state", [])) != groups:
+        raise InvalidStateError(
+            f"{os.fspath(path)}: saved under ZeRO stage {meta.get('zero_stage')} with "
+            f"{len(meta.get('state', []))} flat parameter groups, the engine runs stage {stage} "
+            f"with {groups}: load with the save's ZeRO stage, parameter groups and (ZeRO-3) "
+            f"sub_group_size (the DP size may differ)")
+
+
 def _names(engine: Any) -> dict[int, str]:
     """id(parameter) -> its name in the module (a tied one: its first)."""
     return {id(p): n for n, p in engine.module.named_parameters()}
+
+
+def _stage3(opt: Any) -> bool:
+    return hasattr(opt, "fp32_partitioned_groups_flat")
+
+
+def _flat_groups(opt: Any) -> list[tuple[torch.Tensor, list]]:
+    """(fp32 partition, _ranges) of each flat group the base optimizer steps:
+    ZeRO-1/2's parameter groups, ZeRO-3's sub-groups."""
+    if _stage3(opt):
+        return [(flat, _ranges3(group)) for flat, group in
+                zip(opt.fp32_partitioned_groups_flat, opt.fp16_groups)]
+    return [(flat, _ranges(opt, i)) for i, flat in enumerate(opt.single_partition_of_fp32_groups)]
+
+
+def _ranges3(params: list) -> list[tuple[Any, torch.Size, int, int, int]]:
+    """_ranges of a ZeRO-3 sub-group: each parameter's partition of
+    partition_numel() elements lies in the flat group in turn; this rank's
+    holds elements [rank * n, rank * n + real) of the parameter."""
+    out, at = [], 0
+    for p in params:
+        n = p.partition_numel()
+        begin = dist.get_rank(group=p.ds_process_group) * n
+        real = max(0, min(n, p.ds_numel - begin))
+        out.append((p, p.ds_shape, begin, begin + real, at) if real else (p, p.ds_shape, 0, 0, 0))
+        at += n
+    return out
+
+
+def _module_state(engine: Any, opt: Any) -> Any:
+    """The module as saved: ZeRO-1/2 its state dict (weights whole on every
+    rank); ZeRO-3 each parameter's partition (ds_tensor) as a Sharded flat
+    range, and the buffers."""
+    if not _stage3(opt):
+        return engine.module
+    out: dict[str, Any] = {}
+    for name, p in engine.module.named_parameters():
+        (_, shape, begin, end, _), = _ranges3([p])
+        out[name] = _sharded(p.ds_tensor, shape, begin, end, 0)
+    buffers = dict(engine.module.named_buffers())
+    for name in engine.module.state_dict():
+        if name in buffers:
+            out[name] = buffers[name]
+    return out
+
+
+def _update_lp_params(opt: Any) -> None:
+    """bf16 / fp16 weights from the fp32 masters, as DeepSpeed's own load
+    does: ZeRO-1/2 update_lp_params (all-gathered); ZeRO-3 the partitions,
+    then persistent parameters gathered (checkpoint_event_epilogue)."""
+    if not _stage3(opt):
+        opt.update_lp_params()
+        return
+    for lp, fp32 in zip(opt.fp16_partitioned_groups_flat, opt.fp32_partitioned_groups_flat):
+        if fp32.numel() > 0:
+            lp.data.copy_(fp32.data)
+    opt.checkpoint_event_epilogue()
 
 
 def _ranges(opt: Any, i: int) -> list[tuple[Any, torch.Size, int, int, int]]:
@@ -178,8 +264,7 @@ def _optimizer_state(engine: Any, opt: Any, for_load: bool, meta: dict | None = 
     fp32: dict[str, Any] = {}
     per_element: dict[str, dict[str, Any]] = {}
     groups: dict[str, dict[str, torch.Tensor]] = {}
-    for i, group in enumerate(base.param_groups):
-        flat = opt.single_partition_of_fp32_groups[i]
+    for i, (flat, ranges) in enumerate(_flat_groups(opt)):
         state = base.state[flat]
         if for_load:
             for key, dtype in meta["state"][i]["per_element"].items():
@@ -191,7 +276,7 @@ def _optimizer_state(engine: Any, opt: Any, for_load: bool, meta: dict | None = 
             groups[str(i)] = {k: v for k, v in state.items()
                               if torch.is_tensor(v) and v.shape != flat.shape}
         keys = [k for k, v in state.items() if torch.is_tensor(v) and v.shape == flat.shape]
-        for p, shape, begin, end, local in _ranges(opt, i):
+        for p, shape, begin, end, local in ranges:
             name = names[id(p)]
             fp32[name] = _sharded(flat, shape, begin, end, local)
             for k in keys:
@@ -206,24 +291,23 @@ def _apply_optimizer_values(opt: Any, optim: dict) -> None:
     if len(optim["param_groups"]) != len(base.param_groups):
         raise InvalidStateError(f"the checkpoint has {len(optim['param_groups'])} parameter "
                                 f"groups, the optimizer {len(base.param_groups)}")
-    for i, (group, saved) in enumerate(zip(base.param_groups, optim["param_groups"])):
+    for group, saved in zip(base.param_groups, optim["param_groups"]):
         for k, v in saved.items():
             group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
-        base.state[group["params"][0]].update(optim["group"][str(i)])
+    for i, (flat, _) in enumerate(_flat_groups(opt)):
+        base.state[flat].update(optim["group"][str(i)])
 
 
 def _meta(engine: Any, opt: Any, tensors: list[torch.Tensor]) -> dict:
     """What a load needs before it can build its template."""
     base, state = opt.optimizer, []
-    for i in range(len(base.param_groups)):
-        flat = opt.single_partition_of_fp32_groups[i]
+    for flat, _ in _flat_groups(opt):
         items = [(k, v) for k, v in base.state[flat].items() if torch.is_tensor(v)]
         state.append({
             "per_element": {k: str(v.dtype) for k, v in items if v.shape == flat.shape},
             "other": {k: [str(v.dtype), list(v.shape)] for k, v in items if v.shape != flat.shape}})
     return {"format": FORMAT, "zero_stage": int(engine.zero_optimization_stage()),
             "dp_world_size": dist.get_world_size() if dist.is_initialized() else 1,
-            "lp_dtype": str(opt.round_robin_bit16_groups[0][0].dtype) if opt.bit16_groups else "",
             "state": state, "lr_scheduler": engine.lr_scheduler is not None,
             "client_tensors": len(tensors), "client_tensor_dtypes": [str(t.dtype) for t in tensors]}
 
