@@ -19,7 +19,7 @@ under deepspeed.initialize. BASE is OUT/name.wW, W the saving run's WORLD.
   SAVE_AT..STEPS-1; rank 0 writes BASE.toWORLD.pt with the same records
   after the load, the losses and the returned client_state; with "ds" also
   the records and losses of a fresh engine that DeepSpeed itself resumed
-  from BASE.uni (load_universal).
+  from BASE.uni (load_universal; ZeRO-0: BASE.ds, which needs no conversion).
 - "error": for the variants with "expect_error", builds the engine and
   writes the error of shardsafe.integrations.deepspeed.save (or of load of
   OUT/LOAD, where the variant has "load") to OUT/name.error.txt.
@@ -93,6 +93,7 @@ def _record(engine, variant: dict) -> dict:
 
     import deepspeed
 
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)  # ZeRO-0: torch's
     if variant["stage"] == 3:
         with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
             module = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
@@ -100,12 +101,17 @@ def _record(engine, variant: dict) -> dict:
         module = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
     rec = {"module": module,
            "counters": [engine.global_steps, engine.global_samples, engine.skipped_steps],
-           "loss_scale": float(engine.optimizer.loss_scaler.cur_scale),
+           "loss_scale": float(engine.optimizer.loss_scaler.cur_scale) if variant["stage"] else 1.0,
            "hyper": [{k: v for k, v in g.items() if k != "params"}
                      for g in engine.optimizer.param_groups],
-           "steps": sorted(float(st["step"]) for st in engine.optimizer.optimizer.state.values()
-                           if "step" in st)}
+           "steps": sorted(float(st["step"]) for st in base.state.values() if "step" in st)}
     if variant.get("zero", {}).get("round_robin_gradients"):
+        return rec
+    if variant["stage"] == 0:  # the torch optimizer steps the module's own parameters
+        params = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+        rec["fp32"] = {n: p.detach().clone() for n, p in params}
+        for key in ("exp_avg", "exp_avg_sq"):
+            rec[key] = {n: base.state[p][key].clone() for n, p in params}
         return rec  # the accessors map round-robin buffers wrongly (deepspeed_train.py)
     if variant["stage"] < 3:
         # deepspeed 0.19.8 links the accessors after the first group's step only
@@ -130,7 +136,7 @@ def _train(rank: int, world: int, out: str, variant: dict) -> None:
     ss_deepspeed.save(engine, base + ".ss", client_state=CLIENT_STATE)
     engine.save_checkpoint(base + ".ds", client_state=CLIENT_STATE)
     torch.distributed.barrier()
-    if rank == 0:
+    if rank == 0 and variant["stage"] > 0:
         _to_universal(base)
     torch.distributed.barrier()
     rec = _record(engine, variant)
@@ -166,8 +172,8 @@ def _resume(rank: int, world: int, out: str, variant: dict, saved: int, referenc
     if reference and not variant.get("zero", {}).get("round_robin_gradients"):
         # seed 0, the saving run's: deepspeed 0.19.8's universal load leaves
         # frozen parameters as initialised
-        engine = _engine(variant, seed=0, universal=True)
-        engine.load_checkpoint(base + ".uni")
+        engine = _engine(variant, seed=0, universal=variant["stage"] > 0)
+        engine.load_checkpoint(base + (".uni" if variant["stage"] > 0 else ".ds"))
         if variant["stage"] == 3:
             # deepspeed 0.19.8's ZeRO-3 universal load gives every parameter
             # group the first group's hyperparameters (the saved ones back)

@@ -13,7 +13,7 @@ installed (the optional extras); ``import shardsafe`` never needs them.
   torchtitan's checkpoint manager storing through ``shardsafe.dcp``
   (``pip install shardsafe[torchtitan]``).
 - ``shardsafe.integrations.deepspeed``: ``save(engine, path)`` /
-  ``load(engine, path)`` of a live DeepSpeed ZeRO-1/2/3 engine, resharding
+  ``load(engine, path)`` of a live DeepSpeed ZeRO-0/1/2/3 engine, resharding
   to another DP size (``pip install deepspeed``).
 """
 

@@ -11,7 +11,7 @@ must be the engine's data-parallel group. What a checkpoint holds, every
 parameter under its name in the module (a tied one under its first):
 
 - ``module.*``: the module's weights as the engine holds them (bf16 / fp16
-  or fp32) and its buffers: under ZeRO-1/2 its state dict, whole on every
+  or fp32) and its buffers: under ZeRO-0/1/2 its state dict, whole on every
   rank; under ZeRO-3 each parameter's partition (``ds_tensor``) as a
   ``shardsafe.Sharded`` flat range of the parameter, frozen ones included;
 - ``optim.fp32.NAME``: each trained parameter's fp32 master weights, in its
@@ -22,6 +22,8 @@ parameter under its name in the module (a tied one under its first):
   ``exp_avg`` / ``exp_avg_sq``) alike; ``optim.group.I.STATE`` its other
   tensors (Adam's ``step``) per flat group (ZeRO-1/2's parameter groups,
   ZeRO-3's sub-groups), ``optim.param_groups`` the hyperparameters;
+- under ZeRO-0 (fp32) instead ``optim.*`` is the torch optimizer's own
+  state dict, whole on every rank, as ``shardsafe.save`` stores an optimizer;
 - ``lr_scheduler``, ``engine`` (``global_steps``, ``global_samples``,
   ``skipped_steps``), ``loss_scaler`` (the scaler's numbers: ``cur_scale``,
   ``cur_iter``, ``last_overflow_iter``, hysteresis ...), and ``client_state``
@@ -38,10 +40,11 @@ DP size may differ.
 
 Supported: ZeRO stages 1-3 (``DeepSpeedZeroOptimizer``, round-robin
 gradients too; ``DeepSpeedZeroOptimizer_Stage3``, sub-groups) with fp32,
-bf16 or fp16 and its loss scaler, data parallelism only. Anything else
-(ZeRO-0 and its BF16 / FP16 optimizer wrappers, MoE, model or pipeline
-parallelism, NVMe offload, ZeRO-3 offload) is an ``InvalidStateError``
-naming it; use ``engine.save_checkpoint`` there.
+bf16 or fp16 and its loss scaler, and ZeRO-0 in fp32 (a torch optimizer);
+data parallelism only. Anything else (ZeRO-0 in bf16 / fp16, where
+DeepSpeed wraps the optimizer in its FP16 / BF16 optimizers; MoE, model or
+pipeline parallelism, NVMe offload, ZeRO-3 offload) is an
+``InvalidStateError`` naming it; use ``engine.save_checkpoint`` there.
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ def save(engine: Any, path: str | os.PathLike, client_state: dict | None = None,
     shardsafe.save's. client_state must be equal on every rank."""
     opt = _zero_optimizer(engine)
     skeleton, tensors = _strip(client_state or {})
+    plain = _plain(opt)
     state: dict[str, Any] = {
         "module": _module_state(engine, opt),
-        "optim": _optimizer_state(engine, opt, for_load=False),
+        "optim": opt if plain else _optimizer_state(engine, opt, for_load=False),
         "engine": {k: int(getattr(engine, k)) for k in _COUNTERS},
-        "loss_scaler": _scaler_values(opt.loss_scaler),
+        "loss_scaler": {} if plain else _scaler_values(opt.loss_scaler),
         "client_state": skeleton,
         "client_tensors": tensors,
         "deepspeed": _meta(engine, opt, tensors),
@@ -101,7 +105,8 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
                                 f"shardsafe.integrations.deepspeed.save (no \"deepspeed\" value "
                                 f"of format {FORMAT}); load it with shardsafe.load")
     _check_layout(path, engine, opt, meta)
-    optim = _optimizer_state(engine, opt, for_load=True, meta=meta)
+    plain = _plain(opt)
+    optim = opt if plain else _optimizer_state(engine, opt, for_load=True, meta=meta)
     tensors = [torch.empty(described["tensors"][f"client_tensors.{i}"][1],
                            dtype=_dtype(meta["client_tensor_dtypes"][i]))
                for i in range(meta["client_tensors"])]
@@ -113,40 +118,54 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
     if engine.lr_scheduler is not None and meta["lr_scheduler"]:
         state["lr_scheduler"] = engine.lr_scheduler
     shardsafe.load(state, path, **options)
-    _apply_optimizer_values(opt, optim)
     for k in _COUNTERS:
         setattr(engine, k, int(state["engine"][k]))
-    _set_scaler_values(opt.loss_scaler, state["loss_scaler"])
-    _update_lp_params(opt)
+    if not plain:
+        _apply_optimizer_values(opt, optim)
+        _set_scaler_values(opt.loss_scaler, state["loss_scaler"])
+        _update_lp_params(opt)
     return _dress(state["client_state"], tensors)
 
 
 # ------------------------------------------------------------- the engine --
 
 def _zero_optimizer(engine: Any) -> Any:
-    """engine's DeepSpeedZeroOptimizer (ZeRO-1/2), or InvalidStateError
-    naming what this integration does not support."""
+    """engine's optimizer: a DeepSpeedZeroOptimizer (ZeRO-1/2), a
+    DeepSpeedZeroOptimizer_Stage3, or under ZeRO-0 in fp32 the torch
+    optimizer itself; otherwise InvalidStateError naming what this
+    integration does not support."""
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     what = "shardsafe.integrations.deepspeed"
     stage = engine.zero_optimization_stage()
     opt = engine.optimizer
+    name = type(opt).__name__ if opt is not None else "no optimizer"
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if getattr(engine, "has_moe_layers", False):
+        raise InvalidStateError(f"{what}: MoE layers are not supported; use "
+                                f"engine.save_checkpoint / load_checkpoint")
+    if stage == 0 and isinstance(opt, torch.optim.Optimizer) and \
+            not (engine.fp16_enabled() or engine.bfloat16_enabled()):
+        if engine.dp_world_size != world:
+            raise InvalidStateError(f"{what}: the data-parallel group has {engine.dp_world_size} "
+                                    f"ranks, the world {world}: only pure data parallelism is "
+                                    f"supported (no model, pipeline or sequence parallelism)")
+        return opt
+    if stage == 0:
+        raise InvalidStateError(f"{what}: ZeRO stage 0 with {name} is not supported, only with an "
+                                f"fp32 torch optimizer (or ZeRO stages 1-3); use "
+                                f"engine.save_checkpoint / load_checkpoint")
     if not ((stage in (1, 2) and isinstance(opt, DeepSpeedZeroOptimizer)) or
             (stage == 3 and isinstance(opt, DeepSpeedZeroOptimizer_Stage3))):
-        name = type(opt).__name__ if opt is not None else "no optimizer"
-        raise InvalidStateError(f"{what}: ZeRO stage {stage} ({name}) is not supported, only ZeRO "
-                                f"stages 1-3; use engine.save_checkpoint / load_checkpoint")
+        raise InvalidStateError(f"{what}: ZeRO stage {stage} ({name}) is not supported; use "
+                                f"engine.save_checkpoint / load_checkpoint")
     if stage == 3 and (opt.offload_optimizer or opt.offload_param):
         raise InvalidStateError(f"{what}: ZeRO-3 offload is not supported; use "
-                                f"engine.save_checkpoint / load_checkpoint")
-    if getattr(opt, "has_moe_layers", False):
-        raise InvalidStateError(f"{what}: MoE layers are not supported; use "
                                 f"engine.save_checkpoint / load_checkpoint")
     if engine.zero_nvme_offload_optimizer():
         raise InvalidStateError(f"{what}: NVMe offload is not supported; use "
                                 f"engine.save_checkpoint / load_checkpoint")
-    world = dist.get_world_size() if dist.is_initialized() else 1
     groups = ([p.ds_process_group for g in opt.fp16_groups for p in g] if _stage3(opt)
               else opt.real_dp_process_group)
     for i, group in enumerate(groups):
@@ -174,13 +193,20 @@ def _names(engine: Any) -> dict[int, str]:
     return {id(p): n for n, p in engine.module.named_parameters()}
 
 
+def _plain(opt: Any) -> bool:
+    """ZeRO-0 in fp32: the torch optimizer steps the module's parameters."""
+    return isinstance(opt, torch.optim.Optimizer)
+
+
 def _stage3(opt: Any) -> bool:
     return hasattr(opt, "fp32_partitioned_groups_flat")
 
 
 def _flat_groups(opt: Any) -> list[tuple[torch.Tensor, list]]:
     """(fp32 partition, _ranges) of each flat group the base optimizer steps:
-    ZeRO-1/2's parameter groups, ZeRO-3's sub-groups."""
+    ZeRO-1/2's parameter groups, ZeRO-3's sub-groups; none under ZeRO-0."""
+    if _plain(opt):
+        return []
     if _stage3(opt):
         return [(flat, _ranges3(group)) for flat, group in
                 zip(opt.fp32_partitioned_groups_flat, opt.fp16_groups)]
@@ -202,7 +228,7 @@ def _ranges3(params: list) -> list[tuple[Any, torch.Size, int, int, int]]:
 
 
 def _module_state(engine: Any, opt: Any) -> Any:
-    """The module as saved: ZeRO-1/2 its state dict (weights whole on every
+    """The module as saved: ZeRO-0/1/2 its state dict (weights whole on every
     rank); ZeRO-3 each parameter's partition (ds_tensor) as a Sharded flat
     range, and the buffers."""
     if not _stage3(opt):
@@ -300,9 +326,9 @@ def _apply_optimizer_values(opt: Any, optim: dict) -> None:
 
 def _meta(engine: Any, opt: Any, tensors: list[torch.Tensor]) -> dict:
     """What a load needs before it can build its template."""
-    base, state = opt.optimizer, []
+    state = []
     for flat, _ in _flat_groups(opt):
-        items = [(k, v) for k, v in base.state[flat].items() if torch.is_tensor(v)]
+        items = [(k, v) for k, v in opt.optimizer.state[flat].items() if torch.is_tensor(v)]
         state.append({
             "per_element": {k: str(v.dtype) for k, v in items if v.shape == flat.shape},
             "other": {k: [str(v.dtype), list(v.shape)] for k, v in items if v.shape != flat.shape}})
