@@ -129,6 +129,10 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
 
 # ------------------------------------------------------------- the engine --
 
+_WHAT = "shardsafe.integrations.deepspeed"
+_INSTEAD = "use engine.save_checkpoint / load_checkpoint"
+
+
 def _zero_optimizer(engine: Any) -> Any:
     """engine's optimizer: a DeepSpeedZeroOptimizer (ZeRO-1/2), a
     DeepSpeedZeroOptimizer_Stage3, or under ZeRO-0 in fp32 the torch
@@ -137,44 +141,40 @@ def _zero_optimizer(engine: Any) -> Any:
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-    what = "shardsafe.integrations.deepspeed"
-    stage = engine.zero_optimization_stage()
-    opt = engine.optimizer
+    stage, opt = engine.zero_optimization_stage(), engine.optimizer
     name = type(opt).__name__ if opt is not None else "no optimizer"
-    world = dist.get_world_size() if dist.is_initialized() else 1
     if getattr(engine, "has_moe_layers", False):
-        raise InvalidStateError(f"{what}: MoE layers are not supported; use "
-                                f"engine.save_checkpoint / load_checkpoint")
-    if stage == 0 and isinstance(opt, torch.optim.Optimizer) and \
-            not (engine.fp16_enabled() or engine.bfloat16_enabled()):
-        if engine.dp_world_size != world:
-            raise InvalidStateError(f"{what}: the data-parallel group has {engine.dp_world_size} "
-                                    f"ranks, the world {world}: only pure data parallelism is "
-                                    f"supported (no model, pipeline or sequence parallelism)")
-        return opt
+        raise InvalidStateError(f"{_WHAT}: MoE layers are not supported; {_INSTEAD}")
     if stage == 0:
-        raise InvalidStateError(f"{what}: ZeRO stage 0 with {name} is not supported, only with an "
-                                f"fp32 torch optimizer (or ZeRO stages 1-3); use "
-                                f"engine.save_checkpoint / load_checkpoint")
+        if not isinstance(opt, torch.optim.Optimizer) or engine.fp16_enabled() or \
+                engine.bfloat16_enabled():
+            raise InvalidStateError(f"{_WHAT}: ZeRO stage 0 with {name} is not supported, only "
+                                    f"with an fp32 torch optimizer (or ZeRO stages 1-3); "
+                                    f"{_INSTEAD}")
+        _check_pure_dp([engine.dp_world_size])
+        return opt
     if not ((stage in (1, 2) and isinstance(opt, DeepSpeedZeroOptimizer)) or
             (stage == 3 and isinstance(opt, DeepSpeedZeroOptimizer_Stage3))):
-        raise InvalidStateError(f"{what}: ZeRO stage {stage} ({name}) is not supported; use "
-                                f"engine.save_checkpoint / load_checkpoint")
+        raise InvalidStateError(f"{_WHAT}: ZeRO stage {stage} ({name}) is not supported; "
+                                f"{_INSTEAD}")
     if stage == 3 and (opt.offload_optimizer or opt.offload_param):
-        raise InvalidStateError(f"{what}: ZeRO-3 offload is not supported; use "
-                                f"engine.save_checkpoint / load_checkpoint")
+        raise InvalidStateError(f"{_WHAT}: ZeRO-3 offload is not supported; {_INSTEAD}")
     if engine.zero_nvme_offload_optimizer():
-        raise InvalidStateError(f"{what}: NVMe offload is not supported; use "
-                                f"engine.save_checkpoint / load_checkpoint")
+        raise InvalidStateError(f"{_WHAT}: NVMe offload is not supported; {_INSTEAD}")
     groups = ([p.ds_process_group for g in opt.fp16_groups for p in g] if _stage3(opt)
               else opt.real_dp_process_group)
-    for i, group in enumerate(groups):
-        if dist.get_world_size(group=group) != world:
-            raise InvalidStateError(
-                f"{what}: parameter partition group {i} has "
-                f"{dist.get_world_size(group=group)} ranks, the world {world}: only pure data "
-                f"parallelism is supported (no model, pipeline or sequence parallelism)")
+    _check_pure_dp([dist.get_world_size(group=g) for g in groups])
     return opt
+
+
+def _check_pure_dp(sizes: list[int]) -> None:
+    """Each partition group (`sizes`: their sizes) is the world."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for i, size in enumerate(sizes):
+        if size != world:
+            raise InvalidStateError(
+                f"{_WHAT}: data-parallel group {i} has {size} ranks, the world {world}: only pure "
+                f"data parallelism is supported (no model, pipeline or sequence parallelism)")
 
 
 def _check_layout(path: Any, engine: Any, opt: Any, meta: dict) -> None:
