@@ -12,6 +12,9 @@ installed (the optional extras); ``import shardsafe`` never needs them.
 - ``shardsafe.integrations.torchtitan``: ``ShardsafeCheckpointManager``,
   torchtitan's checkpoint manager storing through ``shardsafe.dcp``
   (``pip install shardsafe[torchtitan]``).
+- ``shardsafe.integrations.deepspeed``: ``save(engine, path)`` /
+  ``load(engine, path)`` of a live DeepSpeed ZeRO-0/1/2/3 engine, resharding
+  to another DP size (``pip install deepspeed``).
 """
 
 from __future__ import annotations
