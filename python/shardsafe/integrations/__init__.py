@@ -14,7 +14,7 @@ installed (the optional extras); ``import shardsafe`` never needs them.
   (``pip install shardsafe[torchtitan]``).
 - ``shardsafe.integrations.deepspeed``: ``save(engine, path)`` /
   ``load(engine, path)`` of a live DeepSpeed ZeRO-0/1/2/3 engine, resharding
-  to another DP size (``pip install deepspeed``).
+  to another DP size (``pip install shardsafe[deepspeed]``).
 """
 
 from __future__ import annotations

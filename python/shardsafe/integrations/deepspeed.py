@@ -52,13 +52,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-try:
-    import deepspeed  # noqa: F401
-except ImportError as e:
-    raise ImportError(f"shardsafe.integrations.deepspeed needs the 'deepspeed' package: pip "
-                      f"install deepspeed ({e})") from e
+import torch
 
-import torch  # noqa: E402
+from . import require
+
+require("deepspeed", "deepspeed", "shardsafe.integrations.deepspeed")
+
 import torch.distributed as dist  # noqa: E402
 
 import shardsafe  # noqa: E402
