@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import errors
 from .errors import ShardsafeError, StorageError
 
 
@@ -180,11 +181,30 @@ def agree(comm: TorchComm | None, error: BaseException | None, extra: Any = None
         if error is not None:
             raise error
         return [extra]
-    mine = json.dumps({"error": None if error is None else str(error), "extra": extra})
+    mine = json.dumps({"error": None if error is None else _describe_error(error),
+                       "extra": extra})
     reports = [json.loads(r) for r in comm.all_gather(mine.encode())]
     if error is not None:
         raise error
     for rank, r in enumerate(reports):
         if r["error"] is not None:
-            raise ShardsafeError(f"rank {rank} failed: {r['error']}")
+            raise _rank_error(rank, r["error"])
     return [r["extra"] for r in reports]
+
+
+def _describe_error(error: BaseException) -> dict[str, str]:
+    """What the other ranks need to raise the same class as this rank."""
+    return {"message": str(error), "class": type(error).__name__,
+            "code": getattr(error, "code", ""), "detail": getattr(error, "detail", "")}
+
+
+def _rank_error(rank: int, e: dict[str, str]) -> ShardsafeError:
+    """Rank `rank`'s failure, raised on another rank: the same shardsafe
+    error class with its code and detail (a KeyMismatchError, whose
+    fields are not sent, and any other exception as a ShardsafeError)."""
+    message = f"rank {rank} failed: {e['message']}"
+    cls = getattr(errors, e["class"], None)
+    if (isinstance(cls, type) and issubclass(cls, ShardsafeError)
+            and not issubclass(cls, errors.KeyMismatchError)):
+        return cls(message, e["code"] or None, e["detail"])
+    return ShardsafeError(message)

@@ -43,7 +43,7 @@ gradients too; ``DeepSpeedZeroOptimizer_Stage3``, sub-groups) with fp32,
 bf16 or fp16 and its loss scaler, and ZeRO-0 in fp32 (a torch optimizer);
 data parallelism only. Anything else (ZeRO-0 in bf16 / fp16, where
 DeepSpeed wraps the optimizer in its FP16 / BF16 optimizers; MoE, model or
-pipeline parallelism, NVMe offload, ZeRO-3 offload) is an
+pipeline parallelism, CPU or NVMe offload) is an
 ``InvalidStateError`` naming it; use ``engine.save_checkpoint`` there.
 """
 
@@ -59,6 +59,8 @@ from . import require
 require("deepspeed", "deepspeed", "shardsafe.integrations.deepspeed")
 
 import torch.distributed as dist  # noqa: E402
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3  # noqa: E402
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer  # noqa: E402
 
 import shardsafe  # noqa: E402
 
@@ -111,18 +113,23 @@ def load(engine: Any, path: str | os.PathLike, **options: Any) -> dict:
                for i in range(meta["client_tensors"])]
     if _stage3(opt):
         opt.checkpoint_event_prologue()  # every parameter partitioned
-    state: dict[str, Any] = {"module": _module_state(engine, opt), "optim": optim,
-                             "engine": {k: 0 for k in _COUNTERS}, "loss_scaler": {},
-                             "client_state": {}, "client_tensors": tensors, "deepspeed": {}}
-    if engine.lr_scheduler is not None and meta["lr_scheduler"]:
-        state["lr_scheduler"] = engine.lr_scheduler
-    shardsafe.load(state, path, **options)
-    for k in _COUNTERS:
-        setattr(engine, k, int(state["engine"][k]))
-    if not plain:
-        _apply_optimizer_values(opt, optim)
-        _set_scaler_values(opt.loss_scaler, state["loss_scaler"])
-        _update_lp_params(opt)
+    try:
+        state: dict[str, Any] = {"module": _module_state(engine, opt), "optim": optim,
+                                 "engine": {k: 0 for k in _COUNTERS}, "loss_scaler": {},
+                                 "client_state": {}, "client_tensors": tensors,
+                                 "deepspeed": {}}
+        if engine.lr_scheduler is not None and meta["lr_scheduler"]:
+            state["lr_scheduler"] = engine.lr_scheduler
+        shardsafe.load(state, path, **options)
+        for k in _COUNTERS:
+            setattr(engine, k, int(state["engine"][k]))
+        if not plain:
+            _apply_optimizer_values(opt, optim)
+            _set_scaler_values(opt.loss_scaler, state["loss_scaler"])
+            _update_lp_params(opt)
+    finally:
+        if _stage3(opt):  # persistent parameters gathered again, also after a failure
+            opt.checkpoint_event_epilogue()
     return _dress(state["client_state"], tensors)
 
 
@@ -137,9 +144,6 @@ def _zero_optimizer(engine: Any) -> Any:
     DeepSpeedZeroOptimizer_Stage3, or under ZeRO-0 in fp32 the torch
     optimizer itself; otherwise InvalidStateError naming what this
     integration does not support."""
-    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
     stage, opt = engine.zero_optimization_stage(), engine.optimizer
     name = type(opt).__name__ if opt is not None else "no optimizer"
     if getattr(engine, "has_moe_layers", False):
@@ -158,6 +162,8 @@ def _zero_optimizer(engine: Any) -> Any:
                                 f"{_INSTEAD}")
     if stage == 3 and (opt.offload_optimizer or opt.offload_param):
         raise InvalidStateError(f"{_WHAT}: ZeRO-3 offload is not supported; {_INSTEAD}")
+    if stage in (1, 2) and opt.cpu_offload:
+        raise InvalidStateError(f"{_WHAT}: ZeRO-{stage} CPU offload is not supported; {_INSTEAD}")
     if engine.zero_nvme_offload_optimizer():
         raise InvalidStateError(f"{_WHAT}: NVMe offload is not supported; {_INSTEAD}")
     groups = ([p.ds_process_group for g in opt.fp16_groups for p in g] if _stage3(opt)
@@ -245,15 +251,14 @@ def _module_state(engine: Any, opt: Any) -> Any:
 
 def _update_lp_params(opt: Any) -> None:
     """bf16 / fp16 weights from the fp32 masters, as DeepSpeed's own load
-    does: ZeRO-1/2 update_lp_params (all-gathered); ZeRO-3 the partitions,
-    then persistent parameters gathered (checkpoint_event_epilogue)."""
+    does: ZeRO-1/2 update_lp_params (all-gathered); ZeRO-3 the partitions
+    (load gathers the persistent parameters afterwards)."""
     if not _stage3(opt):
         opt.update_lp_params()
         return
     for lp, fp32 in zip(opt.fp16_partitioned_groups_flat, opt.fp32_partitioned_groups_flat):
         if fp32.numel() > 0:
             lp.data.copy_(fp32.data)
-    opt.checkpoint_event_epilogue()
 
 
 def _ranges(opt: Any, i: int) -> list[tuple[Any, torch.Size, int, int, int]]:

@@ -74,7 +74,9 @@ class PlannedBy {
 std::unique_ptr<PlannedBy> PlannedOnRankZero(std::shared_ptr<FileLayouts> layouts);
 
 // Rank 0's side of a save it planned, which PlannedOnRankZero calls (and
-// the tests and benchmarks call one by one). Rank 0, step 3: every rank's encoded report (save_messages.h), decoded
+// the tests and benchmarks call one by one).
+
+// Rank 0, step 5 (save.cc): every rank's encoded report (save_messages.h), decoded
 // in whole-plan numbers; compact ones completed from `layouts`, which keeps
 // the layouts when all are full and forgets them when a compact one does
 // not match (so that the next save reports in full). `*layouts_match`
@@ -105,7 +107,7 @@ Result<LeaderCommit> MakeIndex(const SavePlan& plan,
                                const UserJson& json, const std::string& tag,
                                const SaveDirs& dirs, int world_size, const LeaderIndex& how);
 
-// Steps 4-6 on rank 0: checks the copies the reports carry (CheckReplicas),
+// Step 5 on rank 0 (commit.h steps 4-7): checks the copies the reports carry (CheckReplicas),
 // makes the index (MakeIndex) and commits. Returns the post-commit
 // warnings, one per line; on failure what the save wrote is left for the
 // caller to remove (AbandonSave).

@@ -268,7 +268,7 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   prepared.planned = agreed.together
                          ? PlannedTogether(std::move(agreed.skeleton), std::move(agreed.table_part))
                          : PlannedOnRankZero(std::move(agreed.layouts));
-  // Step 1, once every rank has agreed (nothing is created before): rank 0
+  // Step 2, once every rank has agreed (nothing is created before): rank 0
   // prepares the temporary directory; everyone learns where to write.
   Result<std::string> dirs = std::string();
   if (comm.rank() == 0) {
@@ -316,13 +316,13 @@ SaveStats StatsOf(const SavePlan& plan, int rank) {
 
 namespace {
 
-// Rank 0's answer to the step-3 reports, which it broadcasts: committed
+// Rank 0's answer to the step-4 reports, which it broadcasts: committed
 // (then the warnings), or "send the copies' checksums" when the replica
 // digests do not add up (replica_check.h).
 constexpr char kCommitted = 'C';
 constexpr char kSendCopies = 'R';
 
-// Rank 0's side of step 3 and steps 4-6 of a synchronous save: its answer
+// Rank 0's side of steps 4-6 of a synchronous save: its answer
 // to the reports, which it broadcasts. On failure what the save wrote is
 // removed.
 class LeaderAnswer {
@@ -334,7 +334,7 @@ class LeaderAnswer {
         commit_(commit) {}
 
   // To every rank's report (or a rank's failure): the copies' checksums
-  // asked for when the digests do not add up, else the outcome of steps 4-6.
+  // asked for when the digests do not add up, else the outcome of steps 5-6.
   Result<std::string> ToReports(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) {
       AbandonSave(fs_, prepared_.dirs);
@@ -348,7 +348,7 @@ class LeaderAnswer {
   }
 
   // To the second round: each rank's copies added to its report (and, in
-  // a version-3 save, its chunks' checksums), then steps 4-6.
+  // a version-3 save, its chunks' checksums), then steps 5-6.
   Result<std::string> ToCopies(const Result<std::vector<std::string>>& msgs) {
     if (!msgs.ok()) return Fail(msgs.status());
     Status s = prepared_.planned->AddCopies(*msgs, &reports_);
@@ -394,7 +394,7 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   FileSystem& fs = *prepared.fs;
   const SavePlan& plan = *prepared.plan;
 
-  // Step 2: every rank writes its files, and checksums the replicas it
+  // Step 3: every rank writes its files, and checksums the replicas it
   // holds but does not write meanwhile.
   std::atomic<uint64_t> progress{0};
   auto copies = std::async(std::launch::async, [&] {
@@ -414,10 +414,10 @@ Result<SaveStats> SaveToRoot(const SaveState& state, const std::string& root,
   auto checksums = copies.get();
   Status mine = written.ok() ? checksums.status() : written.status();
 
-  // Step 3: rank 0 learns what every rank wrote and its replica digest, or
+  // Step 4: rank 0 learns what every rank wrote and its replica digest, or
   // a failure; when the digests do not add up, a second round brings it
   // the copies' checksums (and in a version-3 save the chunks' checksums,
-  // which the first left out). Then steps 4-6 on rank 0, and everyone
+  // which the first left out). Then step 5 on rank 0, and everyone
   // learns the outcome and warnings. On failure nothing is committed.
   RankReport own, own_copies;
   if (mine.ok()) {

@@ -41,7 +41,7 @@ struct AgreedPlan {
   std::shared_ptr<const std::string> table_part;
 };
 
-// Protocol steps 0-2 (collective): agree that every rank's layout is
+// Step 1 (collective; save.cc numbers the steps): agree that every rank's layout is
 // unchanged and reuse the cached plan (plan_cache.h), or, with `together`,
 // plan together (distributed_save.h), else gather every rank's holdings on
 // rank 0, which plans and sends each rank its part (layout/plan_part.h;
@@ -53,7 +53,7 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
                                  Comm& comm, const SaveOptions& options, const Status& local,
                                  const UserJson& json, bool together = false);
 
-// Protocol steps 0-3, shared by Save and AsyncSave (collective):
+// Steps 1-2, shared by Save and AsyncSave (collective):
 // GatherAndPlan (together as PlansTogether says), then rank 0 creates the
 // temporary directory.
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
