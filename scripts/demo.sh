@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The main job from a fresh clone: install dependencies, build, and run
+# The main job from a fresh clone: install what the demo needs, build and
+# install the Python package (the engine is compiled once, in build-py/: the
+# package carries the extension and the `shardsafe` command-line tool), run
 # `shardsafe demo` (8 ranks save a 1.7 GB training state, reload it into
-# another layout, check every byte); then install the Python package and run
-# examples/train_resume.py three times: straight through, killed with SIGKILL
-# mid-run, and resumed, checking the resumed loss curve is bit-identical.
-# Extra arguments go to `shardsafe demo`.
+# another layout, check every byte); then run examples/train_resume.py three
+# times: straight through, killed with SIGKILL mid-run, and resumed, checking
+# the resumed loss curve is bit-identical. Extra arguments go to
+# `shardsafe demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh demo
-bash scripts/build.sh release
-build/shardsafe demo "$@"
-
-printf '\n=== Python: pip install . and a training run killed and resumed ===\n'
 bash scripts/install_python.sh
+"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/shardsafe" demo "$@"
+
+printf '\n=== Python: a training run killed and resumed ===\n'
 out=demo-out/python
 rm -rf "$out" && mkdir -p "$out"
 train() { python3 examples/train_resume.py --steps 40 --save-every 5 "$@"; }
