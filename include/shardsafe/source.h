@@ -50,6 +50,10 @@ struct CheckpointSource {
   // (where the file system has locks; on the rank that opened it): retention
   // and prune leave a checkpoint alone while a load holds it.
   std::shared_ptr<FileLock> pin = nullptr;
+  // Set by OpenSourceCollectivePacked when rank 0's caller found another
+  // tool's checkpoint at `path` (the name its reader goes by): nothing was
+  // opened, and only `path` is set besides.
+  std::string other_format;
 };
 
 // How every file of `src` is opened for reading: confined
@@ -81,7 +85,13 @@ Result<CheckpointSource> OpenSourceCollective(FileSystem& fs, const std::string&
 // OpenSourceCollective on the file system `path` lies on (FileSystemFor).
 Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& comm);
 // OpenSourceCollective with the tensors packed (OpenSourcePacked).
-Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm);
+// `other_format`, read on rank 0 only: the name of another tool's format
+// that its caller found at `path` (empty: none), sent to every rank in the
+// same broadcast instead of an index, so that every rank takes the same
+// reader's path without a collective of its own; rank 0 then opens nothing
+// and every rank returns a source with `path` and `other_format` only.
+Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm,
+                                                    std::string_view other_format = {});
 
 // Collective: Load (shardsafe/checkpoint.h) from a source every rank got
 // from OpenSourceCollective, so a caller that plans from the index does not

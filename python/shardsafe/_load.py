@@ -147,26 +147,46 @@ def _plan_whole(leaves: list[TensorLeaf], asked: _C.AskedTensors, source: _C.Ope
 
 def _open_and_flatten(path: str, comm: TorchComm | None, state: Any, ask: bool,
                       skip: Callable[[str], bool] | None = None
-                      ) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
+                      ) -> tuple[_C.OpenedSource | foreign.Format, Flat | None,
+                                 _C.AskedTensors | None]:
     """The checkpoint opened (collective), the state walked and, if `ask`,
-    its tensors asked what the fast path needs (ask). With one process the
-    index is read and checked on a thread of its own while this one walks
-    and asks (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it
-    before the walk changes anything (an optimizer's state created), so a
-    checkpoint that cannot be opened leaves the state as it was; with
-    several, every rank opens first, in step. Keys `skip` accepts are
-    left out of the walk's record (not loaded)."""
+    its tensors asked what the fast path needs (ask). A path another tool's
+    reader claims (foreign.detect, on rank 0 only: its finding travels in
+    the open's broadcast, so every rank takes the same path) returns that
+    Format alone, the state not walked. With one process the index is read
+    and checked on a thread of its own while this one walks and asks
+    (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it before the
+    walk changes anything (an optimizer's state created), so a checkpoint
+    that cannot be opened leaves the state as it was; with several, every
+    rank opens first, in step. Keys `skip` accepts are left out of the
+    walk's record (not loaded)."""
     if comm is not None:
-        source, flat = _C.open_source(path, comm), flatten(state, for_load=True)
+        claimed = _claimed(path) if comm.rank == 0 else None
+        source = _C.open_source(path, comm, claimed.name if claimed is not None else "")
+        if source.other_format:
+            return foreign.by_name(source.other_format), None, None
+        flat = flatten(state, for_load=True)
         if skip is not None:
             flat.drop(skip)
         return source, flat, _boxes.ask(flat.tensors) if ask else None
+    claimed = _claimed(path)
+    if claimed is not None:
+        return claimed, None, None
     pending = _C.PendingSource(path)
     flat = flatten(state, for_load=True, before_init=pending.wait)
     if skip is not None:
         flat.drop(skip)
     asked = _boxes.ask(flat.tensors) if ask else None
     return pending.result(), flat, asked
+
+
+def _claimed(path: str) -> foreign.Format | None:
+    """The other tool's format that claims `path` (foreign.detect); None
+    also where looking failed (the engine's open then names the problem)."""
+    try:
+        return foreign.detect(path)
+    except (ShardsafeError, OSError):
+        return None
 
 
 @dataclass
@@ -325,28 +345,28 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     options = LoadOptions.of(options, kwargs, load)
     skip = _skipper(skip_keys)
     comm = resolve(process_group)
-    fmt = _detect_on_every_rank(path, comm)
     foreign_args = dict(strict=strict, process_group=process_group, unsafe_pickle=unsafe_pickle,
                         convert_dtypes=bool(options.convert_dtypes), skip=skip,
                         mapped=rename is not None or bool(experts))
-    if fmt is not None:
-        return foreign.load(state_dict, path, fmt, **foreign_args)
-    flat = plan = desc = keys = source = values = saved_values = None
+    opened = flat = plan = desc = keys = source = values = saved_values = None
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
         # The fast path's questions are asked while the index is read (no use with a rename).
-        source, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
+        opened, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
                                                 ask=rename is None, skip=skip)
-        desc = _C.describe_source(source)
-        keys, plan, report, values, saved_values = _prepare_load(
-            flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
-            comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
+        if not isinstance(opened, foreign.Format):
+            source, desc = opened, _C.describe_source(opened)
+            keys, plan, report, values, saved_values = _prepare_load(
+                flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
+                comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
         error = _hub.explain_missing(asked_path, e)
-    if _paths.is_s3(path) and all(agree(comm, None, source is None and
-                                        isinstance(error, CheckpointNotFoundError) and
-                                        error.detail != "NO_SUCH_BUCKET")):
+    if error is None and isinstance(opened, foreign.Format):  # on every rank alike
+        return foreign.load(state_dict, path, opened, **foreign_args)
+    # The open's failure is rank 0's, the same on every rank: so is this test.
+    if (_paths.is_s3(path) and source is None and isinstance(error, CheckpointNotFoundError)
+            and error.detail != "NO_SUCH_BUCKET"):
         return _load_staged(state_dict, path, error, comm, foreign_args)
     reports = agree(comm, error, report)
     missing = sorted({k for r in reports for k in r["missing"]})
@@ -366,7 +386,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                          desc["path"], notes, keys, f"pass {' and '.join(remedies)} to load anyway")
 
     result = _read(plan, source, comm, options)
-    blobs = result["blobs"]
+    blobs = result.blobs
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
@@ -377,7 +397,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
             comm.rank if comm is not None else 0)
     return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
                       sorted(unexpected + pr_unused), json.loads(desc["metadata"]),
-                      result["bytes_read"], result["seconds"], result["bytes_shared"],
+                      result.bytes_read, result.seconds, result.bytes_shared,
                       saved_values)
 
 
@@ -435,7 +455,7 @@ def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | N
 
 
 def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
-          options: LoadOptions) -> dict:
+          options: LoadOptions) -> _C.LoadResult:
     """Runs the engine load into the plan's direct targets and each read's
     buffer: the target itself when it can take the data in place, else
     staging (then copied in), or FP8 temporaries (then dequantised in)."""
@@ -500,7 +520,7 @@ def _device_specs(reads: list[_Read], staging: tuple[int, int] | None
 
 def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[_Read],
                hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
-               options: LoadOptions) -> dict:
+               options: LoadOptions) -> _C.LoadResult:
     for r, h in zip(staged, hosts):
         r.buf = h
     # At least the engine's two buffers of at least 1 MiB each.

@@ -13,7 +13,7 @@ from . import _C, _paths, hf
 from ._comm import resolve
 from ._engine import PerProcess, future
 from ._load import load
-from ._result import LoadResult
+from ._result import LoadResult, as_dict
 from ._options import SaveOptions
 from ._save import prepared
 from .errors import CheckpointNotFoundError
@@ -66,7 +66,7 @@ class CheckpointManager:
         comm = resolve(self._group)
         options = SaveOptions.of(options, kwargs)
         args = prepared(state, comm, metadata, unsafe_pickle, files, options)
-        return args.run(lambda call: self._m.save(step, call))
+        return as_dict(args.run(lambda call: self._m.save(step, call)))
 
     def async_save(self, step: int, state: Any, *, metadata: Any = None,
                    unsafe_pickle: bool = False, files: Mapping[str, Any] | None = None,
@@ -145,7 +145,7 @@ class CheckpointManager:
     def list(self) -> list[dict]:
         """The root's committed checkpoints, oldest first in commit order
         (those whose order is unknown last: `order_fault` says why)."""
-        return self._m.list()
+        return [as_dict(c) for c in self._m.list()]
 
     def prune(self, keep: int) -> list[str]:
         """Removes all but the newest `keep` checkpoints (never the newest

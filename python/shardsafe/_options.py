@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import _C
 from .errors import InvalidStateError
 
 _T = TypeVar("_T", bound="_Options")
@@ -34,6 +35,7 @@ class _Options:
     and turned into the engine's options."""
 
     _PYTHON_ONLY: frozenset[str] = frozenset()  # handled in Python, not by the engine
+    _ENGINE: str  # the engine's class of these options (shardsafe._C, src/python/types.cc)
 
     @classmethod
     def of(cls: type[_T], options: _T | None, kwargs: dict[str, Any],
@@ -54,17 +56,34 @@ class _Options:
         base = options if options is not None else cls()
         return dataclasses.replace(base, **kwargs) if kwargs else base
 
-    def engine(self) -> dict[str, Any]:
-        """The options the engine takes: those set (not None), not Python's."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in self._PYTHON_ONLY and getattr(self, f.name) is not None}
-        if "peer_timeout" in out:  # seconds, as a float for the engine's duration
-            seconds = out["peer_timeout"]
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-                raise InvalidStateError(f"peer_timeout: a positive number of seconds, "
-                                        f"not {seconds!r}")
-            out["peer_timeout"] = float(seconds)
+    def engine(self) -> Any:
+        """The engine's options object: those set here (not None) and not
+        Python's, the rest at the engine's defaults. A value of the wrong
+        type is an InvalidStateError naming the option."""
+        out = getattr(_C, self._ENGINE)()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in self._PYTHON_ONLY or value is None:
+                continue
+            if f.name == "peer_timeout":  # seconds, as a float for the engine's duration
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise InvalidStateError(f"peer_timeout: a positive number of seconds, "
+                                            f"not {value!r}")
+                value = float(value)
+            try:
+                setattr(out, f.name, value)
+            except TypeError:
+                raise InvalidStateError(f"{type(self).__name__}.{f.name}: "
+                                        f"{type(value).__name__} {value!r} is not a valid "
+                                        f"value") from None
         return out
+
+    @classmethod
+    def engine_names(cls) -> set[str]:
+        """The fields the engine's class has (what engine() may set)."""
+        kind = getattr(_C, cls._ENGINE)
+        return {n for n in dir(kind) if not n.startswith("_")
+                and isinstance(getattr(kind, n), property)}
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ class SaveOptions(_Options):
     peer_timeout: float | None = None
 
     _PYTHON_ONLY = frozenset({"exclude_frozen_parameters"})
+    _ENGINE = "SaveOptions"
 
 
 @dataclass(frozen=True)
@@ -134,3 +154,5 @@ class LoadOptions(_Options):
     share_reads: bool | None = None
     shared_memory: bool | None = None
     device_staging_bytes: int | None = None
+
+    _ENGINE = "LoadOptions"

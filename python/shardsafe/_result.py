@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def as_dict(result: Any) -> dict[str, Any]:
+    """An engine result (a shardsafe._C class: SaveStats, CheckpointInfo,
+    ExportHfStats) as the dict the public functions return: its fields by
+    name, as the binding names them (src/python/types.cc)."""
+    kind = type(result)
+    return {name: getattr(result, name) for name in dir(kind)
+            if not name.startswith("_") and isinstance(getattr(kind, name), property)}
+
+
 @dataclass
 class LoadResult:
     """What load did: the checkpoint it read and the keys that did not match."""

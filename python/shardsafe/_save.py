@@ -21,6 +21,7 @@ from ._files import FileRefusedError, read_bytes
 from ._options import SaveOptions
 from ._json import to_json
 from ._parts import encode_per_rank
+from ._result import as_dict
 from ._state import FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten
 from .errors import InvalidStateError, ShardsafeError
 
@@ -178,7 +179,7 @@ def save(state_dict: Any, path: str | os.PathLike, *, process_group: dist.Proces
     comm = resolve(process_group)
     options = SaveOptions.of(options, kwargs, save)
     args = prepared(state_dict, comm, metadata, unsafe_pickle, files, options)
-    return args.run(lambda call: _C.save(call, os.fspath(path)))
+    return as_dict(args.run(lambda call: _C.save(call, os.fspath(path))))
 
 
 @without_gc

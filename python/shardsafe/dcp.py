@@ -411,7 +411,10 @@ class Reader(StorageReader):
     at the checkpoint_id given to dcp.load); getting a path checks that a
     checkpoint is there. Engine load options (verify_checksums, io_threads,
     scratch_bytes, direct_io) pass through; unsafe_pickle=True serves values
-    that shardsafe.save pickled."""
+    that shardsafe.save pickled. A load opens the checkpoint once (the open
+    of the constructor or of reset serves the next load); a shardsafe
+    checkpoint stays pinned against retention from that open until the
+    load has read its data."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, unsafe_pickle: bool = False,
                  **options: Any):
@@ -419,8 +422,11 @@ class Reader(StorageReader):
         self.path: str | None = None
         self.unsafe_pickle = unsafe_pickle
         self.options = LoadOptions.of(None, options).engine()
-        self._opened: dict | None = None  # described by reset, not yet used by a load
-        self._desc: dict | None = None  # the checkpoint of the load in progress
+        # The checkpoint opened (once per load: its description and every
+        # read use it) and described; `_fresh` until a load has used it.
+        self._source: _C.OpenedSource | None = None
+        self._desc: dict | None = None
+        self._fresh = False
         self._values: dict = {}  # its saved values (read_metadata)
         self._sources: dict[str, _Value] = {}
         self.reset(path)
@@ -430,9 +436,23 @@ class Reader(StorageReader):
         return self.path
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-        self._opened = None if self.path is None else _C.describe(self.path)
+        """Opens the checkpoint at `checkpoint_id` (default: this reader's
+        path), keeping an open that no load has used yet for the same path
+        (dcp.load resets a reader constructed with its path)."""
+        path = self.path if checkpoint_id is None else os.fspath(checkpoint_id)
+        if self._fresh and path == self.path:
+            return
+        self.path = path
+        self._source = self._desc = None
+        self._fresh = False
+        if path is not None:
+            self._open()
+
+    def _open(self) -> None:
+        self._source = _C.PendingSource(self.path).result()
+        desc = _C.describe_source(self._source)
+        desc["tensors"] = desc["tensors"].to_dict()
+        self._desc, self._fresh = desc, True
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
@@ -446,21 +466,23 @@ class Reader(StorageReader):
         if self.path is None:
             raise InvalidStateError("shardsafe.dcp.Reader has no checkpoint path: pass one to "
                                     "it, or checkpoint_id= to dcp.load")
-        # A root's latest may move between loads: describe it again unless
-        # the description from reset is still unused.
-        desc, self._opened = self._opened or _C.describe(self.path), None
+        # A root's latest may move between loads: opened again unless the
+        # open from reset is still unused.
+        if not self._fresh:
+            self._open()
+        self._fresh = False
+        desc = self._desc
         values = self._values = json.loads(desc["values"]) or {}
         planner_data = {}
         if PLANNER_DATA_BLOB in desc["blobs"]:
-            blobs = _C.load([], desc["path"], None, self.options)["blobs"]
+            blobs = _C.load_source([], self._source, None, self.options).blobs
             planner_data = json.loads(blobs[PLANNER_DATA_BLOB])
         self._sources = _value_sources(desc, values)
-        self._desc = desc
         return _metadata(desc, self._sources, planner_data)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
-        if self._desc is None:
+        if self._desc is None or self._fresh:
             raise InvalidStateError("shardsafe.dcp.Reader: read_metadata was not called")
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -477,8 +499,9 @@ class Reader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         reads = [self._tensor_read(item, planner) for item in plan.items
                  if item.type != LoadItemType.BYTE_IO]
-        result = _C.load([s for r in reads if (s := self._spec(r))], self._desc["path"], None,
-                         self.options)
+        result = _C.load_source([s for r in reads if (s := self._spec(r))], self._source, None,
+                                self.options)
+        self._source = None  # unpinned (retention may remove it): this load has read
         with torch.no_grad():
             for r in reads:
                 if r.dest is not r.target:
@@ -487,7 +510,7 @@ class Reader(StorageReader):
         for item in plan.items:
             if item.type == LoadItemType.BYTE_IO:
                 data = self._value_bytes(item.storage_index.fqn, planner, self._values,
-                                         result["blobs"])
+                                         result.blobs)
                 planner.load_bytes(item, io.BytesIO(data))
         return _done(None)
 

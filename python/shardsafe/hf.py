@@ -69,7 +69,7 @@ from ._files import read_bytes
 from ._keys import (FP8_BLOCK, MIXTRAL_EXPERTS, QWEN2_MOE_EXPERTS, SCALE_SUFFIX, ExpertGroup,
                     Rename, renamer)
 from ._load import load
-from ._result import LoadResult
+from ._result import LoadResult, as_dict
 from ._save import save
 from ._state import DTYPE_NAMES
 from .errors import InvalidStateError, ShardsafeError
@@ -123,15 +123,17 @@ def export(source: str | os.PathLike, out: str | os.PathLike, *, prefix: str = "
         max_shard_size = _C.parse_byte_size(max_shard_size)
     if isinstance(experts, ExpertGroup):
         experts = [experts]
-    options = dict(max_shard_bytes=int(max_shard_size), prefix=prefix, include=list(include),
-                   exclude=list(exclude), weights_name=weights_name, overwrite=overwrite,
-                   verify_checksums=verify_checksums, io_threads=io_threads)
+    options = _C.ExportHfOptions()
+    options.max_shard_bytes = int(max_shard_size)
+    options.prefix, options.include, options.exclude = prefix, list(include), list(exclude)
+    options.weights_name, options.overwrite = weights_name, overwrite
+    options.verify_checksums, options.io_threads = verify_checksums, io_threads
     rules = [(list(g.sources), g.target, g.dim) for g in experts]
     fn = None if rename is None else renamer(rename)
     args = (options, dtype, fn, rules)
     comm = None if process_group is None else resolve(process_group)
     if comm is None:
-        return _C.export_hf(os.fspath(source), os.fspath(out), *args)
+        return as_dict(_C.export_hf(os.fspath(source), os.fspath(out), *args))
     return _export_collective(comm, source, out, args)
 
 
@@ -153,14 +155,14 @@ def _export_collective(comm: TorchComm, source: str | os.PathLike, out: str | os
         resolved, tmp = agree(comm, error, where)[0]
         part, error = None, None
         try:
-            part = _C.export_hf_part(resolved, tmp, *args, comm.rank, comm.size)
+            part = as_dict(_C.export_hf_part(resolved, tmp, *args, comm.rank, comm.size))
         except Exception as e:  # noqa: BLE001
             error = e
         parts = agree(comm, error, part)
         stats, error = None, None
         if staging is not None:
             try:
-                stats = staging.finish()
+                stats = as_dict(staging.finish())
             except Exception as e:  # noqa: BLE001
                 error = e
         stats = agree(comm, error, stats)[0]

@@ -114,7 +114,9 @@ Result<ImportSummary> Import(FileSystem& fs, const CheckpointSource& src, const 
   LoadOptions load_options;
   load_options.verify_checksums = true;
   if (progress) load_options.progress = progress->Callback();
-  SS_ASSIGN_OR_RETURN(LoadResult loaded, Load(request, src.path, *comm, load_options));
+  load_options.fs = &fs;
+  // The source opened once: its index is not read again.
+  SS_ASSIGN_OR_RETURN(LoadResult loaded, LoadOpenedSource(request, src, *comm, load_options));
   if (progress) progress->Finish();
 
   if (src.native) {

@@ -163,6 +163,27 @@ TEST_F(CollectivesTest, LoadMakesTwoOrThreeWithSharedReads) {
   }
 }
 
+// Another tool's checkpoint that rank 0's caller found travels in the
+// open's one broadcast: every rank gets its name, and rank 0 opens nothing
+// (the path holds no shardsafe checkpoint, so an open would fail).
+TEST_F(CollectivesTest, AnotherFormatFoundOnRankZeroReachesEveryRankInTheOpensBroadcast) {
+  std::vector<std::string> formats(kRanks);
+  auto counts = Count([&](int r, Comm& comm) {
+    SS_ASSIGN_OR_RETURN(CheckpointSource src,
+                        OpenSourceCollectivePacked(root_, comm, r == 0 ? "dcp" : "ignored"));
+    EXPECT_EQ(src.path, root_);
+    EXPECT_EQ(src.packed, nullptr);
+    formats[r] = src.other_format;
+    return Status();
+  });
+  EXPECT_THAT(counts, ::testing::Each(1));
+  EXPECT_THAT(formats, ::testing::Each(std::string("dcp")));
+  // Without one, the same path fails on every rank with rank 0's error.
+  testing::RunRanks(kRanks, [&](int, Comm& comm) {
+    EXPECT_FALSE(OpenSourceCollectivePacked(root_, comm).ok());
+  });
+}
+
 // A repeated save of an unchanged layout: a rank other than 0 sends and
 // receives a few hundred bytes, whatever the job's size (the reduction,
 // its own report, two broadcasts); rank 0 receives every rank's report.

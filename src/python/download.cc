@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "python/bindings.h"
 #include "python/status_error.h"
 #include "shardsafe/filesystem.h"
 

@@ -205,14 +205,16 @@ nb::dict Describe(const std::string& path) {
 }  // namespace
 
 void BindOpenedSource(nb::module_& m) {
-  nb::class_<OpenedSource>(m, "OpenedSource");
+  nb::class_<OpenedSource>(m, "OpenedSource")
+      .def_prop_ro("other_format",
+                   [](const OpenedSource& s) { return s.source.other_format; });
   m.def("open_source",
-        [](const std::string& path, nb::handle comm) {
+        [](const std::string& path, nb::handle comm, const std::string& other_format) {
           std::unique_ptr<Comm> c = MakeComm(comm);
-          return OpenedSource{
-              Released([&] { return OpenSourceCollectivePacked(path, *c); })};
+          return OpenedSource{Released(
+              [&] { return OpenSourceCollectivePacked(path, *c, other_format); })};
         },
-        "path"_a, "comm"_a.none());
+        "path"_a, "comm"_a.none(), "other_format"_a = "");
   nb::class_<PendingSource>(m, "PendingSource")
       .def(nb::init<std::string>(), "path"_a)
       .def("wait", &PendingSource::wait)

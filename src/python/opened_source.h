@@ -17,7 +17,9 @@ struct OpenedSource {
 };
 
 // Registers, in `m`:
-// - OpenedSource; open_source(path, comm): the collective open.
+// - OpenedSource (other_format: OpenSourceCollectivePacked's); open_source(
+//   path, comm, other_format=""): the collective open, rank 0's
+//   `other_format` sent with it.
 // - PendingSource(path): an open of one process's checkpoint started on a
 //   new thread, so that the caller can walk its state meanwhile. wait()
 //   waits for it with the GIL released and raises what the open failed with

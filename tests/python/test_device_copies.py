@@ -25,9 +25,18 @@ import torch
 
 import shardsafe
 from shardsafe import _C, _device
+from shardsafe._options import LoadOptions, SaveOptions
 from shardsafe.errors import ShardsafeError
 
 FLIP = 1 << 47
+
+
+STAGING_4MIB = LoadOptions(device_staging_bytes=4 << 20).engine()
+
+
+def _device_call(device, **options) -> _C.SaveCall:
+    """A save of nothing but `device`'s tensors ((copier, specs) or None)."""
+    return _C.SaveCall([], [], "{}", "", None, SaveOptions(**options).engine(), None, device)
 
 
 class FlippedDevice:
@@ -71,9 +80,8 @@ def test_sync_save_reads_device_shards_through_the_copier(tmp_path, direct_io):
     tensors = state()
     device = FlippedDevice(tensors)
     path = str(tmp_path / "ckpt")
-    _C.save(_C.SaveCall([], [], "{}", "", None,
-                        {"direct_io": direct_io, "io_buffer_bytes": 4 << 20,
-                         "max_file_bytes": 4 << 20}, None, (device, device.specs())), path)
+    _C.save(_device_call((device, device.specs()), direct_io=direct_io,
+                         io_buffer_bytes=4 << 20, max_file_bytes=4 << 20), path)
     got = loaded(path, tensors)
     for k, v in tensors.items():
         assert torch.equal(got[k], v), k
@@ -91,8 +99,7 @@ def test_async_save_registers_its_staging_once_and_drops_the_copier(tmp_path):
     for step in (1, 2):
         device = FlippedDevice(tensors)
         copier = weakref.ref(device)
-        handle = saver.save(_C.SaveCall([], [], "{}", "", None, {}, None,
-                                        (device, device.specs())), str(tmp_path), f"s{step}")
+        handle = saver.save(_device_call((device, device.specs())), str(tmp_path), f"s{step}")
         before = {k: v.clone() for k, v in tensors.items()}
         for v in tensors.values():
             v.fill_(7)  # the caller's memory may change once the call returns
@@ -119,15 +126,15 @@ def test_a_failing_copier_fails_the_save_and_commits_nothing(tmp_path):
     tensors = state()
     device = FlippedDevice(tensors, fail_after=1)
     with pytest.raises(ShardsafeError, match="device fell off the bus") as failed:
-        _C.save(_C.SaveCall([], [], "{}", "", None, {"io_buffer_bytes": 4 << 20}, None,
-                            (device, device.specs())), str(tmp_path / "sync"))
+        _C.save(_device_call((device, device.specs()), io_buffer_bytes=4 << 20),
+                str(tmp_path / "sync"))
     # One line naming the tensor and the exception, not a traceback.
     assert "\n" not in str(failed.value)
     assert ('copying tensor "big" from the device: device copy failed: RuntimeError: '
             'device fell off the bus (injected)') in str(failed.value)
     saver = _C.AsyncSaver()
     device = FlippedDevice(tensors, fail_after=0)
-    handle = saver.save(_C.SaveCall([], [], "{}", "", None, {}, None, (device, device.specs())),
+    handle = saver.save(_device_call((device, device.specs())),
                         str(tmp_path), "async")
     with pytest.raises(ShardsafeError, match="device fell off the bus"):
         handle.wait()
@@ -157,9 +164,9 @@ def test_tensors_back_to_back_in_one_storage_are_copied_apart(tmp_path, how):
              for k, t in tensors.items()]
     device = (_device.DeviceCopier(list(tensors.values())), specs)
     if how == "sync":
-        _C.save(_C.SaveCall([], [], "{}", "", None, {}, None, device), str(tmp_path / how))
+        _C.save(_device_call(device), str(tmp_path / how))
     else:
-        _C.AsyncSaver().save(_C.SaveCall([], [], "{}", "", None, {}, None, device),
+        _C.AsyncSaver().save(_device_call(device),
                              str(tmp_path), how).wait()
     got = loaded(str(tmp_path / how), tensors)
     for k, v in tensors.items():
@@ -194,7 +201,7 @@ def test_load_into_device_targets_streams_through_bounded_registered_staging(tmp
     targets = {k: torch.zeros_like(v) for k, v in tensors.items()}
     device = FlippedTargets(targets)
     source = _C.open_source(str(tmp_path / "ckpt"), None)
-    result = _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+    result = _C.load_source([], source, None, STAGING_4MIB, None,
                             (device, device.specs()))
     for k, v in tensors.items():
         assert torch.equal(targets[k], v), k
@@ -203,7 +210,7 @@ def test_load_into_device_targets_streams_through_bounded_registered_staging(tmp
     assert 0 < device.peak_registered <= 4 << 20  # "big" alone is 12 MiB
     assert max(n for _, _, n in device.copies) <= 2 << 20
     assert set(_device.registered()) == device.before, "the load left its staging registered"
-    assert result["bytes_read"] >= total
+    assert result.bytes_read >= total
 
 
 def test_a_failing_device_copy_fails_the_load_naming_it(tmp_path):
@@ -213,7 +220,7 @@ def test_a_failing_device_copy_fails_the_load_naming_it(tmp_path):
     device = FlippedTargets(targets, fail_after=2)
     source = _C.open_source(str(tmp_path / "ckpt"), None)
     with pytest.raises(ShardsafeError, match="device fell off the bus"):
-        _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+        _C.load_source([], source, None, STAGING_4MIB, None,
                        (device, device.specs()))
     assert set(_device.registered()) == device.before
 
@@ -232,7 +239,7 @@ def test_a_load_into_device_targets_stages_in_the_memory_its_copier_lends(tmp_pa
         device.staging = (start, lent.numel())
         _device.pin_host(start, lent.numel())
         try:
-            _C.load_source([], source, None, {"device_staging_bytes": 4 << 20}, None,
+            _C.load_source([], source, None, STAGING_4MIB, None,
                            (device, device.specs()))
         finally:
             _device.unpin_host(start, lent.numel())

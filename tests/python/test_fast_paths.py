@@ -23,6 +23,7 @@ import torch
 
 import shardsafe
 from shardsafe import _boxes, _C, _keys, _load, _save
+from shardsafe._options import LoadOptions, SaveOptions
 from shardsafe._state import DTYPE_NAMES
 from shardsafe._state import flatten
 from shardsafe.errors import CheckpointNotFoundError
@@ -143,15 +144,16 @@ def test_a_fast_plan_goes_to_one_engine_call(tmp_path):
     source = _C.open_source(str(tmp_path / "ck"), None)
     fast, _ = plans(target, tmp_path / "ck")
     assert len(fast.whole) == 2
-    _C.load_source([], source, None, {}, fast.whole)
+    _C.load_source([], source, None, LoadOptions().engine(), fast.whole)
     assert all(torch.equal(target[k], saved[k]) for k in saved)
     with pytest.raises(ValueError, match="one engine call"):
-        _C.load_source([], source, None, {}, fast.whole)
+        _C.load_source([], source, None, LoadOptions().engine(), fast.whole)
     args = _save._prepare_save(saved, None, False)
-    _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, {}, args.whole),
-            str(tmp_path / "s1"))
+    options = SaveOptions().engine()
+    _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, options,
+                        args.whole), str(tmp_path / "s1"))
     with pytest.raises(ValueError, match="one engine call"):
-        _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, {},
+        _C.save(_C.SaveCall(args.specs, args.blobs, args.values, args.metadata, None, options,
                             args.whole), str(tmp_path / "s2"))
     assert not (tmp_path / "s2").exists()
     # The tensors' answers move into one plan too: a second plan would have no shapes.

@@ -7,6 +7,7 @@ engine writes real files with fsync, and loads read them back.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import json
 import math
@@ -585,6 +586,7 @@ def test_a_torch_distributed_failure_is_a_one_line_shardsafe_error(monkeypatch):
     from shardsafe._comm import TorchComm
     comm = object.__new__(TorchComm)  # as over a 4-rank group, without one
     comm.group, comm.rank, comm.size, comm.device = None, 1, 4, torch.device("cpu")
+    comm.slot = 64
 
     def dead_peer(*args, **kwargs):
         raise RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:4242\nException raised "
@@ -636,3 +638,18 @@ def test_an_unknown_option_names_the_closest_and_every_valid_one(tmp_path):
     with pytest.raises(shardsafe.InvalidStateError, match=r"\(did you mean overwrite\?\); "
                                                         r"save\(\) takes process_group"):
         shardsafe.save({"w": torch.ones(2)}, tmp_path / "d", overwite=True)
+
+
+def test_the_option_classes_match_the_engines_and_refuse_a_wrong_type(tmp_path):
+    """Each option is named once in C++ (src/python/types.cc) and once in
+    its dataclass with its docstring: both name the same fields."""
+    for cls in (shardsafe.SaveOptions, shardsafe.LoadOptions):
+        fields = {f.name for f in dataclasses.fields(cls)} - cls._PYTHON_ONLY
+        assert fields == cls.engine_names(), (cls.__name__, fields ^ cls.engine_names())
+        for name in fields:
+            assert f"{name}:" in cls.__doc__ or f"{name}," in cls.__doc__, (cls.__name__, name)
+    engine = shardsafe.SaveOptions(io_threads=2, peer_timeout=5).engine()
+    assert engine.io_threads == 2 and engine.overwrite is False  # the engine's default
+    shardsafe.save({"w": torch.ones(2)}, tmp_path / "c")
+    with pytest.raises(shardsafe.InvalidStateError, match=r"LoadOptions.io_threads: str 'x'"):
+        shardsafe.load({"w": torch.zeros(2)}, tmp_path / "c", io_threads="x")

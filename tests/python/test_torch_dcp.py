@@ -95,6 +95,26 @@ def test_checkpoint_id_and_reuse_of_writer_and_reader(tmp_path):
         assert target["step"] == step and torch.equal(target["w"], torch.full((3, 4), float(step)))
 
 
+def test_a_load_through_reader_opens_the_checkpoint_once(tmp_path, monkeypatch):
+    """The reader's open (in the constructor, or in the reset dcp.load
+    makes) serves its description, the Writer's planner data and the reads;
+    a second load opens again (a root's latest may have moved)."""
+    state = {"w": torch.arange(12.0).reshape(3, 4), "step": 5}
+    dcp.save(state, storage_writer=shardsafe.dcp.Writer(tmp_path / "c"))
+    opens = []
+    for name in ("PendingSource", "describe", "open_source"):
+        real = getattr(shardsafe._C, name)
+        monkeypatch.setattr(shardsafe._C, name,
+                            lambda *a, _real=real, _name=name, **k: (opens.append(_name),
+                                                                     _real(*a, **k))[1])
+    reader = shardsafe.dcp.Reader(tmp_path / "c")
+    for load in (1, 2):
+        target = {"w": torch.zeros(3, 4), "step": 0}
+        dcp.load(target, checkpoint_id=tmp_path / "c", storage_reader=reader)
+        assert target["step"] == 5 and torch.equal(target["w"], state["w"])
+        assert len(opens) == load, opens
+
+
 def test_reader_converts_dtype_and_fills_non_contiguous_targets(tmp_path):
     w = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     dcp.save({"w": w, "h": w.to(torch.bfloat16)},

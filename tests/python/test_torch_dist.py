@@ -308,9 +308,14 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     run_workers(_one_rank_bad, 4, str(tmp_path))
 
 
-def _comm_body(rank, world):
+def _comm_body(rank, world, slot):
     from shardsafe._comm import TorchComm
-    comm = TorchComm(dist.group.WORLD)
+    comm = TorchComm(dist.group.WORLD, slot)
+    mine = bytes([rank + 1]) * (rank * 5)  # longer than a 4-byte slot from rank 1 on
+    assert comm.all_gather(mine) == [bytes([r + 1]) * (r * 5) for r in range(world)]
+    for root in range(world):
+        sent = bytes([root + 7]) * (root * 4 + 3)
+        assert comm.broadcast(sent if rank == root else b"", root) == sent
     for root in range(world):
         mine = bytes([rank]) * (rank * 3)  # rank 0 sends nothing
         got = comm.gather(mine, root)
@@ -323,6 +328,9 @@ def _comm_body(rank, world):
     top = 1 << 63
     values = [rank, top | rank, (world - rank) << 40, top - 1 if rank == 1 else 0]
     assert comm.all_reduce_max(values) == [world - 1, top | (world - 1), world << 40, top - 1]
+    many = [(i * 977 + rank * 13) % 101 for i in range(3 * comm.REDUCE_SLOT + 1)]
+    assert comm.all_reduce_max(many) == [max((i * 977 + r * 13) % 101 for r in range(world))
+                                         for i in range(len(many))]
     assert comm.all_reduce_max([]) == []
     with pytest.raises(shardsafe.ShardsafeError, match="between 1 and 2 values"):
         comm.all_reduce_max([1, 2] if rank == 0 else [1])
@@ -333,5 +341,8 @@ def _comm_body(rank, world):
     assert comm.all_to_all([b""] * world) == [b""] * world
 
 
-def test_the_gather_scatter_max_reduction_and_all_to_all_over_gloo(tmp_path):
-    run_workers(_comm_body, 3)
+@pytest.mark.parametrize("slot", [None, 4])
+def test_the_gather_scatter_max_reduction_and_all_to_all_over_gloo(tmp_path, slot):
+    """With the group's own slot every message fits it; with 4 bytes most
+    send their rest in the second step."""
+    run_workers(_comm_body, 3, slot)

@@ -5,6 +5,7 @@ layout (loader.py) and importing one (`shardsafe import SRC DST`,
 importer.py) are written once, whatever the format.
 
     detect(path)            the Format that claims a directory, or None (formats.py)
+    by_name(name)           the Format of that name
     load(state, path, fmt)  shardsafe.load of it (collective; loader.py)
     import_checkpoint(src, dst)
 
@@ -15,10 +16,10 @@ public faces are shardsafe.load, shardsafe.peers and `shardsafe import`.
 """
 
 from .common import read_latest, torch_load
-from .formats import FORMATS, KNOWN, detect, formats, open_checkpoint
+from .formats import FORMATS, KNOWN, by_name, detect, formats, open_checkpoint
 from .importer import NotImportedWarning, import_checkpoint
 from .loader import load
 from .reader import ForeignCheckpoint, Format
 
-__all__ = ["FORMATS", "KNOWN", "ForeignCheckpoint", "Format", "NotImportedWarning", "detect",
-           "formats", "import_checkpoint", "load", "open_checkpoint", "read_latest", "torch_load"]
+__all__ = ["FORMATS", "KNOWN", "ForeignCheckpoint", "Format", "NotImportedWarning", "by_name",
+           "detect", "formats", "import_checkpoint", "load", "open_checkpoint", "read_latest", "torch_load"]

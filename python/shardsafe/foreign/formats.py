@@ -21,6 +21,14 @@ def formats() -> list[Format]:
     return list(FORMATS)
 
 
+def by_name(name: str) -> Format:
+    """The format called `name` (Format.name)."""
+    for fmt in FORMATS:
+        if fmt.name == name:
+            return fmt
+    raise KeyError(name)
+
+
 def _is_shardsafe(path: str) -> bool:
     """A shardsafe checkpoint, or a root whose `latest` names one (a
     DeepSpeed root has a `latest` file too)."""

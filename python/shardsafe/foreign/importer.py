@@ -295,7 +295,7 @@ def _import(fc: ForeignCheckpoint, source: str, dst: str, overwrite: bool,
     return {"source": source, "format": fc.format, "path": dst, "tensors": len(specs) + len(host),
             "values": len(flat.values), "bytes": total + sum(t.numel() * t.element_size()
                                                               for _, t in host),
-            "dropped": dropped, "not_imported": not_imported, "files": stats.get("files"),
+            "dropped": dropped, "not_imported": not_imported, "files": stats.files,
             "reads": copier.reads}
 
 

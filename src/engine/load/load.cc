@@ -454,13 +454,18 @@ Status LoadFromSource(const LoadRequest& request, const CheckpointSource& src,
 
 namespace {
 
-// OpenSourceCollective with rank 0's file system (or why it has none).
+// OpenSourceCollective with rank 0's file system (or why it has none);
+// `other_format` as OpenSourceCollectivePacked's.
 Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std::string& path,
-                                        Comm& comm) {
+                                        Comm& comm, std::string_view other_format = {}) {
   // Rank 0 opens and validates; the others parse the index bytes it read.
   Result<CheckpointSource> local_src = CheckpointSource();
   Result<std::string> opened = std::string();
-  if (comm.rank() == 0) {
+  if (comm.rank() == 0 && !other_format.empty()) {
+    local_src->path = path;
+    local_src->other_format = other_format;
+    if (comm.size() > 1) opened = EncodeSource(*local_src, {});
+  } else if (comm.rank() == 0) {
     std::string text;
     local_src = fs.ok() ? OpenSource(**fs, path, OpenHow{comm.size() > 1 ? &text : nullptr,
                                                          /*whole=*/false, /*packed=*/true})
@@ -477,10 +482,12 @@ Result<CheckpointSource> OpenOnRankZero(const Result<FileSystem*>& fs, const std
 // OpenOnRankZero on the file system `path` lies on (FileSystemFor), or
 // `fs` when set. Only rank 0 reads; a rank that cannot reach the store
 // fails later, in LoadOpenedSource's agreement.
-Result<CheckpointSource> OpenOnRankZero(FileSystem* fs, const std::string& path, Comm& comm) {
-  if (fs != nullptr) return OpenOnRankZero(Result<FileSystem*>(fs), path, comm);
-  return OpenOnRankZero(comm.rank() == 0 ? FileSystemFor(path) : Result<FileSystem*>(nullptr),
-                        path, comm);
+Result<CheckpointSource> OpenOnRankZero(FileSystem* fs, const std::string& path, Comm& comm,
+                                        std::string_view other_format = {}) {
+  if (fs != nullptr) return OpenOnRankZero(Result<FileSystem*>(fs), path, comm, other_format);
+  const bool opens = comm.rank() == 0 && other_format.empty();
+  return OpenOnRankZero(opens ? FileSystemFor(path) : Result<FileSystem*>(nullptr), path, comm,
+                        other_format);
 }
 
 Result<CheckpointSource> Unpacked(Result<CheckpointSource> src) {
@@ -499,8 +506,9 @@ Result<CheckpointSource> OpenSourceCollective(const std::string& path, Comm& com
   return Unpacked(OpenOnRankZero(nullptr, path, comm));
 }
 
-Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm) {
-  return OpenOnRankZero(nullptr, path, comm);
+Result<CheckpointSource> OpenSourceCollectivePacked(const std::string& path, Comm& comm,
+                                                    std::string_view other_format) {
+  return OpenOnRankZero(nullptr, path, comm, other_format);
 }
 
 Result<LoadResult> LoadOpenedSource(const LoadRequest& request, const CheckpointSource& src,

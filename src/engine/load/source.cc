@@ -426,6 +426,8 @@ void Repack(CheckpointSource* src, bool packed) {
 std::string EncodeSource(const CheckpointSource& source, std::string_view index_text) {
   wire::Writer w;
   w.Str(source.path);
+  w.Str(source.other_format);
+  if (!source.other_format.empty()) return w.Take();  // nothing was opened
   w.Str(source.data_dir);
   w.U8(source.native);
   if (!index_text.empty()) {
@@ -444,6 +446,8 @@ Result<CheckpointSource> DecodeSource(std::string_view msg) {
   wire::Reader r(msg);
   CheckpointSource src;
   SS_ASSIGN_OR_RETURN(src.path, r.Str());
+  SS_ASSIGN_OR_RETURN(src.other_format, r.Str());
+  if (!src.other_format.empty()) return src;
   SS_ASSIGN_OR_RETURN(src.data_dir, r.Str());
   SS_ASSIGN_OR_RETURN(uint8_t native, r.U8());
   src.native = native != 0;

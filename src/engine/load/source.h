@@ -53,8 +53,9 @@ void Repack(CheckpointSource* src, bool packed);
 
 // Encodes a source for a broadcast to other ranks: the index bytes rank 0
 // read, `index_text` (a synthesized index, when empty, as SerializeIndex
-// writes it); and decodes it (the receiver parses the index, its tensors
-// packed).
+// writes it), or only the path and the name of another tool's format
+// (other_format); and decodes it (the receiver parses the index, its
+// tensors packed).
 std::string EncodeSource(const CheckpointSource& source, std::string_view index_text);
 Result<CheckpointSource> DecodeSource(std::string_view msg);
 
