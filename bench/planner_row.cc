@@ -12,7 +12,7 @@
 #include "engine/save/commit.h"
 #include "engine/save/distributed_save.h"
 #include "engine/save/plan_cache.h"
-#include "engine/save/save_internal.h"
+#include "engine/save/save_driver.h"
 #include "engine/save/save_messages.h"
 #include "format/chunk_table.h"
 #include "format/index.h"

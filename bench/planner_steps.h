@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/save/save_internal.h"
+#include "engine/save/save_driver.h"
 #include "planner_jobs.h"
 #include "planner_row.h"
 #include "shardsafe/checkpoint.h"

@@ -21,7 +21,7 @@
 #include "engine/save/distributed_save.h"
 #include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_wire.h"
-#include "engine/save/save_internal.h"
+#include "engine/save/save_driver.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
 #include "format/index.h"

@@ -3,7 +3,7 @@
 // commit (engine/save/commit.h) and never removes the newest checkpoint nor
 // the one `latest` names.
 #include "engine/catalog/checkpoint_dir.h"
-#include "engine/save/save_internal.h"
+#include "engine/save/save_driver.h"
 #include "shardsafe/async_save.h"
 
 namespace shardsafe {

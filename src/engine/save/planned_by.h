@@ -1,9 +1,9 @@
 // Who planned a save, and what the later steps do differently because of it
-// (the steps: save.cc). Chosen once per save, from the plan the ranks agreed
+// (the steps: save_driver.h). Chosen once per save, from the plan the ranks agreed
 // on (PlanAndPrepare): rank 0 planned the whole job, or all ranks planned
 // together (distributed_save.h). A synchronous save and an asynchronous one
-// call the same methods; only how the messages travel differs (collectives,
-// or marker files).
+// call the same methods; only how the messages travel differs
+// (ReportChannel, report_channel.h: collectives, or marker files).
 #pragma once
 
 #include <memory>
@@ -76,7 +76,7 @@ std::unique_ptr<PlannedBy> PlannedOnRankZero(std::shared_ptr<FileLayouts> layout
 // Rank 0's side of a save it planned, which PlannedOnRankZero calls (and
 // the tests and benchmarks call one by one).
 
-// Rank 0, step 5 (save.cc): every rank's encoded report (save_messages.h), decoded
+// Rank 0, step 5 (save_driver.h): every rank's encoded report (save_messages.h), decoded
 // in whole-plan numbers; compact ones completed from `layouts`, which keeps
 // the layouts when all are full and forgets them when a compact one does
 // not match (so that the next save reports in full). `*layouts_match`

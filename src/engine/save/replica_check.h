@@ -10,7 +10,7 @@
 // naming the tensor, the slice and two ranks.
 //
 // The comparison costs 8 bytes per rank when the replicas agree. Each rank
-// sends a digest (ReplicaDigest) in its step-3 report: the sum, modulo
+// sends a digest (ReplicaDigest) in its step-4 report: the sum, modulo
 // 2^64, of Hash(chunk, checksum) over every piece of every copy it holds,
 // less, for every chunk it writes, the number of copies held of it times
 // Hash(chunk, its written checksum). When every copy equals what was

@@ -4,7 +4,7 @@
 // replica digest travel as they are in both. A version-3 index reuses the
 // chunk table made from the kept layouts.
 #include "engine/save/save_messages.h"
-#include "engine/save/save_internal.h"
+#include "engine/save/save_driver.h"
 
 #include <gtest/gtest.h>
 
