@@ -210,6 +210,17 @@ struct LoadOptions {
   // freed after it), each copied to the device while the other fills.
   std::shared_ptr<DeviceMemory> device;
   uint64_t device_staging_bytes = uint64_t{256} << 20;
+  // A check before anything is read, made in the load's first collective
+  // when `check_reports` is set (on every rank alike; LoadOpenedSource):
+  // every rank's `local_failure` (a failure it met preparing its part: the
+  // load fails on every rank, naming the lowest failing rank) and `report`
+  // (the caller's, e.g. the Python package's key matching) are gathered on
+  // every rank, then `check_reports` runs on every rank with every rank's
+  // report, by rank; a failure it returns fails the load before any byte is
+  // read. It must decide the same on every rank.
+  Status local_failure = Status();
+  std::string report;
+  std::function<Status(const std::vector<std::string>& reports)> check_reports;
   // Host memory the caller keeps registered with `device` and lends to
   // this load alone, 4 KiB aligned: when it holds both staging buffers (2
   // x max(device_staging_bytes / 2 rounded down to 4 KiB, 1 MiB)), they are

@@ -145,39 +145,37 @@ def _plan_whole(leaves: list[TensorLeaf], asked: _C.AskedTensors, source: _C.Ope
     return [leaves[i] for i in rest]
 
 
-def _open_and_flatten(path: str, comm: TorchComm | None, state: Any, ask: bool,
-                      skip: Callable[[str], bool] | None = None
-                      ) -> tuple[_C.OpenedSource | foreign.Format, Flat | None,
-                                 _C.AskedTensors | None]:
-    """The checkpoint opened (collective), the state walked and, if `ask`,
-    its tensors asked what the fast path needs (ask). A path another tool's
-    reader claims (foreign.detect, on rank 0 only: its finding travels in
-    the open's broadcast, so every rank takes the same path) returns that
-    Format alone, the state not walked. With one process the index is read
-    and checked on a thread of its own while this one walks and asks
-    (20,000 tensors: ~22 against ~9 + ~20 ms), waiting for it before the
-    walk changes anything (an optimizer's state created), so a checkpoint
-    that cannot be opened leaves the state as it was; with several, every
-    rank opens first, in step. Keys `skip` accepts are left out of the
-    walk's record (not loaded)."""
+def _open(path: str, comm: TorchComm | None
+          ) -> _C.OpenedSource | _C.PendingSource | foreign.Format:
+    """The checkpoint at `path` opened: collectively (rank 0 reads the index
+    once and sends it), or with one process on a thread of its own
+    (_C.PendingSource, waited for by _walk); or the other tool's Format
+    that claims the path (foreign.detect; with several processes on rank 0
+    only: its finding travels in the open's broadcast, so every rank takes
+    the same path)."""
     if comm is not None:
         claimed = _claimed(path) if comm.rank == 0 else None
         source = _C.open_source(path, comm, claimed.name if claimed is not None else "")
-        if source.other_format:
-            return foreign.by_name(source.other_format), None, None
-        flat = flatten(state, for_load=True)
-        if skip is not None:
-            flat.drop(skip)
-        return source, flat, _boxes.ask(flat.tensors) if ask else None
+        return foreign.by_name(source.other_format) if source.other_format else source
     claimed = _claimed(path)
-    if claimed is not None:
-        return claimed, None, None
-    pending = _C.PendingSource(path)
-    flat = flatten(state, for_load=True, before_init=pending.wait)
+    return claimed if claimed is not None else _C.PendingSource(path)
+
+
+def _walk(state: Any, opened: _C.OpenedSource | _C.PendingSource, ask: bool,
+          skip: Callable[[str], bool] | None = None
+          ) -> tuple[_C.OpenedSource, Flat, _C.AskedTensors | None]:
+    """The state walked and, if `ask`, its tensors asked what the fast path
+    needs (ask), with the opened source. An open on a thread of its own
+    (20,000 tensors: ~22 against ~9 + ~20 ms walking and asking) is waited
+    for before the walk changes anything (an optimizer's state created), so
+    a checkpoint that cannot be opened leaves the state as it was. Keys
+    `skip` accepts are left out of the walk's record (not loaded)."""
+    pending = opened if isinstance(opened, _C.PendingSource) else None
+    flat = flatten(state, for_load=True, before_init=pending.wait if pending else None)
     if skip is not None:
         flat.drop(skip)
     asked = _boxes.ask(flat.tensors) if ask else None
-    return pending.result(), flat, asked
+    return (pending.result() if pending else opened), flat, asked
 
 
 def _claimed(path: str) -> foreign.Format | None:
@@ -353,10 +351,12 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
         # The fast path's questions are asked while the index is read (no use with a rename).
-        opened, flat, asked = _open_and_flatten(os.fspath(path), comm, state_dict,
-                                                ask=rename is None, skip=skip)
+        opened = _open(os.fspath(path), comm)
         if not isinstance(opened, foreign.Format):
-            source, desc = opened, _C.describe_source(opened)
+            if comm is not None:
+                source = opened  # every rank has it, whatever fails below
+            source, flat, asked = _walk(state_dict, opened, ask=rename is None, skip=skip)
+            desc = _C.describe_source(source)
             keys, plan, report, values, saved_values = _prepare_load(
                 flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
                 comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
@@ -368,37 +368,81 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if (_paths.is_s3(path) and source is None and isinstance(error, CheckpointNotFoundError)
             and error.detail != "NO_SUCH_BUCKET"):
         return _load_staged(state_dict, path, error, comm, foreign_args)
-    reports = agree(comm, error, report)
-    missing = sorted({k for r in reports for k in r["missing"]})
-    unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-    pr_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
-    pr_unused = reports[0]["per_rank_unused"]  # the same on every rank
-    keys_fail = strict and bool(missing or unexpected)
-    per_rank_fail = per_rank_strict and bool(pr_missing or pr_unused)
-    if keys_fail or per_rank_fail:
-        notes = sorted({n for r in reports for n in r["notes"]})
-        remedies = ["strict=False"] if keys_fail else []
-        if per_rank_fail:
-            notes.append("per-rank values load by rank: rank r gets saved rank r's")
-            remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
-        raise _key_error((missing if keys_fail else []) + (pr_missing if per_rank_fail else []),
-                         (unexpected if keys_fail else []) + (pr_unused if per_rank_fail else []),
-                         desc["path"], notes, keys, f"pass {' and '.join(remedies)} to load anyway")
-
-    result = _read(plan, source, comm, options)
+    if error is not None:
+        if source is not None:  # the other ranks learn it in the load's first collective
+            _tell_failure(source, comm, options, error)
+        raise error  # else the open failed alike on every rank, or no other rank waits
+    agreed = _Agreement(strict, per_rank_strict, keys, desc["path"])
+    result = _read(plan, source, comm, options, (json.dumps(report).encode(), agreed))
     blobs = result.blobs
     if keys.renamed:
         blobs = {(PICKLE_PREFIX + keys.name(b[len(PICKLE_PREFIX):])
                   if b.startswith(PICKLE_PREFIX) else b): v for b, v in blobs.items()}
     if skip is not None:
         values = {k: v for k, v in values.items() if not skip(k)}
-    absent = sorted({k for r in reports for k in r["absent_state"]})
-    _finish(state_dict, flat, values, blobs, unsafe_pickle, absent, desc["path"],
+    _finish(state_dict, flat, values, blobs, unsafe_pickle, agreed.absent, desc["path"],
             comm.rank if comm is not None else 0)
-    return LoadResult(desc["path"], desc["tag"], sorted(missing + absent + pr_missing),
-                      sorted(unexpected + pr_unused), json.loads(desc["metadata"]),
-                      result.bytes_read, result.seconds, result.bytes_shared,
-                      saved_values)
+    return LoadResult(desc["path"], desc["tag"],
+                      sorted(agreed.missing + agreed.absent + agreed.per_rank_missing),
+                      sorted(agreed.unexpected + agreed.per_rank_unused),
+                      json.loads(desc["metadata"]), result.bytes_read, result.seconds,
+                      result.bytes_shared, saved_values)
+
+
+class _Agreement:
+    """Every rank's key report (a _Report as a dict), checked on every rank
+    in the engine load's first collective (its check_reports), before any
+    byte is read: a key is missing when a rank lacks it, unexpected only
+    when no rank wants it (pipeline stages load disjoint keys); strict (and
+    per_rank_strict) raise a KeyMismatchError, the same on every rank."""
+
+    def __init__(self, strict: bool, per_rank_strict: bool, keys: _keys.KeyMap, path: str):
+        self.strict, self.per_rank_strict, self.keys, self.path = (strict, per_rank_strict,
+                                                                  keys, path)
+        self.missing: list[str] = []
+        self.unexpected: list[str] = []
+        self.per_rank_missing: list[str] = []
+        self.per_rank_unused: list[str] = []
+        self.absent: list[str] = []
+
+    def __call__(self, raw: list[bytes]) -> None:
+        reports = [json.loads(r) for r in raw]
+        self.missing = sorted({k for r in reports for k in r["missing"]})
+        self.unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
+        self.per_rank_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
+        self.per_rank_unused = reports[0]["per_rank_unused"]  # the same on every rank
+        self.absent = sorted({k for r in reports for k in r["absent_state"]})
+        keys_fail = self.strict and bool(self.missing or self.unexpected)
+        per_rank_fail = self.per_rank_strict and bool(self.per_rank_missing or
+                                                      self.per_rank_unused)
+        if not (keys_fail or per_rank_fail):
+            return
+        notes = sorted({n for r in reports for n in r["notes"]})
+        remedies = ["strict=False"] if keys_fail else []
+        if per_rank_fail:
+            notes.append("per-rank values load by rank: rank r gets saved rank r's")
+            remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
+        raise _key_error(
+            (self.missing if keys_fail else []) + (self.per_rank_missing if per_rank_fail else []),
+            (self.unexpected if keys_fail else []) + (self.per_rank_unused if per_rank_fail
+                                                      else []),
+            self.path, notes, self.keys, f"pass {' and '.join(remedies)} to load anyway")
+
+
+def _tell_failure(source: _C.OpenedSource, comm: TorchComm, options: LoadOptions,
+                  error: BaseException) -> None:
+    """This rank's failure preparing its part, sent to the other ranks in the
+    engine load's first collective (they raise its class, naming this
+    rank); raises nothing itself."""
+    code = getattr(error, "code", None) or "INVALID_ARGUMENT"
+    detail = getattr(error, "detail", "") or ""
+    message = str(error) if isinstance(error, ShardsafeError) else (
+        f"{type(error).__name__}: {error}")
+    try:
+        _C.load_source([], source, comm, options.engine(), check=(b"", lambda reports: None),
+                       failed=(code, detail, message))
+    except ShardsafeError:
+        pass
 
 
 def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,
@@ -455,7 +499,8 @@ def _skipper(skip_keys: Sequence[str | re.Pattern]) -> Callable[[str], bool] | N
 
 
 def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
-          options: LoadOptions) -> _C.LoadResult:
+          options: LoadOptions, check: tuple[bytes, Callable[[list[bytes]], None]]
+          ) -> _C.LoadResult:
     """Runs the engine load into the plan's direct targets and each read's
     buffer: the target itself when it can take the data in place, else
     staging (then copied in), or FP8 temporaries (then dequantised in)."""
@@ -469,7 +514,7 @@ def _read(plan: _Plan, source: _C.OpenedSource, comm: TorchComm | None,
             else:
                 staged.append(r)  # strided, lazily conjugated/negated, another device
     with _device.STAGING.borrow([r.dest for r in staged]) as hosts:
-        return _read_into(plan, staged, device, fp8, hosts, source, comm, options)
+        return _read_into(plan, staged, device, fp8, hosts, source, comm, options, check)
 
 
 def _on_device(r: _Read) -> bool:
@@ -520,7 +565,8 @@ def _device_specs(reads: list[_Read], staging: tuple[int, int] | None
 
 def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[_Read],
                hosts: list[torch.Tensor], source: _C.OpenedSource, comm: TorchComm | None,
-               options: LoadOptions) -> _C.LoadResult:
+               options: LoadOptions, check: tuple[bytes, Callable[[list[bytes]], None]]
+               ) -> _C.LoadResult:
     for r, h in zip(staged, hosts):
         r.buf = h
     # At least the engine's two buffers of at least 1 MiB each.
@@ -529,7 +575,7 @@ def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[
           else contextlib.nullcontext()) as lent:
         devices = _device_specs(device, lent)
         result = _C.load_source(_load_specs(plan.reads), source, comm, options.engine(),
-                                plan.whole, devices)
+                                plan.whole, devices, check)
     with torch.no_grad():
         for r in staged:
             r.dest.copy_(r.buf, non_blocking=r.dest.device.type != "cpu")

@@ -46,6 +46,13 @@ Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const 
   return PayloadsOrFailure(comm, all);
 }
 
+Result<std::vector<std::string>> AllGatherOrFail(Comm& comm, const Status& local,
+                                                 std::string payload) {
+  SS_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      comm.AllGather(StatusAndPayload(local, payload)));
+  return PayloadsOrFailure(comm, all);
+}
+
 Result<std::vector<uint64_t>> ReduceMaxOrFail(Comm& comm, const Status& local,
                                               std::vector<uint64_t> values) {
   // First the lowest failing rank, as size - rank (0: none failed).

@@ -33,6 +33,11 @@ Result<std::vector<uint64_t>> ReduceMaxOrFail(Comm& comm, const Status& local,
 Result<std::vector<std::string>> GatherToRootOrFail(Comm& comm, int root, const Status& local,
                                                     std::string payload);
 
+// Gathers (`local` status, `payload`) on every rank: every rank receives
+// all payloads, by rank, or the lowest failing rank's error (named as
+// above). One AllGather.
+Result<std::vector<std::string>> AllGatherOrFail(Comm& comm, const Status& local,
+                                                 std::string payload);
 // Rank `root` computes one part per rank (or fails); every rank receives its
 // part, or the root's error as it is.
 Result<std::string> ScatterOrFail(Comm& comm, int root, Result<std::vector<std::string>> parts);

@@ -163,6 +163,45 @@ TEST_F(CollectivesTest, LoadMakesTwoOrThreeWithSharedReads) {
   }
 }
 
+// A caller's reports travel in the load's first collective: every rank
+// checks every rank's before anything is read, and a rank's failure
+// preparing its part fails every rank, naming it.
+TEST_F(CollectivesTest, ReportsAndALocalFailureTravelInTheLoadsFirstCollective) {
+  Count([&](int r, Comm& comm) {
+    OwnedShard shard = Half(r);
+    return Save(StateOf(shard), root_ + "/r", comm, {}).status();
+  });
+  std::vector<std::vector<std::string>> seen(kRanks);
+  auto load = [&](int r, Comm& comm, Status failure, bool refuse) {
+    OwnedTarget t = MakeTarget("w", DType::kF32, kShape, {Box{{4ull * r, 0}, {4, 4}}, std::nullopt});
+    std::fill_n(static_cast<float*>(t.target.data), 16, -1.0f);
+    LoadOptions options;
+    options.share_reads = false;
+    options.local_failure = std::move(failure);
+    options.report = "from " + std::to_string(r);
+    options.check_reports = [&, r](const std::vector<std::string>& reports) {
+      seen[r] = reports;
+      return refuse ? FailedPreconditionError("keys do not match") : Status();
+    };
+    Status s = Load(LoadRequest{{t.target}}, root_ + "/r", comm, options).status();
+    const bool untouched = static_cast<float*>(t.target.data)[0] == -1.0f;
+    return s.ok() || untouched ? s : InternalError("read before the check failed: " + s.ToString());
+  };
+  EXPECT_THAT(Count([&](int r, Comm& comm) { return load(r, comm, Status(), false); }),
+              ::testing::Each(3));
+  for (const auto& reports : seen) {
+    EXPECT_THAT(reports, ::testing::ElementsAre("from 0", "from 1"));
+  }
+  testing::RunRanks(kRanks, [&](int r, Comm& comm) {
+    Status refused = load(r, comm, Status(), true);
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+    EXPECT_THAT(refused.message(), HasSubstr("keys do not match"));
+    Status failed = load(r, comm, r == 1 ? InvalidArgumentError("bad state") : Status(), false);
+    EXPECT_EQ(failed.code(), StatusCode::kInvalidArgument) << failed.ToString();
+    EXPECT_THAT(failed.message(), HasSubstr("rank 1: bad state"));
+  });
+}
+
 // Another tool's checkpoint that rank 0's caller found travels in the
 // open's one broadcast: every rank gets its name, and rank 0 opens nothing
 // (the path holds no shardsafe checkpoint, so an open would fail).

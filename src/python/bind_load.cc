@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "python/bindings.h"
 #include "python/device_memory.h"
@@ -27,14 +29,64 @@ using namespace nb::literals;
 namespace shardsafe::python {
 namespace {
 
+// A Python check of every rank's report (LoadOptions::check_reports): the
+// exception it raised is kept, to be raised again as it is (a
+// KeyMismatchError keeps its fields) once the engine returns.
+struct ReportCheck {
+  nb::object fn;
+  std::optional<nb::python_error> raised;
+
+  Status operator()(const std::vector<std::string>& reports) {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::list list;
+      for (const std::string& r : reports) list.append(nb::bytes(r.data(), r.size()));
+      fn(list);
+      return Status();
+    } catch (nb::python_error& e) {
+      raised.emplace(std::move(e));
+      return FailedPreconditionError("the check of every rank's report raised");
+    }
+  }
+};
+
+// A failure the Python side met preparing its part, as a Status of its
+// class's code and detail, so that every rank raises that class.
+Status FailureOf(const std::string& code, const std::string& detail, const std::string& message) {
+  StatusCode c = StatusCode::kInvalidArgument;
+  for (int i = 1; i <= static_cast<int>(StatusCode::kInternal); ++i) {
+    if (StatusCodeName(static_cast<StatusCode>(i)) == code) c = static_cast<StatusCode>(i);
+  }
+  Status s(c, message);
+  for (int i = 1; i <= static_cast<int>(kLastErrorDetail); ++i) {
+    const auto d = static_cast<ErrorDetail>(i);
+    if (ErrorDetailName(d) == detail) s = s.WithDetail(d);
+  }
+  return s;
+}
+
 // LoadOpenedSource of `targets` (and `whole`, a fast path's, moved in),
-// the tensors of `device` filled through its copier.
+// the tensors of `device` filled through its copier. `check`: (this rank's
+// report, a callable given every rank's), run before anything is read;
+// `failed`: this rank's failure preparing its part, (code, detail,
+// message) as shardsafe.errors names them (LoadOptions::local_failure).
 LoadResult LoadSource(std::vector<Spec> targets, const OpenedSource& s, nb::handle comm,
-                      const LoadOptions& options, WholeTargets* whole, DeviceArg device) {
+                      const LoadOptions& options, WholeTargets* whole, DeviceArg device,
+                      std::optional<std::pair<nb::bytes, nb::object>> check,
+                      std::optional<std::tuple<std::string, std::string, std::string>> failed) {
   const std::vector<WholeTensorTarget> whole_targets = TakeWhole(whole, s.source);
   LoadRequest request = MakeRequest(std::move(targets));
   LoadOptions o = options;
   o.allow_partial = true;  // missing keys are reported: the Python layer matches keys itself
+  auto checked = std::make_shared<ReportCheck>();
+  if (check) {
+    o.report = std::string(check->first.c_str(), check->first.size());
+    checked->fn = check->second;
+    o.check_reports = [checked](const std::vector<std::string>& reports) {
+      return (*checked)(reports);
+    };
+  }
+  if (failed) o.local_failure = std::apply(FailureOf, *failed);
   DeviceCall call;
   if (device) {
     for (Spec& spec : device->second) {
@@ -50,7 +102,15 @@ LoadResult LoadSource(std::vector<Spec> targets, const OpenedSource& s, nb::hand
     o.device = call.memory;
   }
   std::unique_ptr<Comm> c = MakeComm(comm);
-  return Released([&] { return LoadOpenedSource(request, whole_targets, s.source, *c, o); });
+  Result<LoadResult> result = [&] {
+    nb::gil_scoped_release release;
+    return LoadOpenedSource(request, whole_targets, s.source, *c, o);
+  }();
+  if (checked->raised) {
+    checked->raised->restore();
+    throw nb::python_error();
+  }
+  return Unwrap(std::move(result));
 }
 
 // A fast path's items as an opaque Python object (len, and specs for tests).
@@ -66,7 +126,8 @@ void BindWhole(nb::module_& m, const char* name) {
 void BindLoad(nb::module_& m) {
   // `whole` (from plan_whole) is moved into the load: a second use raises.
   m.def("load_source", &LoadSource, "targets"_a, "source"_a, "comm"_a.none(), "options"_a,
-        "whole"_a.none() = nb::none(), "device"_a.none() = nb::none());
+        "whole"_a.none() = nb::none(), "device"_a.none() = nb::none(),
+        "check"_a.none() = nb::none(), "failed"_a.none() = nb::none());
   m.attr("DEFAULT_DEVICE_STAGING_BYTES") = LoadOptions{}.device_staging_bytes;
   BindWhole<WholeTargets>(m, "WholeTargets");
   BindWhole<WholeShards>(m, "WholeShards");

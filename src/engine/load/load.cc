@@ -532,6 +532,11 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request,
   Touched touched;
   CheckpointSource copy;
   const CheckpointSource& packed = Packed(src, &copy);
+  if (options.check_reports) {  // the load's first collective: reports, before any read
+    SS_ASSIGN_OR_RETURN(std::vector<std::string> reports,
+                        AllGatherOrFail(comm, options.local_failure, options.report));
+    SS_RETURN_IF_ERROR(options.check_reports(reports).WithContext("loading " + src.path));
+  }
   Status local = fs.status();
   if (!whole.empty() && !src.packed) {
     local = InvalidArgumentError("whole-tensor targets name tensors of a packed source only");
