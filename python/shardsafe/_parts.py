@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ._json import (FLOAT_TAG, MAX_NESTING, StoredValueError, from_json, nesting, non_finite,
                     to_json)
@@ -201,8 +202,6 @@ def group_rank(per_rank: PerRank, key: str, rank: int) -> int | None:
     elif callable(group) and not _is_process_group(group):
         g = group(rank)
     else:
-        import torch.distributed as dist
-
         if not _is_process_group(group):
             raise InvalidStateError(f"PerRank {key!r}: group must be a ProcessGroup, an int or "
                                     f"a callable rank -> int, got {type(group).__name__}")
@@ -216,8 +215,6 @@ def group_rank(per_rank: PerRank, key: str, rank: int) -> int | None:
 
 
 def _is_process_group(x: Any) -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and isinstance(x, dist.ProcessGroup)
 
 
