@@ -423,7 +423,8 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     comm = resolve(process_group)
     foreign_args = dict(strict=strict, process_group=process_group, unsafe_pickle=unsafe_pickle,
                         convert_dtypes=bool(options.convert_dtypes), skip=skip,
-                        mapped=rename is not None or bool(experts))
+                        mapped=rename is not None or bool(experts),
+                        per_rank_strict=per_rank_strict)
     opened = flat = plan = desc = keys = source = values = saved_values = grouped = None
     error, report = None, None
     try:

@@ -271,7 +271,8 @@ def encode_per_rank(value: Any, key: str) -> bytes:
 def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int | str) -> Any:
     """The value of rank `rank`'s per-rank blob (`rank` a str: a grouped
     value's, "group rank G") of `key` in the checkpoint at `path`, shaped
-    after `like` (the target's value): a tensor where the target has one of the same shape and dtype is filled in place and kept.
+    after `like` (the target's value): a tensor where the target has one
+    of the same shape and dtype is filled in place and kept.
     A blob no save writes (docs/format.md §6) is a CorruptCheckpointError
     "PATH: per-rank value KEY (rank R): PROBLEM": not a safetensors file,
     no JSON `value` in its metadata, a tensor tag that names no tensor of
