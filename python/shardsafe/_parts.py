@@ -166,9 +166,11 @@ class PerRank:
     e.g. a DP rank from the framework's parallel state), or a callable
     taking this rank's rank in the save's or load's process group and
     returning the key (an int >= 0). Ranks with one key hold replicas of
-    one value: the save checks their bytes as it does a tensor's replicas
-    (a difference is an InvalidStateError naming the key and two ranks,
-    nothing committed; only verify_replicas=False skips it). A load gives
+    one value: the save checks their encoded bytes as it does a tensor's
+    replicas (equal values with their dicts in the same key order are equal
+    bytes; a difference is an InvalidStateError naming the tensor
+    __shardsafe__/group/G/KEY and two ranks, nothing committed; only
+    verify_replicas=False skips it). A load gives
     each rank the value saved under its key at load time, whatever the
     world size; a key with no saved value is a KeyMismatchError naming
     "KEY[group rank R]" (per_rank_strict=False: the rank keeps its own value,

@@ -14,6 +14,7 @@ import shardsafe
 from shardsafe.errors import InvalidStateError, KeyMismatchError
 
 from dist_util import run_workers
+from test_collective_counts import _Counter
 
 
 def _loader(dp: int) -> dict:
@@ -129,3 +130,29 @@ def test_a_group_that_gives_no_rank_is_refused(tmp_path, group):
 def test_the_grouped_tensor_names_are_reserved(tmp_path):
     with pytest.raises(InvalidStateError, match="reserved"):
         shardsafe.save({"__shardsafe__/group/0/x": torch.ones(1)}, str(tmp_path / "c"))
+
+
+# -------------------------------------------------- no collective of its own --
+
+def _counts(rank: int, world: int, tmp: str) -> None:
+    counter = _Counter()
+
+    def state(grouped: bool) -> dict:
+        s = {"w": torch.arange(8.0), "step": 3}
+        if grouped:  # one DP rank: both ranks hold its value
+            s["loader"] = shardsafe.PerRank(_loader(0), group=0)
+        return s
+
+    plain = [counter.during(lambda: shardsafe.save(state(False), f"{tmp}/p{i}")) for i in (0, 1)]
+    grouped = [counter.during(lambda: shardsafe.save(state(True), f"{tmp}/g{i}")) for i in (0, 1)]
+    assert plain == grouped, (plain, grouped)
+    target = {"w": torch.zeros(8), "step": 0}
+    load_plain = counter.during(lambda: shardsafe.load(target, f"{tmp}/p0", share_reads=False))
+    target["loader"] = shardsafe.PerRank(_blank(), group=0)
+    load_grouped = counter.during(lambda: shardsafe.load(target, f"{tmp}/g0", share_reads=False))
+    assert load_plain == load_grouped, (load_plain, load_grouped)
+    assert target["loader"].value["pos"] == 1000
+
+
+def test_a_grouped_value_adds_no_torch_distributed_call(tmp_path):
+    run_workers(_counts, 2, str(tmp_path))
