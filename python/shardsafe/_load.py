@@ -220,7 +220,7 @@ class _Grouped:
     saved: dict[str, list[int]]
 
 
-def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int) -> _Grouped:
+def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int, path: str) -> _Grouped:
     """The grouped PerRank values of the state; each one the checkpoint has
     (a U8 tensor GROUP/G/KEY, docs/format.md §6) gets a target in
     flat.sharded under the tensor's name, read with the other tensors."""
@@ -243,9 +243,9 @@ def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int) -> _Grouped:
             continue
         dtype, shape = keys.saved[ckpt]
         if dtype != "U8" or len(shape) != 1:
-            raise CorruptCheckpointError(f"per-rank value {key!r} (group rank {g}): its tensor "
-                                         f"{ckpt!r} is {dtype} {list(shape)}, not 1-D U8 bytes",
-                                         "DATA_LOSS")
+            raise CorruptCheckpointError(f"{path}: per-rank value {key!r} (group rank {g}): its "
+                                         f"tensor {ckpt!r} is {dtype} {list(shape)}, not 1-D U8 "
+                                         f"bytes", "DATA_LOSS")
         grouped.tensors[key] = name
         flat.sharded[name] = Sharded(torch.empty(tuple(shape), dtype=torch.uint8), shape)
     for gs in grouped.saved.values():
@@ -286,7 +286,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                if b.startswith(PICKLE_PREFIX)}
     per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
                 if b.startswith(PER_RANK_PREFIX)}
-    grouped = _grouped(flat, keys, rank)
+    grouped = _grouped(flat, keys, rank, desc["path"])
     plan = _plan(flat, asked, keys, source, dequantize_fp8,
                  bool(options.convert_dtypes))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]

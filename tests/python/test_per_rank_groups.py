@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import shardsafe
-from shardsafe.errors import InvalidStateError, KeyMismatchError
+from shardsafe.errors import CorruptCheckpointError, InvalidStateError, KeyMismatchError
 
 from dist_util import run_workers
 from test_collective_counts import _Counter
@@ -156,3 +156,16 @@ def _counts(rank: int, world: int, tmp: str) -> None:
 
 def test_a_grouped_value_adds_no_torch_distributed_call(tmp_path):
     run_workers(_counts, 2, str(tmp_path))
+
+
+def test_a_grouped_tensor_no_save_writes_is_a_corrupt_checkpoint(tmp_path):
+    # A checkpoint tensor renamed onto a grouped value's name stands in for a damaged one.
+    for name, tensor, problem in [("f32", torch.ones(3), "is F32 \\[3\\], not 1-D U8 bytes"),
+                                  ("u8", torch.arange(10, dtype=torch.uint8),
+                                   "\\(group rank 0\\): not a safetensors blob")]:
+        path = str(tmp_path / name)
+        shardsafe.save({"x": tensor}, path)
+        state = {"l": shardsafe.PerRank("mine", group=0)}
+        with pytest.raises(CorruptCheckpointError, match=f"per-rank value 'l'.*{problem}"):
+            shardsafe.load(state, path, rename=[("^x$", "__shardsafe__/group/0/l")])
+        assert state["l"].value == "mine"
