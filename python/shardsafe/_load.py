@@ -9,7 +9,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -220,16 +220,20 @@ class _Grouped:
     saved: dict[str, list[int]]
 
 
-def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int, path: str) -> _Grouped:
+def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int, path: str,
+             by_rank: Mapping[str, object]) -> _Grouped:
     """The grouped PerRank values of the state; each one the checkpoint has
     (a U8 tensor GROUP/G/KEY, docs/format.md §6) gets a target in
-    flat.sharded under the tensor's name, read with the other tensors."""
+    flat.sharded under the tensor's name, read with the other tensors.
+    The checkpoint's tensor list is scanned only when the state has a
+    grouped value or a PerRank the checkpoint has no per-rank blobs of
+    (`by_rank`: their keys)."""
     grouped = _Grouped({}, {}, {})
     for key, value in flat.per_rank.items():
         g = group_rank(value, key, rank)
         if g is not None:
             grouped.ranks[key] = g
-    if not flat.per_rank:
+    if not grouped.ranks and all(k in by_rank for k in flat.per_rank):
         return grouped
     keys.materialize()
     for name in keys.saved:
@@ -286,7 +290,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                if b.startswith(PICKLE_PREFIX)}
     per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
                 if b.startswith(PER_RANK_PREFIX)}
-    grouped = _grouped(flat, keys, rank, desc["path"])
+    grouped = _grouped(flat, keys, rank, desc["path"], per_rank)
     plan = _plan(flat, asked, keys, source, dequantize_fp8,
                  bool(options.convert_dtypes))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
