@@ -9,7 +9,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,12 +21,13 @@ from ._boxes import Box, Boxes, dtype_name, in_place
 from ._comm import TorchComm, agree, resolve
 from ._engine import without_gc
 from ._options import LoadOptions
-from ._parts import PerRank, decode_per_rank
+from ._parts import (PerRank, Sharded, decode_per_rank, group_rank, group_tensor_name,
+                     parse_group_tensor_name)
 from ._result import LoadResult
 from ._state import (DTYPE_NAMES, PER_RANK_PREFIX, PICKLE_PREFIX, RESERVED_KEY, TORCH_DTYPES, Flat,
                      TensorLeaf, decode_value, decoded_values, flatten, rebuild)
-from .errors import (CheckpointNotFoundError, DTypeMismatchError, InvalidStateError,
-                     KeyMismatchError, ShapeMismatchError, ShardsafeError)
+from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DTypeMismatchError,
+                     InvalidStateError, KeyMismatchError, ShapeMismatchError, ShardsafeError)
 
 
 @dataclass(slots=True)
@@ -200,18 +201,85 @@ class _Report:
     # values no rank loads: fatal unless per_rank_strict=False.
     per_rank_missing: list[str]
     per_rank_unused: list[str]
+    # Grouped PerRank values (PerRank(value, group=...)): the group rank this
+    # rank loads of each key, and the group ranks the checkpoint holds of it.
+    per_rank_groups: dict[str, int]
+    per_rank_saved_groups: dict[str, list[int]]
+
+
+@dataclass
+class _Grouped:
+    """This rank's grouped PerRank values: {KEY: group rank}, {KEY: its
+    checkpoint tensor, where the checkpoint has one}, and {KEY: the group
+    ranks the checkpoint holds} (of every PerRank's KEY, grouped or not)."""
+
+    ranks: dict[str, int]
+    tensors: dict[str, str]
+    saved: dict[str, list[int]]
+
+
+def _grouped(flat: Flat, keys: _keys.KeyMap, rank: int, path: str,
+             by_rank: Mapping[str, object]) -> _Grouped:
+    """The grouped PerRank values of the state; each one the checkpoint has
+    (a U8 tensor GROUP/G/KEY, docs/format.md §6) gets a target in
+    flat.sharded under the tensor's name, read with the other tensors.
+    The checkpoint's tensor list is scanned only when the state has a
+    grouped value or a PerRank the checkpoint has no per-rank blobs of
+    (`by_rank`: their keys)."""
+    grouped = _Grouped({}, {}, {})
+    for key, value in flat.per_rank.items():
+        g = group_rank(value, key, rank)
+        if g is not None:
+            grouped.ranks[key] = g
+    if not grouped.ranks and all(k in by_rank for k in flat.per_rank):
+        return grouped
+    keys.materialize()
+    for name in keys.saved:
+        parsed = parse_group_tensor_name(name)
+        if parsed is not None and parsed[0] in flat.per_rank:
+            grouped.saved.setdefault(parsed[0], []).append(parsed[1])
+    for key, g in grouped.ranks.items():
+        name = group_tensor_name(key, g)
+        ckpt = keys.to_ckpt.get(name)
+        if ckpt is None:
+            continue
+        dtype, shape = keys.saved[ckpt]
+        if dtype != "U8" or len(shape) != 1:
+            raise CorruptCheckpointError(f"{path}: per-rank value {key!r} (group rank {g}): its "
+                                         f"tensor {ckpt!r} is {dtype} {list(shape)}, not 1-D U8 "
+                                         f"bytes", "DATA_LOSS")
+        grouped.tensors[key] = name
+        flat.sharded[name] = Sharded(torch.empty(tuple(shape), dtype=torch.uint8), shape)
+    for gs in grouped.saved.values():
+        gs.sort()
+    return grouped
+
+
+def _per_rank_notes(flat: Flat, grouped: _Grouped, per_rank: dict) -> list[str]:
+    """Why a per-rank value is missing when the checkpoint has it keyed the
+    other way (by rank where the state asks by group rank, or the reverse)."""
+    notes = []
+    for key in flat.per_rank:
+        if key in grouped.ranks and key not in grouped.tensors and key in per_rank:
+            notes.append(f"per-rank value {key!r} was saved by rank, without a group: load it "
+                         f"into a PerRank without group=")
+        elif key not in grouped.ranks and key not in per_rank and key in grouped.saved:
+            notes.append(f"per-rank value {key!r} was saved by group rank: load it into a "
+                         f"PerRank with group=")
+    return notes
 
 
 def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSource,
                   desc: dict, rename: _keys.Rename, experts: Sequence[_keys.ExpertGroup],
                   dequantize_fp8: bool, options: LoadOptions,
-                  skip: Callable[[str], bool] | None,
-                  rank: int, world: int) -> tuple[_keys.KeyMap, _Plan, dict, dict, dict]:
+                  skip: Callable[[str], bool] | None, rank: int, world: int
+                  ) -> tuple[_keys.KeyMap, _Plan, dict, dict, dict, _Grouped]:
     """This rank's side of a load, before any collective: the checkpoint's
     keys mapped, this rank's reads planned, its report (a _Report as a
     dict) of missing and unexpected keys, and the saved values (renamed;
     parsed here once per load) as stored and as Python (a value no save
-    writes is a CorruptCheckpointError here, before anything is loaded)."""
+    writes is a CorruptCheckpointError here, before anything is loaded),
+    and its grouped PerRank values (_grouped)."""
     keys = _keys.KeyMap(desc["tensors"], rename, experts)
     values = keys.rename_values(json.loads(desc["values"]) or {})
     excluded = set(values.pop(RESERVED_KEY, {}).get("excluded_frozen", ()))
@@ -220,6 +288,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                if b.startswith(PICKLE_PREFIX)}
     per_rank = {b[len(PER_RANK_PREFIX):]: ranks for b, ranks in desc["per_rank_blobs"].items()
                 if b.startswith(PER_RANK_PREFIX)}
+    grouped = _grouped(flat, keys, rank, desc["path"], per_rank)
     plan = _plan(flat, asked, keys, source, dequantize_fp8,
                  bool(options.convert_dtypes))
     missing = plan.missing + [k for k in flat.values if k not in values and k not in pickled]
@@ -230,7 +299,12 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
     if unused or values or pickled or per_rank:
         wanted = ({leaf.key for leaf in flat.tensors} | set(flat.values) | set(flat.sharded)
                   | set(flat.per_rank))
-        unexpected = sorted({keys.name(k) for k in unused if keys.name(k) not in wanted}
+        # Grouped PerRank tensors count under their KEY (their group ranks
+        # no rank loads: per_rank_unused, after the agreement).
+        in_groups = {k: parse_group_tensor_name(k) for k in unused}
+        unexpected = sorted({keys.name(k) for k in unused
+                             if in_groups[k] is None and keys.name(k) not in wanted}
+                            | {g[0] for g in in_groups.values() if g and g[0] not in wanted}
                             | {k for k in [*values, *pickled, *per_rank] if k not in wanted})
     if skip is not None:
         unexpected = [k for k in unexpected if not skip(k)]
@@ -239,13 +313,18 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
     absent = (_absent_param_state(flat, missing, [*map(keys.name, keys.saved), *values])
               if flat.optimizers and missing else set())
     absent |= excluded.intersection(missing)
-    report = _Report([k for k in missing if k not in absent], unexpected, plan.notes,
-                     sorted(absent),
-                     [f"{k}[rank {rank}]" for k in flat.per_rank
-                      if rank not in per_rank.get(k, ())],
-                     [f"{k}[rank {r}]" for k in flat.per_rank for r in per_rank.get(k, ())
-                      if r >= world])
-    return keys, plan, report.__dict__, values, saved
+    by_rank = [k for k in flat.per_rank if k not in grouped.ranks]
+    pr_missing = ([f"{k}[rank {rank}]" for k in by_rank if rank not in per_rank.get(k, ())]
+                  + [f"{k}[group rank {g}]" for k, g in grouped.ranks.items()
+                     if k not in grouped.tensors])
+    report = _Report([k for k in missing if k not in absent], unexpected,
+                     plan.notes + _per_rank_notes(flat, grouped, per_rank),
+                     sorted(absent), pr_missing,
+                     [f"{k}[rank {r}]" for k in by_rank for r in per_rank.get(k, ())
+                      if r >= world],
+                     {k: g for k, g in grouped.ranks.items() if k in grouped.tensors},
+                     grouped.saved)
+    return keys, plan, report.__dict__, values, saved, grouped
 
 
 def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set[str]:
@@ -314,11 +393,12 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     skip_keys: state keys left as they are and saved keys ignored, strict
       or not: a str skips the keys it prefixes, an re.Pattern the keys it
       matches (re.search), e.g. ["lm_head."] (NeMo's skip_task_head_prefixes).
-    per_rank_strict: shardsafe.PerRank values: rank r loads saved rank r's.
-      A rank the checkpoint has none for (a larger world), or saved ranks
-      no rank loads (a smaller one), raise KeyMismatchError naming
-      "KEY[rank R]"; with False those keep their value, and are reported in
-      missing_keys / unexpected_keys.
+    per_rank_strict: shardsafe.PerRank values: rank r loads saved rank r's
+      (with group=, group rank g loads saved group rank g's). A rank the
+      checkpoint has none for (a larger world), or saved ranks no rank
+      loads (a smaller one), raise KeyMismatchError naming "KEY[rank R]"
+      ("KEY[group rank G]"); with False those keep their value, and are
+      reported in missing_keys / unexpected_keys.
     Engine options (verify_checksums, convert_dtypes, share_reads, ...:
     shardsafe.LoadOptions) as keywords or as `options`.
 
@@ -345,8 +425,9 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     comm = resolve(process_group)
     foreign_args = dict(strict=strict, process_group=process_group, unsafe_pickle=unsafe_pickle,
                         convert_dtypes=bool(options.convert_dtypes), skip=skip,
-                        mapped=rename is not None or bool(experts))
-    opened = flat = plan = desc = keys = source = values = saved_values = None
+                        mapped=rename is not None or bool(experts),
+                        per_rank_strict=per_rank_strict)
+    opened = flat = plan = desc = keys = source = values = saved_values = grouped = None
     error, report = None, None
     try:
         # Collective: rank 0 reads the index once; the engine load reuses it.
@@ -357,7 +438,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                 source = opened  # every rank has it, whatever fails below
             source, flat, asked = _walk(state_dict, opened, ask=rename is None, skip=skip)
             desc = _C.describe_source(source)
-            keys, plan, report, values, saved_values = _prepare_load(
+            keys, plan, report, values, saved_values, grouped = _prepare_load(
                 flat, asked, source, desc, rename, experts, dequantize_fp8, options, skip,
                 comm.rank if comm is not None else 0, comm.size if comm is not None else 1)
     except (ShardsafeError, ValueError, TypeError, RuntimeError) as e:
@@ -381,7 +462,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
     if skip is not None:
         values = {k: v for k, v in values.items() if not skip(k)}
     _finish(state_dict, flat, values, blobs, unsafe_pickle, agreed.absent, desc["path"],
-            comm.rank if comm is not None else 0)
+            comm.rank if comm is not None else 0, grouped)
     return LoadResult(desc["path"], desc["tag"],
                       sorted(agreed.missing + agreed.absent + agreed.per_rank_missing),
                       sorted(agreed.unexpected + agreed.per_rank_unused),
@@ -410,7 +491,8 @@ class _Agreement:
         self.missing = sorted({k for r in reports for k in r["missing"]})
         self.unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
         self.per_rank_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
-        self.per_rank_unused = reports[0]["per_rank_unused"]  # the same on every rank
+        # the same on every rank
+        self.per_rank_unused = reports[0]["per_rank_unused"] + _unused_groups(reports)
         self.absent = sorted({k for r in reports for k in r["absent_state"]})
         keys_fail = self.strict and bool(self.missing or self.unexpected)
         per_rank_fail = self.per_rank_strict and bool(self.per_rank_missing or
@@ -420,7 +502,8 @@ class _Agreement:
         notes = sorted({n for r in reports for n in r["notes"]})
         remedies = ["strict=False"] if keys_fail else []
         if per_rank_fail:
-            notes.append("per-rank values load by rank: rank r gets saved rank r's")
+            notes.append("per-rank values load by rank: rank r gets saved rank r's (with "
+                         "group=, group rank g gets saved group rank g's)")
             remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
         raise _key_error(
             (self.missing if keys_fail else []) + (self.per_rank_missing if per_rank_fail else []),
@@ -443,6 +526,20 @@ def _tell_failure(source: _C.OpenedSource, comm: TorchComm, options: LoadOptions
                        failed=(code, detail, message))
     except ShardsafeError:
         pass
+
+
+def _unused_groups(reports: list[dict]) -> list[str]:
+    """"KEY[group rank G]" for each saved group rank of a grouped PerRank
+    that no rank loads (the same on every rank: from every rank's report)."""
+    loaded: dict[str, set[int]] = {}
+    saved: dict[str, set[int]] = {}
+    for r in reports:
+        for key, g in r["per_rank_groups"].items():
+            loaded.setdefault(key, set()).add(g)
+        for key, gs in r["per_rank_saved_groups"].items():
+            saved.setdefault(key, set()).update(gs)
+    return [f"{key}[group rank {g}]" for key in sorted(saved)
+            for g in sorted(saved[key] - loaded.get(key, set()))]
 
 
 def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,
@@ -592,9 +689,10 @@ def _read_into(plan: _Plan, staged: list[_Read], device: list[_Read], fp8: list[
 
 
 def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bool,
-            absent_state: list[str], path: str, rank: int) -> None:
+            absent_state: list[str], path: str, rank: int, grouped: _Grouped) -> None:
     """Puts the saved values (and this rank's per-rank values, from the
-    checkpoint at `path`) into the state, drops the optimizer state of
+    checkpoint at `path`: grouped ones from their tensors, read into
+    flat.sharded) into the state, drops the optimizer state of
     parameters that had none when saved (`absent_state`, keys under
     OPTIM.state.ID.) and hands state dicts back."""
     if not flat.values and not flat.state_dicts and not flat.per_rank:
@@ -607,6 +705,13 @@ def _finish(state: Any, flat: Flat, values: dict, blobs: dict, unsafe_pickle: bo
             del param_state[pid]
 
     def value(key: str, old: Any) -> Any:
+        if isinstance(old, PerRank) and key in grouped.ranks:
+            name = grouped.tensors.get(key)
+            if name is not None:  # absent (per_rank_strict=False) or skipped: kept
+                blob = flat.sharded[name].parts[0].local.numpy().tobytes()
+                old.value = decode_per_rank(blob, old.value, key, path,
+                                            f"group rank {grouped.ranks[key]}")
+            return old
         if isinstance(old, PerRank):
             blob = blobs.get(PER_RANK_PREFIX + key) if key in flat.per_rank else None
             if blob is not None:  # absent (per_rank_strict=False) or skipped: kept

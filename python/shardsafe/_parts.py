@@ -12,7 +12,9 @@ otherwise, for frameworks that shard without DTensor:
   saved layout.
 - ``PerRank``: a value or tensor (or a structure of them) that differs by
   rank: RNG states, data-loader positions. Each rank saves its own, in the
-  same atomic checkpoint, and gets its own back (docs/format.md §6).
+  same atomic checkpoint, and gets its own back; with ``group=``, one
+  value per rank within a group (a DP rank's), checked equal across the
+  ranks that share it (docs/format.md §6).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ._json import (FLOAT_TAG, MAX_NESTING, StoredValueError, from_json, nesting, non_finite,
                     to_json)
@@ -145,17 +148,94 @@ class PerRank:
         shardsafe.load(state, path)
         torch.set_rng_state(state["rng"].value["cpu"])
 
-    Loading replaces `value` with the one this rank saved (rank r gets saved
-    rank r's). At another world size, a rank the checkpoint has no value for
-    is an error naming the key and ranks (load's per_rank_strict=False
+    Without `group`, values are keyed by rank in the save's and load's
+    process group (the global rank by default): rank r gets saved rank r's.
+    At another world size, a rank the checkpoint has no value for is a
+    KeyMismatchError naming "KEY[rank R]" (load's per_rank_strict=False
     leaves its value as it was and reports the key as missing).
+
+    With `group`, values are keyed by a group rank, so that state owned by
+    one data-parallel rank (its data-loader position) follows that DP rank
+    through a TP/PP change:
+
+        # Megatron / nanotron: one value per DP rank; its TP/PP peers hold the same
+        state["loader"] = shardsafe.PerRank(loader.state_dict(), group=dp_group)
+
+    `group` is a torch.distributed ProcessGroup (the key is
+    dist.get_rank(group), this rank's rank in it), an int (the key itself,
+    e.g. a DP rank from the framework's parallel state), or a callable
+    taking this rank's rank in the save's or load's process group and
+    returning the key (an int >= 0). Ranks with one key hold replicas of
+    one value: the save checks their encoded bytes as it does a tensor's
+    replicas (equal values with their dicts in the same key order are equal
+    bytes; a difference is an InvalidStateError naming the tensor
+    __shardsafe__/group/G/KEY and two ranks, nothing committed; only
+    verify_replicas=False skips it). A load gives
+    each rank the value saved under its key at load time, whatever the
+    world size; a key with no saved value is a KeyMismatchError naming
+    "KEY[group rank R]" (per_rank_strict=False: the rank keeps its own value,
+    never another key's). Stored as docs/format.md §6 says; a checkpoint
+    saved without `group` loads only into a PerRank without one, and the
+    other way round (the error says which).
     """
 
-    def __init__(self, value: Any):
+    def __init__(self, value: Any, group: Any = None):
         self.value = value
+        self.group = group
 
     def __repr__(self) -> str:
-        return f"PerRank({self.value!r})"
+        group = "" if self.group is None else f", group={self.group!r}"
+        return f"PerRank({self.value!r}{group})"
+
+
+def group_rank(per_rank: PerRank, key: str, rank: int) -> int | None:
+    """The key a PerRank is stored under: None without a group (keyed by
+    `rank`, this rank's rank in the save's or load's process group), else
+    its group rank as PerRank's doc says; an InvalidStateError naming
+    `key` for a group this rank is not in or a rule that gives no int >= 0."""
+    group = per_rank.group
+    if group is None:
+        return None
+    if isinstance(group, bool):
+        raise InvalidStateError(f"PerRank {key!r}: group must be a ProcessGroup, an int or a "
+                                f"callable rank -> int, got a bool")
+    if isinstance(group, int):
+        g = group
+    elif callable(group) and not _is_process_group(group):
+        g = group(rank)
+    else:
+        if not _is_process_group(group):
+            raise InvalidStateError(f"PerRank {key!r}: group must be a ProcessGroup, an int or "
+                                    f"a callable rank -> int, got {type(group).__name__}")
+        g = dist.get_rank(group)
+        if g < 0:
+            raise InvalidStateError(f"PerRank {key!r}: rank {rank} is not in its group")
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise InvalidStateError(f"PerRank {key!r}: the group rule gave {g!r} for rank {rank}, "
+                                f"not an int >= 0")
+    return g
+
+
+def _is_process_group(x: Any) -> bool:
+    return dist.is_available() and isinstance(x, dist.ProcessGroup)
+
+
+# Tensor names of grouped PerRank values: GROUP_PREFIX + "G/KEY" (docs/format.md §6).
+GROUP_PREFIX = "__shardsafe__/group/"
+
+
+def group_tensor_name(key: str, g: int) -> str:
+    return f"{GROUP_PREFIX}{g}/{key}"
+
+
+def parse_group_tensor_name(name: str) -> tuple[str, int] | None:
+    """(KEY, G) of a grouped PerRank tensor's name; None for any other name."""
+    if not name.startswith(GROUP_PREFIX):
+        return None
+    g, _, key = name[len(GROUP_PREFIX):].partition("/")
+    if not key or not g.isdigit() or str(int(g)) != g:
+        return None
+    return key, int(g)
 
 
 # ------------------------------------------------- per-rank value encoding --
@@ -190,16 +270,18 @@ def encode_per_rank(value: Any, key: str) -> bytes:
     return save(tensors, metadata={"value": doc})
 
 
-def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int) -> Any:
-    """The value of rank `rank`'s per-rank blob of `key` in the checkpoint at
-    `path`, shaped after `like` (the target's value): a tensor where the
-    target has one of the same shape and dtype is filled in place and kept.
+def decode_per_rank(blob: bytes, like: Any, key: str, path: str, rank: int | str) -> Any:
+    """The value of rank `rank`'s per-rank blob (`rank` a str: a grouped
+    value's, "group rank G") of `key` in the checkpoint at `path`, shaped
+    after `like` (the target's value): a tensor where the target has one
+    of the same shape and dtype is filled in place and kept.
     A blob no save writes (docs/format.md §6) is a CorruptCheckpointError
     "PATH: per-rank value KEY (rank R): PROBLEM": not a safetensors file,
     no JSON `value` in its metadata, a tensor tag that names no tensor of
     the blob, a float tag other than the three non-finite floats."""
     def corrupt(problem: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(f"{path}: per-rank value {key!r} (rank {rank}): {problem}",
+        who = rank if isinstance(rank, str) else f"rank {rank}"
+        return CorruptCheckpointError(f"{path}: per-rank value {key!r} ({who}): {problem}",
                                       "DATA_LOSS")
 
     tensors, doc = _parse_blob(blob, corrupt)

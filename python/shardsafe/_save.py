@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from . import _C, _device, _engine, _paths
@@ -20,7 +21,7 @@ from ._engine import future, saver, without_gc
 from ._files import FileRefusedError, read_bytes
 from ._options import SaveOptions
 from ._json import to_json
-from ._parts import encode_per_rank
+from ._parts import encode_per_rank, group_rank, group_tensor_name
 from ._result import as_dict
 from ._state import FILE_PREFIX, PER_RANK_PREFIX, RESERVED_KEY, encode_values, flatten
 from .errors import InvalidStateError, ShardsafeError
@@ -77,9 +78,27 @@ def _file_blobs(files: Mapping[str, Any] | None) -> list[tuple]:
     return blobs
 
 
+def _per_rank_boxes(flat_per_rank: dict, rank: int, args: _SaveArgs) -> list[tuple]:
+    """Each PerRank as its blob: without a group, the per-rank blob `rank/KEY`
+    (appended to args.blobs); with one, the U8 tensor GROUP/G/KEY of the
+    blob's bytes (returned as a box), which ranks with one group rank G save
+    as replicas, checked byte for byte (docs/format.md §6)."""
+    boxes = []
+    for key, value in flat_per_rank.items():
+        blob = encode_per_rank(value.value, key)
+        g = group_rank(value, key, rank)
+        if g is None:
+            args.blobs.append((PER_RANK_PREFIX + key, blob, True))
+            continue
+        t = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        boxes.append((group_tensor_name(key, g), Box(t, (t.numel(),), (0,), (t.numel(),)),
+                      None))
+    return boxes
+
+
 def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
                   files: Mapping[str, Any] | None = None,
-                  exclude_frozen_parameters: bool = False) -> _SaveArgs:
+                  exclude_frozen_parameters: bool = False, rank: int = 0) -> _SaveArgs:
     args = _SaveArgs()
     flat = flatten(state)
     values, args.blobs = encode_values(flat.values, unsafe_pickle)
@@ -101,8 +120,7 @@ def _prepare_save(state: Any, metadata: Any, unsafe_pickle: bool,
     for key, sharded in flat.sharded.items():
         for p in sharded.parts:
             boxes.append((key, Box(p.local, sharded.shape, p.offset, p.size), p.flat))
-    for key, value in flat.per_rank.items():
-        args.blobs.append((PER_RANK_PREFIX + key, encode_per_rank(value.value, key), True))
+    boxes += _per_rank_boxes(flat.per_rank, rank, args)
     device_specs, device_tensors = [], []
     for key, b, flat_range in boxes:
         name = dtype_name(key, b.local)
@@ -136,7 +154,8 @@ def prepared(state: Any, comm: TorchComm | None, metadata: Any, unsafe_pickle: b
     the engine's first one carries the failure); run it with args.run."""
     try:
         args = _prepare_save(state, metadata, unsafe_pickle, files,
-                             options.exclude_frozen_parameters)
+                             options.exclude_frozen_parameters,
+                             comm.rank if comm is not None else 0)
         args.call = _C.SaveCall(args.specs, args.blobs, args.values, args.metadata, comm,
                                 options.engine(), args.whole, args.device)
     except (ShardsafeError, ValueError, TypeError, RuntimeError, OSError) as e:

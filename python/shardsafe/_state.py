@@ -172,7 +172,7 @@ def flatten(state: Any, for_load: bool = False,
                 visit(v, join(key, i))
 
     def add(key: str) -> None:
-        if key == RESERVED_KEY:
+        if key == RESERVED_KEY or key.startswith(RESERVED_KEY + "/"):
             raise InvalidStateError(f"key {key!r} is reserved for shardsafe's own records")
         if not key:
             raise InvalidStateError("the state must be a dict (or an object with state_dict()), "

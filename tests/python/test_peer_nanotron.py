@@ -297,14 +297,17 @@ def test_tensors_lists_every_parameter_with_its_unsharded_shape(ckpt):
     root, weights, opt_globals, _ = ckpt
     ck = opened(root)
     listed = ck.tensors()
-    weights_listed = {k: v for k, v in listed.items() if not k.startswith("optimizer.")}
+    weights_listed = {k: v for k, v in listed.items()
+                      if not k.startswith(("optimizer.", "__shardsafe__/"))}
     assert weights_listed == {n: (t.dtype, tuple(t.shape)) for n, t in weights.items()}
     assert LM_HEAD not in listed  # the tie's other name is not in the files
     for n in SPEC:
         for state in ("exp_avg", "exp_avg_sq"):
             assert listed[f"optimizer.state.{n}.{state}"] == (torch.float32, SPEC[n][0])
         assert listed[f"optimizer.gradient_accumulator.{n}"] == (torch.float32, SPEC[n][0])
-    assert len(listed) == len(SPEC) * 4
+    # + the four processes' random states (tp 2 x pp 2), one grouped per-rank tensor each
+    assert len(listed) == len(SPEC) * 4 + 4
+    assert all(listed[f"__shardsafe__/group/{g}/random"][0] == torch.uint8 for g in range(4))
 
 
 def test_read_assembles_tp_and_pp_shards_bit_exact(ckpt):
@@ -372,12 +375,9 @@ def test_values_carry_step_metadata_scheduler_and_what_was_not_read(ckpt):
     assert nano["model_config"]["tie_word_embeddings"] is True
     assert nano["no_weight_decay"] == {A_LOG: True}
     assert "tie group" in nano["tied_parameters"]
-    # the random states: one line for their directory, also in not_imported()
-    assert list(nano["not_imported"]) == [str(root / "random")]
-    assert nano["not_imported"][str(root / "random")].startswith("4 per-rank RNG state")
-    assert opened(root).not_imported() == [f"{root / 'random'}: 4 per-rank RNG state file(s) "
-                                           f"pickled as nanotron.random.RandomStates (restorable "
-                                           f"only into the same topology, by nanotron); not read"]
+    # the random states are carried (grouped per-rank tensors): nothing is left out
+    assert nano["not_imported"] == {}
+    assert opened(root).not_imported() == []
     assert v["optimizer"]["type"] == "OptimizerFromGradientAccumulator"
     assert v["optimizer"]["step"] == 1.0
     assert v["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)  # as saved
@@ -581,7 +581,7 @@ def test_a_pickle_weights_only_refuses_is_left_out_unless_unsafe(ckpt):
     ck = _nanotron.FORMAT.open(str(root), unsafe_pickle=True)
     assert optimizer_keys(ck.tensors()) == all_optimizer_keys()
     assert torch.equal(ck.read(f"optimizer.state.{QKV}.exp_avg"), opt_globals["exp_avg"][QKV])
-    assert ck.not_imported() == [f"{root / 'random'}: 4 {_nanotron.RANDOM_NOTE}"]
+    assert ck.not_imported() == []  # the random states are carried, not noted
 
 
 class Opaque:  # an object torch.load(weights_only=True) refuses
@@ -660,7 +660,7 @@ def test_shardsafe_import_prints_what_was_not_imported(ckpt, run, tmp_path):
     notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: not imported: ")]
     assert f"note: not imported: {path}: optimizer state not imported: no 'names'" in \
         "\n".join(notes), describe(proc)
-    assert len(notes) == 1 + len(all_optimizer_keys(STAGE0_SHARDED)) + 1, describe(proc)  # + random
+    assert len(notes) == 1 + len(all_optimizer_keys(STAGE0_SHARDED)), describe(proc)
     assert "warning: UserWarning: Detected pickle protocol 3" in proc.stderr, describe(proc)
     out = foreign.import_checkpoint(root, tmp_path / "again", progress=False)
     assert [f"note: not imported: {ln}" for ln in out["not_imported"]] == notes

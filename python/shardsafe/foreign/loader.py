@@ -10,7 +10,11 @@ whole tensor) and copied into every target of it, then dropped, so memory
 is about the largest tensor. Values come from `values()`, looked up by
 the state's key paths ("optim.param_groups" finds values()["optim"]
 ["param_groups"]); a tensor the format keeps among its values (an RNG
-state) loads like a tensor. Strict key matching and its report are the
+state) loads like a tensor. A PerRank with group= (shardsafe.PerRank)
+gets the reader's tensor __shardsafe__/group/G/KEY of its group rank G
+(nanotron's random states), decoded as a native load does; a group rank
+the reader has none for is "KEY[group rank G]", missing, a saved one no
+rank loads unexpected (fatal under per_rank_strict). Strict key matching and its report are the
 native load's: a key missing on any rank, or saved and wanted by no rank,
 is a KeyMismatchError on every rank before anything changes (one
 all_gather); a failure reading on any rank is raised on every rank (one
@@ -32,7 +36,8 @@ import torch.distributed as dist
 from .._boxes import Boxes, dtype_name
 from .._comm import agree, resolve
 from .._json import from_json, join, to_json
-from .._parts import PerRank, Sharded
+from .._parts import (PerRank, Sharded, decode_per_rank, group_rank, group_tensor_name,
+                      parse_group_tensor_name)
 from .._result import LoadResult
 from .._state import Flat, flatten, holds, rebuild
 from ..errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
@@ -43,7 +48,7 @@ from .reader import ForeignCheckpoint, Format, checked
 def load(state_dict: Any, path: str, fmt: Format, *, strict: bool = True,
          process_group: dist.ProcessGroup | None = None, unsafe_pickle: bool = False,
          convert_dtypes: bool = False, skip: Callable[[str], bool] | None = None,
-         mapped: bool = False) -> LoadResult:
+         mapped: bool = False, per_rank_strict: bool = True) -> LoadResult:
     """shardsafe.load of the checkpoint at `path` that format `fmt` claims
     (formats.detect) into `state_dict` in place; returns a
     shardsafe.LoadResult. Collective over `process_group` (module doc).
@@ -59,7 +64,7 @@ def load(state_dict: Any, path: str, fmt: Format, *, strict: bool = True,
         return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
                           None, 0, seconds, 0, {})
     return _load_read(state_dict, path, fmt, strict, process_group, unsafe_pickle,
-                      convert_dtypes, skip)
+                      convert_dtypes, skip, per_rank_strict)
 
 
 def _own_load_knows(state_dict: Any, skip: Callable[[str], bool] | None,
@@ -147,10 +152,38 @@ class _Match:
     targets: list[_Target]
     missing: list[str]
     unexpected: list[str]
+    # Grouped PerRank values: {KEY: (group rank, its target)} this rank
+    # loads, and the "KEY[group rank G]" missing / unloaded here.
+    grouped: dict[str, tuple[int, _Target]]
+    per_rank_missing: list[str]
+    per_rank_unexpected: list[str]
+
+
+def _grouped(flat: Flat, saved: Mapping[str, tuple], rank: int
+             ) -> tuple[dict[str, tuple[int, _Target]], list[str], list[str]]:
+    """_Match's grouped fields: each grouped PerRank's target (a U8 tensor
+    of its saved tensor's size), what this rank misses, and the saved
+    group ranks of its keys it does not load."""
+    grouped, missing, others = {}, [], []
+    ranks = {k: g for k, v in flat.per_rank.items()
+             if (g := group_rank(v, k, rank)) is not None}
+    for key, g in ranks.items():
+        found = saved.get(group_tensor_name(key, g))
+        if found is None:
+            missing.append(f"{key}[group rank {g}]")
+            continue
+        shape = tuple(found[1])
+        grouped[key] = (g, _Target(group_tensor_name(key, g), torch.empty(shape, dtype=torch.uint8),
+                                   shape, (0,) * len(shape), shape))
+    for name in saved:
+        parsed = parse_group_tensor_name(name)
+        if parsed is not None and parsed[0] in ranks and parsed[1] != ranks[parsed[0]]:
+            others.append(f"{parsed[0]}[group rank {parsed[1]}]")
+    return grouped, missing, others
 
 
 def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
-           skip: Callable[[str], bool] | None) -> _Match:
+           skip: Callable[[str], bool] | None, rank: int = 0) -> _Match:
     saved = fc.tensors()
     values = fc.values()
     index = _index(values)
@@ -174,13 +207,19 @@ def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
                                      f"with convert_dtypes)", "INVALID_ARGUMENT")
         targets.append(t)
     missing += [k for k in flat.values if k not in index]
-    missing += list(flat.per_rank)  # no foreign format has shardsafe's per-rank values
-    wanted = {t.key for t in targets} | set(flat.values)
-    unexpected = sorted({k for k in saved if k not in wanted}
+    grouped, pr_missing, pr_others = _grouped(flat, saved, rank)
+    # Without a group: no foreign format has shardsafe's per-rank values.
+    missing += [k for k, v in flat.per_rank.items() if v.group is None]
+    targets += [t for _, t in grouped.values()]
+    wanted = {t.key for t in targets} | set(flat.values) | set(flat.per_rank)
+    in_groups = {k: parse_group_tensor_name(k) for k in saved}
+    unexpected = sorted({k for k in saved if k not in wanted and in_groups[k] is None}
+                        | {g[0] for g in in_groups.values() if g and g[0] not in wanted}
                         | (set(_unwanted(values, wanted)) - set(saved)))
     if skip is not None:
         unexpected = [k for k in unexpected if not skip(k)]
-    return _Match(saved, values, index, targets, missing, unexpected)
+    return _Match(saved, values, index, targets, missing, unexpected, grouped, pr_missing,
+                  pr_others)
 
 
 def _copy(t: _Target, box: torch.Tensor, whole: bool) -> None:
@@ -238,9 +277,20 @@ def _value(saved: Any, like: Any) -> Any:
         return saved
 
 
+def _per_rank(key: str, old: PerRank, m: _Match, path: str) -> PerRank:
+    """A grouped PerRank given its group rank's saved value (read into its
+    target); any other kept as it is."""
+    found = m.grouped.get(key)
+    if found is not None:
+        g, t = found
+        old.value = decode_per_rank(t.dest.numpy().tobytes(), old.value, key, path,
+                                    f"group rank {g}")
+    return old
+
+
 def _load_read(state_dict: Any, path: str, fmt: Format, strict: bool,
                process_group: dist.ProcessGroup | None, unsafe_pickle: bool, convert_dtypes: bool,
-               skip: Callable[[str], bool] | None) -> LoadResult:
+               skip: Callable[[str], bool] | None, per_rank_strict: bool = True) -> LoadResult:
     """load() through the format's reader (`fmt.open`): every target gets
     its box of the global tensor of its key (module doc)."""
     start = time.monotonic()
@@ -251,16 +301,28 @@ def _load_read(state_dict: Any, path: str, fmt: Format, strict: bool,
         flat = flatten(state_dict, for_load=True)
         if skip is not None:
             flat.drop(skip)
-        m = _match(flat, fc, convert_dtypes, skip)
-        report = {"missing": m.missing, "unexpected": m.unexpected}
+        m = _match(flat, fc, convert_dtypes, skip, comm.rank if comm is not None else 0)
+        report = {"missing": m.missing, "unexpected": m.unexpected,
+                  "pr_missing": m.per_rank_missing, "pr_unexpected": m.per_rank_unexpected}
     except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
         error = e
     try:
         reports = agree(comm, error, report)
         missing = sorted({k for r in reports for k in r["missing"]})
         unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-        if strict and (missing or unexpected):
-            raise KeyMismatchError(missing, unexpected, path)
+        pr_missing = sorted({k for r in reports for k in r["pr_missing"]})
+        pr_unexpected = sorted(set.intersection(*(set(r["pr_unexpected"]) for r in reports)))
+        keys_fail = strict and bool(missing or unexpected)
+        per_rank_fail = per_rank_strict and bool(pr_missing or pr_unexpected)
+        if keys_fail or per_rank_fail:
+            remedy = " and ".join((["strict=False"] if keys_fail else [])
+                                  + (["per_rank_strict=False"] if per_rank_fail else []))
+            raise KeyMismatchError((missing if keys_fail else []) + (pr_missing if per_rank_fail
+                                                                    else []),
+                                   (unexpected if keys_fail else [])
+                                   + (pr_unexpected if per_rank_fail else []),
+                                   path, f"pass {remedy} to load anyway")
+        missing, unexpected = sorted(missing + pr_missing), sorted(unexpected + pr_unexpected)
         error = None
         try:
             nbytes = _read_all(m, fc)
@@ -272,7 +334,8 @@ def _load_read(state_dict: Any, path: str, fmt: Format, strict: bool,
             fc.close()
     if flat.values or flat.state_dicts or flat.per_rank:
         rebuild(state_dict, flat, lambda key, t: None,
-                lambda key, old: (old if isinstance(old, PerRank) or key not in m.index
+                lambda key, old: (_per_rank(key, old, m, path) if isinstance(old, PerRank)
+                                  else old if key not in m.index
                                   else _value(m.index[key], old)))
     return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
                       None, nbytes, time.monotonic() - start, 0, m.values)

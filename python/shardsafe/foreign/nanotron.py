@@ -59,9 +59,13 @@ metas), "optimizer": {"type", "parallelism", "param_groups", "step"},
 "lr_scheduler": its state dict, "nanotron": {"checkpoint_metadata",
 "model_config", "config_yaml", "no_weight_decay" {name: bool},
 "tied_parameters" (the note above), "not_imported" {file or key: reason}}},
-as saved (the importer drops and reports what JSON cannot hold). Random
-states (pickles of nanotron.random.RandomStates, restorable only into the
-same topology) are not read; they are listed under not_imported. Pickles
+as saved (the importer drops and reports what JSON cannot hold).
+
+Random states (pickles of nanotron.random.RandomStates, one per process)
+are carried unread, as grouped PerRank values listed as the U8 tensors
+`__shardsafe__/group/G/random` (shardsafe.foreign.nanotron_random: G from
+the file's tp, dp and pp ranks); files that are not one whole grid are
+listed under not_imported instead. Pickles
 are read with torch.load(weights_only=True, mmap=True) unless
 unsafe_pickle=True (shardsafe.foreign.common.torch_load: a damaged pickle is a
 CorruptCheckpointError naming it); the safetensors package reads the weight
@@ -86,13 +90,12 @@ from .common import PickleRefusedError, as_dicts, one_line, read_latest, torch_l
 from .nanotron_weights import (CHECKPOINT_FILE, Box, Piece, Plan, box_index, corrupt, hits,
                                 plan_weight, read_tensor, read_weight, safetensors_module,
                                 scan_weights)
+from .nanotron_random import random_blob, scan_random
 from .reader import Format
 
 OPTIMIZER_PREFIX = "optimizer."
 TIED_NOTE = ("a tied parameter is saved once, under its tie group's name; its other names are "
              "not recorded in the checkpoint (load it into them with a rename)")
-RANDOM_NOTE = ("per-rank RNG state file(s) pickled as nanotron.random.RandomStates (restorable "
-               "only into the same topology, by nanotron); not read")
 
 _OPTIMIZER_NAME = re.compile(
     r"optimizer_pp-(?P<pp>\d+)-of-(?P<npp>\d+)(?:_dp-(?P<dp>\d+)-of-(?P<ndp>\d+))?"
@@ -483,6 +486,9 @@ class NanotronCheckpoint:
         self._opt: Optional[_Optimizer] = None
         self._opt_plans: Optional[dict[str, _OptPlan]] = None
         self._scheduler: Optional[tuple[Any]] = None  # (state,) once read
+        # Random-state files: {tensor name: (file, ranks)}, their encoded values once read.
+        self._random, self._random_note = scan_random(root)
+        self._random_blobs: dict[str, torch.Tensor] = {}
 
     def tensors(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         out = {}
@@ -491,6 +497,8 @@ class NanotronCheckpoint:
             out[key] = (plan.dtype, plan.shape)
         for key, oplan in self._optimizer_plans().items():
             out[key] = (oplan.dtype, oplan.shape)
+        for key in self._random:
+            out[key] = (torch.uint8, (self._random_blob(key).numel(),))
         return out
 
     def read(self, key: str) -> torch.Tensor:
@@ -505,6 +513,8 @@ class NanotronCheckpoint:
                 o < 0 or s < 0 or o + s > n for o, s, n in zip(offset, size, shape)):
             raise InvalidStateError(f"{self.path}: tensor {key!r} of shape {list(shape)} has no "
                                     f"box at {list(offset)} of size {list(size)}")
+        if key in self._random:
+            return self._random_blob(key)[offset[0]:offset[0] + size[0]].clone()
         box = tuple((o, o + s) for o, s in zip(offset, size))
         out = torch.empty(tuple(size), dtype=dtype)
         if key in self._files:
@@ -547,7 +557,15 @@ class NanotronCheckpoint:
                                                   self.path)
         return plan
 
+    def _random_blob(self, key: str) -> torch.Tensor:
+        blob = self._random_blobs.get(key)
+        if blob is None:
+            blob = self._random_blobs[key] = random_blob(*self._random[key])
+        return blob
+
     def _describe(self, key: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        if key in self._random:
+            return torch.uint8, (self._random_blob(key).numel(),)
         if key in self._files:
             plan = self._plan(key)
             return plan.dtype, plan.shape
@@ -583,10 +601,8 @@ class NanotronCheckpoint:
         """Fills the notes of everything not read (optimizer, scheduler, RNG)."""
         self._optimizer_plans()
         self._lr_scheduler()
-        random_dir = os.path.join(self.path, "random")
-        if os.path.isdir(random_dir):
-            count = sum(1 for name in os.listdir(random_dir) if name.endswith(".pt"))
-            self._notes[random_dir] = f"{count} {RANDOM_NOTE}"
+        if self._random_note is not None:
+            self._notes[os.path.join(self.path, "random")] = self._random_note
 
     def _nanotron_values(self) -> dict[str, Any]:
         nano: dict[str, Any] = {"checkpoint_metadata": self._meta, "tied_parameters": TIED_NOTE}
