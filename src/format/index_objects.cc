@@ -2,7 +2,7 @@
 // index_objects.h for the split between ReadX and CheckX).
 #include "format/index_objects.h"
 
-#include "format/chunk_table.h"
+#include "format/chunk_table_sizes.h"
 #include "format/index_packed.h"
 
 #include <algorithm>

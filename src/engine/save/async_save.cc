@@ -172,6 +172,22 @@ Result<std::vector<std::string>> RunBackground(Job& job) {
                          job.commit);
 }
 
+// The background thread's whole work: RunBackground, then `handle`
+// finished with its outcome and statistics.
+void RunJob(const std::shared_ptr<Job>& job, Handle& handle) {
+  LowerThreadPriority();
+  Result<std::vector<std::string>> warnings = RunBackground(*job);
+  // The foreground may still be copying after a write failed: the job (its
+  // pieces) and the arena stay in use until the copy is over.
+  job->progress->WaitFinished().IgnoreError();
+  SaveStats stats = StatsOf(*job->save.plan, job->rank);
+  stats.plan_reused = job->save.plan_reused;
+  if (warnings.ok()) stats.warnings = std::move(*warnings);
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+  handle.Finish(warnings.status(), std::move(stats));
+}
+
 }  // namespace
 
 class AsyncSaver::Impl {
@@ -201,10 +217,33 @@ class AsyncSaver::Impl {
   // report: this call goes ahead (and its prepare step removes what the
   // failed save left).
   void WaitForPrevious() { WaitForPending().IgnoreError(); }
+  // Step c, second half (the foreground): the staging copy, then the
+  // checksums of the replicas this rank holds but does not write.
+  Status CopyAndChecksum(Job& job, const SaveState& state, const SaveOptions& options,
+                         const std::vector<DeviceMemory::Copy>& device_copies);
   StagingArena staging_;
   std::thread worker_;
   std::shared_ptr<Handle> pending_;
 };
+
+Status AsyncSaver::Impl::CopyAndChecksum(Job& job, const SaveState& state,
+                                         const SaveOptions& options,
+                                         const std::vector<DeviceMemory::Copy>& device_copies) {
+  Status copied;
+  try {
+    copied = staging_.Copy(&job, options.device.get(), device_copies);
+  } catch (const std::bad_alloc&) {
+    copied = ResourceExhaustedError("no memory for the staging copy's task list");
+  }
+  // The caller may change its tensors once this call returns: the replicas
+  // it does not write are checksummed now.
+  if (copied.ok() && options.verify_replicas) {
+    auto held = ChecksumCopies(*job.save.plan, job.rank, state, options.device.get());
+    if (held.ok()) job.held = std::move(*held);
+    else copied = held.status();
+  }
+  return copied;
+}
 
 Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
     const SaveState& state, const std::string& root, const std::string& tag, Comm& comm,
@@ -241,36 +280,9 @@ Result<std::shared_ptr<AsyncSaveHandle>> AsyncSaver::Impl::Save(
   job->start = start;
   auto handle = std::make_shared<Handle>();
   pending_ = handle;
-  worker_ = std::thread([job, handle] {
-    LowerThreadPriority();
-    Result<std::vector<std::string>> warnings = RunBackground(*job);
-    // The foreground may still be copying after a write failed: the job
-    // (its pieces) and the arena stay in use until the copy is over.
-    job->progress->WaitFinished().IgnoreError();
-    SaveStats stats = StatsOf(*job->save.plan, job->rank);
-    stats.plan_reused = job->save.plan_reused;
-    if (warnings.ok()) stats.warnings = std::move(*warnings);
-    stats.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
-    handle->Finish(warnings.status(), std::move(stats));
-  });
+  worker_ = std::thread([job, handle] { RunJob(job, *handle); });
   // c, second half, while the background writes what is staged.
-  if (laid_out.ok()) {
-    Status copied;
-    try {
-      copied = staging_.Copy(job.get(), options.device.get(), device_copies);
-    } catch (const std::bad_alloc&) {
-      copied = ResourceExhaustedError("no memory for the staging copy's task list");
-    }
-    // The caller may change its tensors once this call returns: the
-    // replicas it does not write are checksummed now.
-    if (copied.ok() && options.verify_replicas) {
-      auto held = ChecksumCopies(*job->save.plan, job->rank, state, options.device.get());
-      if (held.ok()) job->held = std::move(*held);
-      else copied = held.status();
-    }
-    job->progress->Finish(std::move(copied));
-  }
+  if (laid_out.ok()) job->progress->Finish(CopyAndChecksum(*job, state, options, device_copies));
   handle->set_blocked_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return std::shared_ptr<AsyncSaveHandle>(handle);
