@@ -6,8 +6,9 @@
 // counted per rank is the time of its own calls and the bytes it sends and
 // receives. The messages to a rank are held back to back, not as a string
 // each; SimulatePlan then SimulateIndex hold every rank's part of the plan
-// and every home's keys at once (an FSDP job of 16,384 ranks: ~20 GB), and
-// SimulateSave, the same in one, about half as much (12.7 GB; below).
+// and every home's keys at once (at 16,384 ranks ~21 GB for FSDP, 4.8 GB
+// for TP x PP x DP), and SimulateSave, the same in one, 35-40% less
+// (12.7 GB, 3.1 GB; below).
 #pragma once
 
 #include <cstdint>
@@ -80,7 +81,7 @@ IndexSimulation SimulateIndex(const std::vector<SavePlan>& parts,
                               const std::vector<std::unique_ptr<KeyHome>>& homes, int other,
                               const std::function<void(int, const std::string&)>& on_table_part = {});
 
-// SimulatePlan and SimulateIndex in one, holding about half: no rank
+// SimulatePlan and SimulateIndex in one, holding less: no rank
 // holds its part of the plan in full except while it is handled (each
 // part is kept as EncodePlanMessage encodes it, decoded for each of rounds
 // 7 and 8), each rank's planner is dropped once it has its part, and each
