@@ -14,11 +14,15 @@
 //
 //   planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N]
 //                     [--planning as-saved|together|rank0] [--require-all] [--details]
+//                     [--check-simulation]
 //
 // --planning: as a save of the job plans (the default), or one way at any
 // size (SaveOptions::distributed_plan_min_ranks makes a save do either).
 // --require-all: exit 1 when a row is not run or stops for memory, as for
-// a row that fails.
+// a row that fails. --check-simulation: before each row planned together,
+// the lean simulation of every rank that the row runs (SimulateSave) is
+// compared with the full one (CheckSimulateSave, plan_simulation.h); a
+// difference fails the row. It holds both at once: for small worlds.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -45,13 +49,14 @@ struct Flags {
   bool json = false;
   bool details = false;
   bool require_all = false;  // a row not run (memory) fails the run too
+  bool check_simulation = false;
   int iters = 1;
   RowRunner::Planning planning = RowRunner::Planning::kAsSaveDoes;
 };
 
 constexpr char kUsage[] =
     "usage: planner_benchmark [--world N]... [--layout tp-pp-dp|fsdp|moe] [--json] [--iters N] "
-    "[--planning as-saved|together|rank0] [--require-all] [--details]\n";
+    "[--planning as-saved|together|rank0] [--require-all] [--details] [--check-simulation]\n";
 
 // False (usage printed) for an unknown flag or a missing value.
 bool ParseFlags(int argc, char** argv, Flags* flags) {
@@ -65,6 +70,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->details = true;
     } else if (flag == "--require-all") {
       flags->require_all = true;
+    } else if (flag == "--check-simulation") {
+      flags->check_simulation = true;
     } else if (flag == "--world" && has_value) {  // repeated: several rows
       if (!worlds_given) flags->worlds.clear();
       worlds_given = true;
@@ -176,6 +183,9 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
       "                  (ParseIndex) and ReadChunksFor; load meta peak MB: VmHWM during\n"
       "                  those, less VmRSS before\n"
       "  writer / ideal  busiest writer's bytes / max(unique bytes / ranks, its own-only bytes)\n"
+      "  row peak        below: VmHWM of the row less VmRSS before (planned together: of the\n"
+      "                  simulation of every rank; on rank 0: rank 0's save and load), what\n"
+      "                  the next row's memory estimate scales\n"
       "Simulated: every rank but the measured one (planned together: every rank's rounds run\n"
       "in this process, plan_simulation.h, and what the measured rank receives handed to it by\n"
       "a Comm double; on rank 0: its holdings computed and encoded as Save encodes them); no\n"
@@ -195,6 +205,7 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
     const Row& r = rows[i];
     std::printf("  %6d ranks: %s; %.1f M shards held", job.world, job.mesh.c_str(),
                 r.shards / 1e6);
+    if (r.row_peak > 0) std::printf(" (row peak %.1f GB)", r.row_peak / 1e9);
     if (r.other.plan_s) {
       std::printf(", %.1f M chunks planned", r.chunks / 1e6);
       if (r.together) {
@@ -234,6 +245,7 @@ void PrintJson(const std::vector<Row>& rows) {
                                   {"load_meta_s", OrNull(r.load_meta_s)},
                                   {"load_meta_peak_bytes", OrNull(r.load_meta_peak_bytes)},
                                   {"writer_balance", OrNull(r.writer_balance)},
+                                  {"row_peak_bytes", r.row_peak},
                                   {"table_parts", r.table_parts},
                                   {"largest_table_part_bytes", r.largest_table_part},
                                   {"other_rank", o.plan_s ? nlohmann::ordered_json(r.other_rank)
@@ -263,7 +275,7 @@ int Run(int argc, char** argv) {
     }
   }
   if (!flags.json) PrintHeader();
-  RowRunner runner(flags.iters, flags.planning);
+  RowRunner runner(flags.iters, flags.planning, flags.check_simulation);
   std::vector<Row> rows;
   bool failed = false;
   for (const SimulatedJob& job : jobs) {

@@ -14,6 +14,7 @@
 #include "engine/save/plan_cache.h"
 #include "engine/save/save_driver.h"
 #include "engine/save/save_messages.h"
+#include "engine/testing/plan_simulation.h"
 #include "format/chunk_table.h"
 #include "format/index.h"
 #include "layout/simulated_layouts.h"
@@ -27,10 +28,18 @@ namespace {
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 // Memory kept free for the rest of the machine while a row runs.
 constexpr uint64_t kMargin = 2 * kGiB;
-// The estimate of a row's need per shard held before a
-// row of its layout has run: above the 690-930 bytes the three layouts
-// needed at 1,024 to 16,384 ranks.
+// The estimate of a row's need per shard held before a row of its layout,
+// planned the same way, has run: planned together, a tenth above what each
+// layout needed at 16,384 ranks (row peak / shards: tp-pp-dp 387, fsdp 400,
+// moe 376 bytes; bench/README.md); planned on rank 0, above the most any
+// layout needed.
 constexpr double kDefaultBytesPerShard = 1000;
+double DefaultBytesPerShard(const std::string& layout, bool together) {
+  if (!together) return kDefaultBytesPerShard;
+  if (layout == "fsdp") return 440;
+  if (layout == "moe") return 420;
+  return 430;
+}
 
 // Every rank's step-0 message (EncodeHoldings), framed; *shards counts the
 // shards they hold.
@@ -233,8 +242,9 @@ Row RowRunner::Run(const SimulatedJob& job) {
   const std::string kind = job.layout + (*together ? " together" : "");
   const uint64_t shards = EstimatedShards(job);
   const auto calibrated = bytes_per_shard_.find(kind);
-  const double per_shard =
-      calibrated == bytes_per_shard_.end() ? kDefaultBytesPerShard : calibrated->second;
+  const double per_shard = calibrated == bytes_per_shard_.end()
+                               ? DefaultBytesPerShard(job.layout, *together)
+                               : calibrated->second;
   const double need = static_cast<double>(shards) * per_shard;
   const uint64_t available = MemAvailableBytes();
   Row row = empty;
@@ -246,8 +256,15 @@ Row RowRunner::Run(const SimulatedJob& job) {
   }
   try {
     HeapLimit limit(available - kMargin);
-    const Status s = *together ? MeasureTogether(job, iters_, &row)
-                               : MeasureOnLeader(job, iters_, &row);
+    Status s;
+    if (*together && check_simulation_) {
+      s = CheckSimulateSave(job.world, job.rank_shards, SavePlanOptions{});
+      if (s.ok()) AddNote(&row, "simulation checked");
+      malloc_trim(0);
+    }
+    if (s.ok()) {
+      s = *together ? MeasureTogether(job, iters_, &row) : MeasureOnLeader(job, iters_, &row);
+    }
     if (!s.ok()) {
       row = empty;
       row.note = "failed: " + s.ToString();

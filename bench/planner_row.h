@@ -3,7 +3,7 @@
 // a save of the job runs (PlansTogether, its default threshold: 1,024
 // ranks; or either path at any size: RowRunner::Planning). Two ranks run
 // the engine's step 0,
-// GatherAndPlan (engine/save/save_internal.h), each through a
+// GatherAndPlan (engine/save/save_driver.h), each through a
 // SimulatedRank whose collectives hand it what the others send.
 //
 // Under 1,024 ranks, planned on rank 0 (planner_row.cc). The job's ranks
@@ -148,10 +148,10 @@ struct Row {
 // Runs rows one after another. Before a row runs, its memory need is
 // estimated: the shards its ranks hold (from an even sample of ranks) times
 // the most bytes per held shard that a row of the same layout, planned the
-// same way, needed so far in this process (kDefaultBytesPerShard before
-// one has run; the memory grows with the shards held: rank 0's planning on
-// its path, the simulation of every rank when planned together). A row
-// that would not fit in
+// same way, needed so far in this process (before one has run, a default
+// per layout measured so, planner_row.cc; the memory grows with the shards
+// held: rank 0's planning on its path, the simulation of every rank when
+// planned together). A row that would not fit in
 // MemAvailable less a margin is not run but reported with its estimate. A
 // row that needs more than the estimate stops with std::bad_alloc, reported
 // as stopped: the process's heap is limited to MemAvailable less the margin
@@ -163,12 +163,17 @@ class RowRunner {
   // one way whatever the size (as SaveOptions::distributed_plan_min_ranks
   // can make a save plan).
   enum class Planning { kAsSaveDoes, kTogether, kOnRankZero };
-  RowRunner(int iters, Planning planning) : iters_(iters), planning_(planning) {}
+  // `check_simulation`: a row planned together first compares the lean
+  // simulation it runs with the full one (CheckSimulateSave), and fails on
+  // a difference (noted "simulation checked" when none).
+  RowRunner(int iters, Planning planning, bool check_simulation = false)
+      : iters_(iters), planning_(planning), check_simulation_(check_simulation) {}
   Row Run(const SimulatedJob& job);
 
  private:
   int iters_;
   Planning planning_;
+  bool check_simulation_;
   std::map<std::string, double> bytes_per_shard_;  // by layout and way of planning
 };
 

@@ -1,9 +1,11 @@
 // A row of the planner benchmark whose save plans together
 // (engine/save/distributed_save.h: from distributed_plan_min_ranks ranks,
 // the path a save of such a job runs):
-//  1. every rank of the job is simulated (SimulatePlan, SimulateIndex: the
-//     RankPlanner and IndexRounds calls PlanOverComm and IndexOverComm
-//     make), recording what rank 0 and the other rank receive in each
+//  1. every rank of the job is simulated (SimulateSave: the RankPlanner
+//     and IndexRounds calls PlanOverComm and IndexOverComm make, holding
+//     no more than one rank's whole part at a time; --check-simulation
+//     compares it with SimulatePlan and SimulateIndex), recording what
+//     rank 0 and the other rank receive in each
 //     collective; meanwhile each rank's files are written as its save
 //     leaves them for a loader (its checksum file; as a home, its part of
 //     the chunk table) into a directory under /tmp, and its compact step-3
@@ -94,59 +96,58 @@ Status Simulate(const SimulatedJob& job, const std::string& dir, Simulated* out,
   const int n = job.world;
   FileSystem& fs = *DefaultFileSystem();
   const SaveDirs dirs{dir, dir, ""};
-  std::vector<SavePlan> parts(n);
-  std::vector<std::unique_ptr<KeyHome>> homes(n);
   std::vector<uint64_t> own_bytes(n, 0);  // each rank's chunks no other holds, and blobs
+  std::vector<uint32_t> shards(n, 0);     // each rank's (its holdings are made twice)
   uint64_t busiest = 0, unique = 0;
   Status failed;
   out->reports.resize(n);
-  PlanSimulation sim = SimulatePlan(
+  const auto on_part = [&](int r, const Result<SavePlan>& part) {
+    if (!failed.ok()) return;
+    if (!part.ok()) {
+      failed = part.status().WithContext("rank " + std::to_string(r));
+      return;
+    }
+    for (const PlannedChunk& c : part->chunks) own_bytes[r] += c.holders == 1 ? c.bytes : 0;
+    for (const PlannedBlob& b : part->blobs) own_bytes[r] += b.bytes;
+    row->chunks += part->chunks.size();
+    busiest = part->part->max_rank_bytes;
+    unique = part->unique_bytes;
+    failed = SaveOutputs(*part, r, n, dirs, fs, &out->reports[r]);
+  };
+  const auto on_table_part = [&](int r, const std::string& bytes) {
+    if (failed.ok()) failed = WriteTablePart(bytes, r, dirs, fs);
+    ++row->table_parts;
+    row->largest_table_part = std::max<uint64_t>(row->largest_table_part, bytes.size());
+  };
+  SaveSimulation sim = SimulateSave(
       n,
       [&](int r) {
         RankHoldings h = job.rank_shards(r);
-        row->shards += h.shards.size();
+        shards[r] = static_cast<uint32_t>(h.shards.size());
         return h;
       },
-      SavePlanOptions{},
-      [&](int r, Result<SavePlan> part) {
-        if (!failed.ok()) return;
-        if (!part.ok()) {
-          failed = part.status().WithContext("rank " + std::to_string(r));
-          return;
-        }
-        for (const PlannedChunk& c : part->chunks) own_bytes[r] += c.holders == 1 ? c.bytes : 0;
-        for (const PlannedBlob& b : part->blobs) own_bytes[r] += b.bytes;
-        row->chunks += part->chunks.size();
-        busiest = part->part->max_rank_bytes;
-        unique = part->unique_bytes;
-        failed = SaveOutputs(*part, r, n, dirs, fs, &out->reports[r]);
-        parts[r] = std::move(*part);
-      },
-      {}, {}, [&](int r, std::unique_ptr<KeyHome> home) { homes[r] = std::move(home); });
+      SavePlanOptions{}, on_part, on_table_part);
+  for (uint32_t s : shards) row->shards += s;
   SS_RETURN_IF_ERROR(failed);
-  if (sim.other <= 0) return InternalError("a job of one rank");
+  if (sim.plan.other <= 0) return InternalError("a job of one rank");
   // The busiest writer's share of the ideal (simulated::IdealMaxRankBytes).
   uint64_t ideal = (unique + n - 1) / n;
   for (uint64_t b : own_bytes) ideal = std::max(ideal, b);
   row->writer_balance = static_cast<double>(busiest) / static_cast<double>(ideal);
 
-  out->other = sim.other;
-  const std::vector<std::string>& round1 = sim.other_inbox.all_to_all.front();
-  for (int r = 0; r < n; ++r) out->other_home_bytes += r == sim.other ? 0 : round1[r].size();
-  out->rank0_part = EncodePlanMessage(parts[0], Digest{});
-  out->other_part = EncodePlanMessage(parts[sim.other], Digest{});
-  IndexSimulation index = SimulateIndex(parts, homes, sim.other, [&](int r, const std::string& bytes) {
-    if (failed.ok()) failed = WriteTablePart(bytes, r, dirs, fs);
-    ++row->table_parts;
-    row->largest_table_part = std::max<uint64_t>(row->largest_table_part, bytes.size());
-    if (r == 0) out->rank0_table_part = bytes;
-    if (r == sim.other) out->other_table_part = bytes;
-  });
+  out->other = sim.plan.other;
+  const std::vector<std::string>& round1 = sim.plan.other_inbox.all_to_all.front();
+  for (int r = 0; r < n; ++r) out->other_home_bytes += r == sim.plan.other ? 0 : round1[r].size();
+  out->rank0_part = std::move(sim.rank0_part);
+  out->other_part = std::move(sim.other_part);
+  out->rank0_table_part = std::move(sim.rank0_table_part);
+  out->other_table_part = std::move(sim.other_table_part);
+  IndexSimulation& index = sim.index;
   SS_RETURN_IF_ERROR(failed);
   SS_RETURN_IF_ERROR(index.skeleton.status());
   SS_ASSIGN_OR_RETURN(out->index_text, CommitText(*index.skeleton, out->reports, true));
-  out->rank0_inboxes = {std::move(sim.rank0_inbox), std::move(index.rank0_inbox)};
-  out->other_inboxes = {std::move(sim.other_inbox), std::move(index.other_inbox)};
+  out->rank0_inboxes = {std::move(sim.plan.rank0_inbox), std::move(index.rank0_inbox)};
+  out->other_inboxes = {std::move(sim.plan.other_inbox), std::move(index.other_inbox)};
   return Status();
 }
 

@@ -111,6 +111,35 @@ TEST(DistributedPlanTest, MeshLayoutsGiveEveryRankThePartPlanSaveGives) {
   }
 }
 
+// The lean simulation the planner benchmark runs (SimulateSave) gives what
+// the full one gives, on random layouts, mesh layouts and a refused one.
+TEST(DistributedPlanTest, SimulateSaveGivesWhatSimulatePlanAndSimulateIndexGive) {
+  const auto check = [](const std::vector<RankHoldings>& holdings, const SavePlanOptions& options) {
+    return CheckSimulateSave(
+        static_cast<int>(holdings.size()), [&](int r) { return holdings[r]; }, options);
+  };
+  Rng rng(52);
+  for (int iter = 0; iter < 200; ++iter) {
+    const std::vector<RankHoldings> holdings = RandomHoldings(rng);
+    SavePlanOptions options{Uniform(rng, 1, 300)};
+    if (iter % 2) options.min_split_bytes = 1;
+    const Status s = check(holdings, options);
+    ASSERT_TRUE(s.ok()) << "iteration " << iter << ": " << s.ToString();
+  }
+  simulated::TransformerLayout fsdp;  // TP 8 x DP 4, FSDP
+  fsdp.dp = 4;
+  fsdp.pp = 1;
+  fsdp.layers = 4;
+  fsdp.fsdp = true;
+  const Status s = check(simulated::MakeHoldings(fsdp), SavePlanOptions{});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::vector<RankHoldings> gap(3);
+  gap[1].shards = {Shard("w", {4, 2}, Slice{Box{{0, 0}, {2, 2}}, {}})};
+  gap[2].shards = {Shard("w", {4, 2}, Slice{Box{{3, 0}, {1, 2}}, {}})};
+  const Status refused = check(gap, SavePlanOptions{});
+  EXPECT_TRUE(refused.ok()) << refused.ToString();
+}
+
 TEST(DistributedPlanTest, ThreadRanksPlanOverTheirCommAsTheSimulatedRanksDo) {
   Rng rng(7);
   for (int iter = 0; iter < 20; ++iter) {
