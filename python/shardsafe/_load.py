@@ -502,8 +502,11 @@ class _Agreement:
         notes = sorted({n for r in reports for n in r["notes"]})
         remedies = ["strict=False"] if keys_fail else []
         if per_rank_fail:
-            notes.append("per-rank values load by rank: rank r gets saved rank r's (with "
-                         "group=, group rank g gets saved group rank g's)")
+            grouped = any("[group rank " in k
+                          for k in self.per_rank_missing + self.per_rank_unused)
+            notes.append("per-rank values load by rank: rank r gets saved rank r's" +
+                         (" (with group=, group rank g gets saved group rank g's)"
+                          if grouped else ""))
             remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
         raise _key_error(
             (self.missing if keys_fail else []) + (self.per_rank_missing if per_rank_fail else []),

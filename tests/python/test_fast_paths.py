@@ -196,10 +196,10 @@ def test_a_checkpoint_opened_on_a_thread_is_described_by_a_view_of_its_index(tmp
     _C.PendingSource(path)  # dropped unwaited: joins its thread (no crash, no hang)
     # A load's open, walk and questions: the answers plan every tensor whole.
     state = {"a": torch.zeros(4, dtype=torch.bfloat16), "b": torch.zeros(2, 3)}
-    source, flat, asked = _load._open_and_flatten(path, None, state, ask=True)
+    source, flat, asked = _load._walk(state, _load._open(path, None), ask=True)
     assert len(flat.tensors) == len(asked) == 2
     assert sorted(_C.plan_whole(asked, source)[1]) == ["a", "b"]
-    assert _load._open_and_flatten(path, None, state, ask=False)[2] is None  # under a rename
+    assert _load._walk(state, _load._open(path, None), ask=False)[2] is None  # under a rename
     # What a load does with them: the identity key map, built from the view.
     keys = _keys.KeyMap(_C.describe_source(_C.open_source(path, None))["tensors"])
     assert isinstance(keys.saved, _C.SavedTensors)  # a view until the general path needs more
