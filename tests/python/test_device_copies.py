@@ -1,5 +1,5 @@
 """The extension's device path, on the CPU: shards the engine may not read
-itself, whose bytes it asks a Python copier for (src/python/module.cc
+itself, whose bytes it asks a Python copier for (src/python/device_memory.h
 PyDeviceMemory, shardsafe._device). Here the "device" is host memory at
 addresses with bit 47 flipped, which no CPU load accepts: a save that read a
 device shard directly would crash the test. The real copier, on CUDA
