@@ -161,10 +161,11 @@ Result<std::vector<std::string>> RunBackground(Job& job) {
   Status staged = WriteAllStaged(job);
   // The files' reports are filled in once the foreground is over
   // (WriteAllStaged waited for it when OK), and so are the held checksums.
-  Result<std::vector<WrittenFile>> written = staged;
+  Result<std::vector<WrittenFile>> written = std::vector<WrittenFile>();
   if (staged.ok()) {
-    written = std::vector<WrittenFile>();
     for (const StagedFile& f : job.files) written->push_back(f.report);
+  } else {
+    written = staged;
   }
   auto channel = MarkerReports(job.save, job.rank, job.world, job.options.verify_replicas,
                                job.options.peer_timeout);
