@@ -53,7 +53,7 @@ struct CheckpointSource {
   // Set by OpenSourceCollectivePacked when rank 0's caller found another
   // tool's checkpoint at `path` (the name its reader goes by): nothing was
   // opened, and only `path` is set besides.
-  std::string other_format;
+  std::string other_format = {};
 };
 
 // How every file of `src` is opened for reading: confined

@@ -99,10 +99,10 @@ Status CheckLocalState(const SaveState& state, const SaveOptions& options, UserJ
 struct AgreedPlan {
   std::shared_ptr<const SavePlan> plan;
   bool reused = false;  // the cached plan of an unchanged layout (plan_cache.h)
-  std::shared_ptr<FileLayouts> layouts;  // planned on rank 0: its layouts (CachedPlan)
-  bool together = false;                 // planned by all ranks together
-  std::shared_ptr<const IndexSkeleton> skeleton;
-  std::shared_ptr<const std::string> table_part;
+  std::shared_ptr<FileLayouts> layouts = nullptr;  // planned on rank 0: its layouts (CachedPlan)
+  bool together = false;                           // planned by all ranks together
+  std::shared_ptr<const IndexSkeleton> skeleton = nullptr;
+  std::shared_ptr<const std::string> table_part = nullptr;
 };
 
 // Step 1 (collective): agree that every rank's layout is unchanged and
