@@ -100,7 +100,7 @@ class MarkerChannel final : public ReportChannel {
     if (!own_.ok()) return own_.WithContext("saving " + path);
     Status committed = AwaitCommit();
     if (!committed.ok()) return committed.WithContext("saving " + path);
-    return std::string("C");
+    return std::string(1, kCommittedAnswer);
   }
 
  private:

@@ -20,6 +20,12 @@ namespace shardsafe {
 
 struct PreparedSave;
 
+// The first byte of rank 0's answer (ReportChannel::Outcome): committed
+// (then the warnings, one per line), or "send the copies' checksums" when
+// the replica digests do not add up (replica_check.h).
+inline constexpr char kCommittedAnswer = 'C';
+inline constexpr char kSendCopiesAnswer = 'R';
+
 class ReportChannel {
  public:
   virtual ~ReportChannel() = default;

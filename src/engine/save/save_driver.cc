@@ -8,12 +8,6 @@
 namespace shardsafe {
 namespace {
 
-// Rank 0's answers, which every rank learns (ReportChannel::Outcome):
-// committed (then the warnings, one per line), or "send the copies'
-// checksums" when the replica digests do not add up (replica_check.h).
-constexpr char kCommitted = 'C';
-constexpr char kSendCopies = 'R';
-
 std::vector<std::string> SplitLines(const std::string& text) {
   std::vector<std::string> lines;
   size_t start = 0;
@@ -40,7 +34,9 @@ class Leader {
       return reports.status().WithContext("saving " + path_);
     }
     reports_ = std::move(*reports);
-    if (channel_.SecondRound() && !DigestsAddUp(reports_)) return std::string(1, kSendCopies);
+    if (channel_.SecondRound() && !DigestsAddUp(reports_)) {
+      return std::string(1, kSendCopiesAnswer);
+    }
     return Commit();
   }
 
@@ -56,7 +52,7 @@ class Leader {
         save_.planned->Commit(*save_.fs, *save_.plan, std::move(reports_), save_.json, save_.root,
                               save_.tag, save_.dirs, world_, save_.chunk_table, commit_);
     if (!committed.ok()) return Fail(committed.status());
-    return kCommitted + *committed;
+    return kCommittedAnswer + *committed;
   }
 
   Status Fail(const Status& s) {
@@ -77,11 +73,11 @@ class Leader {
 // failed (then with a warning).
 Result<std::vector<std::string>> Warnings(int rank, const Result<std::string>& answer,
                                           const Result<std::string>& outcome) {
-  if (outcome.ok() && !outcome->empty() && (*outcome)[0] == kCommitted) {
+  if (outcome.ok() && !outcome->empty() && (*outcome)[0] == kCommittedAnswer) {
     return SplitLines(outcome->substr(1));
   }
   if (outcome.ok()) return InternalError("unexpected answer from rank 0 to the save's reports");
-  if (rank == 0 && answer.ok() && !answer->empty() && (*answer)[0] == kCommitted) {
+  if (rank == 0 && answer.ok() && !answer->empty() && (*answer)[0] == kCommittedAnswer) {
     std::vector<std::string> warnings = SplitLines(answer->substr(1));
     warnings.push_back("committed, but telling the other ranks failed: " +
                        outcome.status().message());
@@ -116,7 +112,7 @@ Result<std::vector<std::string>> ReportAndCommit(const PreparedSave& save, int r
   Result<std::string> answer = std::string();
   if (rank == 0) answer = leader.ToReports(std::move(reports));
   auto outcome = channel.Outcome(answer);
-  if (outcome.ok() && *outcome == std::string(1, kSendCopies)) {
+  if (outcome.ok() && *outcome == std::string(1, kSendCopiesAnswer)) {
     Status added = channel.Copies(rank == 0 ? leader.reports() : nullptr);
     if (rank == 0) answer = leader.ToCopies(added);
     outcome = channel.Outcome(answer);
