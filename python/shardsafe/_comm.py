@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import errors
+from . import _C
 from .errors import ShardsafeError, StorageError
 
 
@@ -236,35 +236,29 @@ def resolve(process_group: dist.ProcessGroup | None) -> TorchComm | None:
 def agree(comm: TorchComm | None, error: BaseException | None, extra: Any = None) -> list[Any]:
     """Every rank learns whether any rank failed before a collective engine
     call (so no rank is left waiting in it), and what each rank reported in
-    `extra`. Re-raises this rank's own error, or names the failed rank."""
+    `extra` (JSON), in one engine collective (AllGatherOrFail). Re-raises
+    this rank's own error, or raises the lowest failing rank's on the
+    others, as its shardsafe.errors class, named "rank N: "."""
     if comm is None:
         if error is not None:
             raise error
         return [extra]
-    mine = json.dumps({"error": None if error is None else _describe_error(error),
-                       "extra": extra})
-    reports = [json.loads(r) for r in comm.all_gather(mine.encode())]
-    if error is not None:
-        raise error
-    for rank, r in enumerate(reports):
-        if r["error"] is not None:
-            raise _rank_error(rank, r["error"])
-    return [r["extra"] for r in reports]
+    try:
+        raw = _C.agree(comm, json.dumps(extra).encode(),
+                       None if error is None else failure_of(error))
+    except ShardsafeError:
+        if error is not None:
+            raise error from None
+        raise
+    return [json.loads(r) for r in raw]
 
 
-def _describe_error(error: BaseException) -> dict[str, str]:
-    """What the other ranks need to raise the same class as this rank."""
-    return {"message": str(error), "class": type(error).__name__,
-            "code": getattr(error, "code", ""), "detail": getattr(error, "detail", "")}
-
-
-def _rank_error(rank: int, e: dict[str, str]) -> ShardsafeError:
-    """Rank `rank`'s failure, raised on another rank: the same shardsafe
-    error class with its code and detail (a KeyMismatchError, whose
-    fields are not sent, and any other exception as a ShardsafeError)."""
-    message = f"rank {rank} failed: {e['message']}"
-    cls = getattr(errors, e["class"], None)
-    if (isinstance(cls, type) and issubclass(cls, ShardsafeError)
-            and not issubclass(cls, errors.KeyMismatchError)):
-        return cls(message, e["code"] or None, e["detail"])
-    return ShardsafeError(message)
+def failure_of(error: BaseException) -> tuple[str, str, str]:
+    """What the other ranks need to raise the same class as this rank
+    (code, detail, message): an error outside shardsafe.errors as
+    INVALID_ARGUMENT, its message naming its type."""
+    code = getattr(error, "code", None) or "INVALID_ARGUMENT"
+    detail = getattr(error, "detail", "") or ""
+    message = str(error) if isinstance(error, ShardsafeError) else (
+        f"{type(error).__name__}: {error}")
+    return code, detail, message

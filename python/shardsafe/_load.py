@@ -18,8 +18,9 @@ import torch.distributed as dist
 
 from . import _C, _boxes, _device, _hub, _keys, _paths, foreign
 from ._boxes import Box, Boxes, dtype_name, in_place
-from ._comm import TorchComm, agree, resolve
+from ._comm import TorchComm, agree, failure_of, resolve
 from ._engine import without_gc
+from ._key_check import Agreement, Report
 from ._options import LoadOptions
 from ._parts import (PerRank, Sharded, decode_per_rank, group_rank, group_tensor_name,
                      parse_group_tensor_name)
@@ -189,25 +190,6 @@ def _claimed(path: str) -> foreign.Format | None:
 
 
 @dataclass
-class _Report:
-    """One rank's view of a load's key matching, before the agreement."""
-
-    missing: list[str]  # state keys the checkpoint lacks (fatal under strict)
-    unexpected: list[str]  # saved keys no target wants (fatal under strict when every rank agrees)
-    notes: list[str]  # for the KeyMismatchError message
-    # Reported, never fatal: optimizer state of parameters that had none when saved.
-    absent_state: list[str]
-    # Per-rank values this rank has no saved value for, and saved ranks'
-    # values no rank loads: fatal unless per_rank_strict=False.
-    per_rank_missing: list[str]
-    per_rank_unused: list[str]
-    # Grouped PerRank values (PerRank(value, group=...)): the group rank this
-    # rank loads of each key, and the group ranks the checkpoint holds of it.
-    per_rank_groups: dict[str, int]
-    per_rank_saved_groups: dict[str, list[int]]
-
-
-@dataclass
 class _Grouped:
     """This rank's grouped PerRank values: {KEY: group rank}, {KEY: its
     checkpoint tensor, where the checkpoint has one}, and {KEY: the group
@@ -275,7 +257,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
                   skip: Callable[[str], bool] | None, rank: int, world: int
                   ) -> tuple[_keys.KeyMap, _Plan, dict, dict, dict, _Grouped]:
     """This rank's side of a load, before any collective: the checkpoint's
-    keys mapped, this rank's reads planned, its report (a _Report as a
+    keys mapped, this rank's reads planned, its report (a Report as a
     dict) of missing and unexpected keys, and the saved values (renamed;
     parsed here once per load) as stored and as Python (a value no save
     writes is a CorruptCheckpointError here, before anything is loaded),
@@ -317,7 +299,7 @@ def _prepare_load(flat: Flat, asked: _C.AskedTensors | None, source: _C.OpenedSo
     pr_missing = ([f"{k}[rank {rank}]" for k in by_rank if rank not in per_rank.get(k, ())]
                   + [f"{k}[group rank {g}]" for k, g in grouped.ranks.items()
                      if k not in grouped.tensors])
-    report = _Report([k for k in missing if k not in absent], unexpected,
+    report = Report([k for k in missing if k not in absent], unexpected,
                      plan.notes + _per_rank_notes(flat, grouped, per_rank),
                      sorted(absent), pr_missing,
                      [f"{k}[rank {r}]" for k in by_rank for r in per_rank.get(k, ())
@@ -341,19 +323,6 @@ def _absent_param_state(flat: Flat, missing: list[str], saved: list[str]) -> set
         absent |= {k for k in missing
                    if k.startswith(head) and k[len(head):].split(".", 1)[0] not in have}
     return absent
-
-
-def _key_error(missing: list[str], unexpected: list[str], path: str, notes: list[str],
-               keys: _keys.KeyMap, remedy: str) -> KeyMismatchError:
-    """KeyMismatchError (state-side names), its message naming checkpoint keys
-    where they differ and `remedy`, the argument that loads anyway."""
-    err = KeyMismatchError(missing, unexpected, path, remedy)
-    renamed = [f"{k!r} is {keys.to_ckpt[k]!r}" for k in unexpected[:8]
-               if k in keys.to_ckpt and keys.to_ckpt[k] != k]
-    extra = notes[:4] + ([f"renamed checkpoint keys: {', '.join(renamed)}"] if renamed else [])
-    if extra:
-        err.args = (err.args[0] + "; " + "; ".join(extra),)
-    return err
 
 
 def release_load_staging() -> None:
@@ -453,7 +422,7 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
         if source is not None:  # the other ranks learn it in the load's first collective
             _tell_failure(source, comm, options, error)
         raise error  # else the open failed alike on every rank, or no other rank waits
-    agreed = _Agreement(strict, per_rank_strict, keys, desc["path"])
+    agreed = Agreement(strict, per_rank_strict, keys, desc["path"])
     result = _read(plan, source, comm, options, (json.dumps(report).encode(), agreed))
     blobs = result.blobs
     if keys.renamed:
@@ -470,79 +439,16 @@ def load(state_dict: Any, path: str | os.PathLike, *, strict: bool = True,
                       result.bytes_shared, saved_values)
 
 
-class _Agreement:
-    """Every rank's key report (a _Report as a dict), checked on every rank
-    in the engine load's first collective (its check_reports), before any
-    byte is read: a key is missing when a rank lacks it, unexpected only
-    when no rank wants it (pipeline stages load disjoint keys); strict (and
-    per_rank_strict) raise a KeyMismatchError, the same on every rank."""
-
-    def __init__(self, strict: bool, per_rank_strict: bool, keys: _keys.KeyMap, path: str):
-        self.strict, self.per_rank_strict, self.keys, self.path = (strict, per_rank_strict,
-                                                                  keys, path)
-        self.missing: list[str] = []
-        self.unexpected: list[str] = []
-        self.per_rank_missing: list[str] = []
-        self.per_rank_unused: list[str] = []
-        self.absent: list[str] = []
-
-    def __call__(self, raw: list[bytes]) -> None:
-        reports = [json.loads(r) for r in raw]
-        self.missing = sorted({k for r in reports for k in r["missing"]})
-        self.unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-        self.per_rank_missing = sorted({k for r in reports for k in r["per_rank_missing"]})
-        # the same on every rank
-        self.per_rank_unused = reports[0]["per_rank_unused"] + _unused_groups(reports)
-        self.absent = sorted({k for r in reports for k in r["absent_state"]})
-        keys_fail = self.strict and bool(self.missing or self.unexpected)
-        per_rank_fail = self.per_rank_strict and bool(self.per_rank_missing or
-                                                      self.per_rank_unused)
-        if not (keys_fail or per_rank_fail):
-            return
-        notes = sorted({n for r in reports for n in r["notes"]})
-        remedies = ["strict=False"] if keys_fail else []
-        if per_rank_fail:
-            grouped = any("[group rank " in k
-                          for k in self.per_rank_missing + self.per_rank_unused)
-            notes.append("per-rank values load by rank: rank r gets saved rank r's" +
-                         (" (with group=, group rank g gets saved group rank g's)"
-                          if grouped else ""))
-            remedies.append("per_rank_strict=False (a rank without a saved value keeps its own)")
-        raise _key_error(
-            (self.missing if keys_fail else []) + (self.per_rank_missing if per_rank_fail else []),
-            (self.unexpected if keys_fail else []) + (self.per_rank_unused if per_rank_fail
-                                                      else []),
-            self.path, notes, self.keys, f"pass {' and '.join(remedies)} to load anyway")
-
-
 def _tell_failure(source: _C.OpenedSource, comm: TorchComm, options: LoadOptions,
                   error: BaseException) -> None:
     """This rank's failure preparing its part, sent to the other ranks in the
     engine load's first collective (they raise its class, naming this
     rank); raises nothing itself."""
-    code = getattr(error, "code", None) or "INVALID_ARGUMENT"
-    detail = getattr(error, "detail", "") or ""
-    message = str(error) if isinstance(error, ShardsafeError) else (
-        f"{type(error).__name__}: {error}")
     try:
         _C.load_source([], source, comm, options.engine(), check=(b"", lambda reports: None),
-                       failed=(code, detail, message))
+                       failed=failure_of(error))
     except ShardsafeError:
         pass
-
-
-def _unused_groups(reports: list[dict]) -> list[str]:
-    """"KEY[group rank G]" for each saved group rank of a grouped PerRank
-    that no rank loads (the same on every rank: from every rank's report)."""
-    loaded: dict[str, set[int]] = {}
-    saved: dict[str, set[int]] = {}
-    for r in reports:
-        for key, g in r["per_rank_groups"].items():
-            loaded.setdefault(key, set()).add(g)
-        for key, gs in r["per_rank_saved_groups"].items():
-            saved.setdefault(key, set()).update(gs)
-    return [f"{key}[group rank {g}]" for key in sorted(saved)
-            for g in sorted(saved[key] - loaded.get(key, set()))]
 
 
 def _load_staged(state_dict: Any, uri: str, not_native: CheckpointNotFoundError,

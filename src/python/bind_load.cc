@@ -50,21 +50,6 @@ struct ReportCheck {
   }
 };
 
-// A failure the Python side met preparing its part, as a Status of its
-// class's code and detail, so that every rank raises that class.
-Status FailureOf(const std::string& code, const std::string& detail, const std::string& message) {
-  StatusCode c = StatusCode::kInvalidArgument;
-  for (int i = 1; i <= static_cast<int>(StatusCode::kInternal); ++i) {
-    if (StatusCodeName(static_cast<StatusCode>(i)) == code) c = static_cast<StatusCode>(i);
-  }
-  Status s(c, message);
-  for (int i = 1; i <= static_cast<int>(kLastErrorDetail); ++i) {
-    const auto d = static_cast<ErrorDetail>(i);
-    if (ErrorDetailName(d) == detail) s = s.WithDetail(d);
-  }
-  return s;
-}
-
 // LoadOpenedSource of `targets` (and `whole`, a fast path's, moved in),
 // the tensors of `device` filled through its copier. `check`: (this rank's
 // report, a callable given every rank's), run before anything is read;

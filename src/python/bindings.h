@@ -18,6 +18,9 @@ void BindAsync(nanobind::module_& m);
 // bind_load.cc: load_source, the fast paths' plans (WholeTargets,
 // WholeShards, AskedTensors, ask_tensors, plan_whole, plan_save_whole).
 void BindLoad(nanobind::module_& m);
+// py_comm.cc: agree (every rank's payload and failure, in one engine
+// collective: AllGatherOrFail).
+void BindComm(nanobind::module_& m);
 // opened_source.h: OpenedSource, open_source, PendingSource, describe.
 void BindOpenedSource(nanobind::module_& m);
 // bind_manager.cc: CheckpointManager.

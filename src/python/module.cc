@@ -63,6 +63,7 @@ NB_MODULE(_C, m) {
   BindTypes(m);
   BindSave(m);
   BindAsync(m);
+  BindComm(m);
   BindOpenedSource(m);
   BindLoad(m);
   BindManager(m);

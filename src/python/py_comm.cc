@@ -1,8 +1,18 @@
 #include "python/py_comm.h"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <optional>
+#include <tuple>
+
+#include "comm/agree.h"
+#include "python/bindings.h"
+#include "python/status_error.h"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace shardsafe::python {
 namespace {
@@ -150,6 +160,42 @@ Status PyComm::Barrier() {
 std::unique_ptr<Comm> MakeComm(nb::handle impl) {
   if (impl.is_none()) return MakeSingleProcessComm();
   return std::make_unique<PyComm>(nb::borrow(impl));
+}
+
+Status FailureOf(const std::string& code, const std::string& detail, const std::string& message) {
+  StatusCode c = StatusCode::kInvalidArgument;
+  for (int i = 1; i <= static_cast<int>(StatusCode::kInternal); ++i) {
+    if (StatusCodeName(static_cast<StatusCode>(i)) == code) c = static_cast<StatusCode>(i);
+  }
+  Status s(c, message);
+  for (int i = 1; i <= static_cast<int>(kLastErrorDetail); ++i) {
+    const auto d = static_cast<ErrorDetail>(i);
+    if (ErrorDetailName(d) == detail) s = s.WithDetail(d);
+  }
+  return s;
+}
+
+namespace {
+
+using Failure = std::tuple<std::string, std::string, std::string>;
+
+// AllGatherOrFail of (`failed`, `payload`) over `comm`: every rank's
+// payload by rank, or the lowest failing rank's error on every rank.
+nb::list Agree(nb::handle comm, nb::bytes payload, std::optional<Failure> failed) {
+  std::unique_ptr<Comm> c = MakeComm(comm);
+  const Status local = failed ? std::apply(FailureOf, *failed) : Status();
+  std::string mine(payload.c_str(), payload.size());
+  std::vector<std::string> all =
+      Released([&] { return AllGatherOrFail(*c, local, std::move(mine)); });
+  nb::list out;
+  for (const std::string& p : all) out.append(nb::bytes(p.data(), p.size()));
+  return out;
+}
+
+}  // namespace
+
+void BindComm(nb::module_& m) {
+  m.def("agree", &Agree, "comm"_a.none(), "payload"_a, "failed"_a.none() = nb::none());
 }
 
 }  // namespace shardsafe::python

@@ -13,7 +13,10 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string>
+
 #include "shardsafe/comm.h"
+#include "shardsafe/status.h"
 
 namespace shardsafe::python {
 
@@ -40,5 +43,11 @@ class PyComm : public Comm {
 
 // A PyComm over `impl`, or a single-process Comm when `impl` is None.
 std::unique_ptr<Comm> MakeComm(nanobind::handle impl);
+
+// A failure the Python side met (its class's code and detail, as
+// shardsafe.errors names them, and its message) as a Status of that code
+// and detail, so that every rank raises that class (an unknown code is
+// INVALID_ARGUMENT, an unknown detail none).
+Status FailureOf(const std::string& code, const std::string& detail, const std::string& message);
 
 }  // namespace shardsafe::python

@@ -150,7 +150,7 @@ def test_all_ranks_write_their_share_and_one_commit_publishes(tmp_path):
     kind, message = errors[0]["exists"]
     assert kind == "CheckpointExistsError" and "already exists" in message
     kind, message = errors[1]["exists"]  # the same class on every rank
-    assert kind == "CheckpointExistsError" and message.startswith("rank 0 failed:")
+    assert kind == "CheckpointExistsError" and message.startswith("rank 0: ")
     assert "already exists" in message
 
     kind, message = errors[1]["corrupt"]
@@ -158,7 +158,7 @@ def test_all_ranks_write_their_share_and_one_commit_publishes(tmp_path):
     assert "checksum mismatch" in message and f"model.{key}" in message
     assert "part 1 of 2" in message
     kind, message = errors[0]["corrupt"]
-    assert kind == "CorruptCheckpointError" and message.startswith("rank 1 failed:")
+    assert kind == "CorruptCheckpointError" and message.startswith("rank 1: ")
     assert "checksum mismatch" in message
 
     assert snapshot(out) == before  # still the float32 export, untouched

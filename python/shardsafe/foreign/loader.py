@@ -36,12 +36,12 @@ import torch.distributed as dist
 from .._boxes import Boxes, dtype_name
 from .._comm import agree, resolve
 from .._json import from_json, join, to_json
+from .._key_check import Agreement, Report
 from .._parts import (PerRank, Sharded, decode_per_rank, group_rank, group_tensor_name,
                       parse_group_tensor_name)
 from .._result import LoadResult
 from .._state import Flat, flatten, holds, rebuild
-from ..errors import (DTypeMismatchError, InvalidStateError, KeyMismatchError,
-                      ShapeMismatchError)
+from ..errors import DTypeMismatchError, InvalidStateError, ShapeMismatchError
 from .reader import ForeignCheckpoint, Format, checked
 
 
@@ -153,18 +153,24 @@ class _Match:
     missing: list[str]
     unexpected: list[str]
     # Grouped PerRank values: {KEY: (group rank, its target)} this rank
-    # loads, and the "KEY[group rank G]" missing / unloaded here.
+    # loads, the "KEY[group rank G]" missing here, and {KEY: the group
+    # ranks the checkpoint holds}.
     grouped: dict[str, tuple[int, _Target]]
     per_rank_missing: list[str]
-    per_rank_unexpected: list[str]
+    saved_groups: dict[str, list[int]]
+
+    def report(self) -> Report:
+        """This rank's report to the key check (_key_check.Agreement)."""
+        return Report(self.missing, self.unexpected, [], [], self.per_rank_missing, [],
+                      {k: g for k, (g, _) in self.grouped.items()}, self.saved_groups)
 
 
 def _grouped(flat: Flat, saved: Mapping[str, tuple], rank: int
-             ) -> tuple[dict[str, tuple[int, _Target]], list[str], list[str]]:
+             ) -> tuple[dict[str, tuple[int, _Target]], list[str], dict[str, list[int]]]:
     """_Match's grouped fields: each grouped PerRank's target (a U8 tensor
     of its saved tensor's size), what this rank misses, and the saved
-    group ranks of its keys it does not load."""
-    grouped, missing, others = {}, [], []
+    group ranks of its keys."""
+    grouped, missing = {}, []
     ranks = {k: g for k, v in flat.per_rank.items()
              if (g := group_rank(v, k, rank)) is not None}
     for key, g in ranks.items():
@@ -175,11 +181,12 @@ def _grouped(flat: Flat, saved: Mapping[str, tuple], rank: int
         shape = tuple(found[1])
         grouped[key] = (g, _Target(group_tensor_name(key, g), torch.empty(shape, dtype=torch.uint8),
                                    shape, (0,) * len(shape), shape))
+    saved_groups: dict[str, list[int]] = {}
     for name in saved:
         parsed = parse_group_tensor_name(name)
-        if parsed is not None and parsed[0] in ranks and parsed[1] != ranks[parsed[0]]:
-            others.append(f"{parsed[0]}[group rank {parsed[1]}]")
-    return grouped, missing, others
+        if parsed is not None and parsed[0] in ranks:
+            saved_groups.setdefault(parsed[0], []).append(parsed[1])
+    return grouped, missing, saved_groups
 
 
 def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
@@ -207,7 +214,7 @@ def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
                                      f"with convert_dtypes)", "INVALID_ARGUMENT")
         targets.append(t)
     missing += [k for k in flat.values if k not in index]
-    grouped, pr_missing, pr_others = _grouped(flat, saved, rank)
+    grouped, pr_missing, saved_groups = _grouped(flat, saved, rank)
     # Without a group: no foreign format has shardsafe's per-rank values.
     missing += [k for k, v in flat.per_rank.items() if v.group is None]
     targets += [t for _, t in grouped.values()]
@@ -219,7 +226,7 @@ def _match(flat: Flat, fc: ForeignCheckpoint, convert: bool,
     if skip is not None:
         unexpected = [k for k in unexpected if not skip(k)]
     return _Match(saved, values, index, targets, missing, unexpected, grouped, pr_missing,
-                  pr_others)
+                  saved_groups)
 
 
 def _copy(t: _Target, box: torch.Tensor, whole: bool) -> None:
@@ -302,27 +309,12 @@ def _load_read(state_dict: Any, path: str, fmt: Format, strict: bool,
         if skip is not None:
             flat.drop(skip)
         m = _match(flat, fc, convert_dtypes, skip, comm.rank if comm is not None else 0)
-        report = {"missing": m.missing, "unexpected": m.unexpected,
-                  "pr_missing": m.per_rank_missing, "pr_unexpected": m.per_rank_unexpected}
+        report = m.report().__dict__
     except Exception as e:  # noqa: BLE001 - every rank must reach the agreement
         error = e
     try:
-        reports = agree(comm, error, report)
-        missing = sorted({k for r in reports for k in r["missing"]})
-        unexpected = sorted(set.intersection(*(set(r["unexpected"]) for r in reports)))
-        pr_missing = sorted({k for r in reports for k in r["pr_missing"]})
-        pr_unexpected = sorted(set.intersection(*(set(r["pr_unexpected"]) for r in reports)))
-        keys_fail = strict and bool(missing or unexpected)
-        per_rank_fail = per_rank_strict and bool(pr_missing or pr_unexpected)
-        if keys_fail or per_rank_fail:
-            remedy = " and ".join((["strict=False"] if keys_fail else [])
-                                  + (["per_rank_strict=False"] if per_rank_fail else []))
-            raise KeyMismatchError((missing if keys_fail else []) + (pr_missing if per_rank_fail
-                                                                    else []),
-                                   (unexpected if keys_fail else [])
-                                   + (pr_unexpected if per_rank_fail else []),
-                                   path, f"pass {remedy} to load anyway")
-        missing, unexpected = sorted(missing + pr_missing), sorted(unexpected + pr_unexpected)
+        agreed = Agreement(strict, per_rank_strict, None, path)
+        agreed.check(agree(comm, error, report))
         error = None
         try:
             nbytes = _read_all(m, fc)
@@ -337,5 +329,7 @@ def _load_read(state_dict: Any, path: str, fmt: Format, strict: bool,
                 lambda key, old: (_per_rank(key, old, m, path) if isinstance(old, PerRank)
                                   else old if key not in m.index
                                   else _value(m.index[key], old)))
-    return LoadResult(path, os.path.basename(os.path.normpath(path)), missing, unexpected,
+    return LoadResult(path, os.path.basename(os.path.normpath(path)),
+                      sorted(agreed.missing + agreed.per_rank_missing),
+                      sorted(agreed.unexpected + agreed.per_rank_unused),
                       None, nbytes, time.monotonic() - start, 0, m.values)
