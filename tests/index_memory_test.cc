@@ -11,7 +11,7 @@
 //  - "large": 640 BF16 tensors of 1,024 flat chunks each (what a ZeRO save
 //    of a large job gives: many small chunks), round robin over 64 data
 //    files. Its JSON index is ~69 MB at ~105 bytes a chunk; the 4,096-rank
-//    plan of bench/planner_benchmark writes 126 (shorter numbers make this
+//    plan of planner_benchmark writes 126 (shorter numbers make this
 //    the harder case: the parsed index's size is per chunk).
 //  - "many": 500,000 BF16 tensors [8] of one whole chunk each (the tensors
 //    of a large mixture of experts) in one data file, as one rank saves

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <map>
 
-#include "layout/layout_testing.h"
+#include "testing/layout/layout_testing.h"
 
 namespace shardsafe {
 namespace {

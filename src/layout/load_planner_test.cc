@@ -7,7 +7,7 @@
 #include <cstring>
 #include <set>
 
-#include "layout/layout_testing.h"
+#include "testing/layout/layout_testing.h"
 
 namespace shardsafe {
 namespace {

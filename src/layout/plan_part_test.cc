@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

@@ -25,7 +25,7 @@
 //   assigned to (PlannedChunk::shard_offset says where the piece starts in
 //   that holder's shard), so one large replicated tensor does not land on
 //   one rank. On DP x TP x PP and ZeRO layouts no rank writes more than
-//   1.1x its ideal share (bench/planner_benchmark.cc measures it).
+//   1.1x its ideal share (engine/bench/planner_benchmark.cc measures it).
 // - Each rank's chunks are packed into files of at most max_file_bytes of
 //   payload (a chunk larger than the cap gets its own file), filled largest
 //   chunk first into the file with the least payload, so files are similar

@@ -6,9 +6,9 @@
 #include <set>
 
 #include "layout/box_math.h"
-#include "layout/layout_testing.h"
-#include "layout/simulated_layouts.h"
 #include "layout/tiling.h"
+#include "testing/layout/layout_testing.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

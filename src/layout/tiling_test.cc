@@ -3,7 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "layout/layout_testing.h"
+#include "testing/layout/layout_testing.h"
 
 namespace shardsafe {
 namespace {

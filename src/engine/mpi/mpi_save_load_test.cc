@@ -23,10 +23,10 @@
 #include "engine/plan/distributed_plan.h"
 #include "engine/save/plan_wire.h"
 #include "layout/plan_part.h"
-#include "layout/simulated_layouts.h"
 #include "shardsafe/async_save.h"
 #include "shardsafe/checkpoint.h"
 #include "shardsafe/mpi_comm.h"
+#include "testing/layout/simulated_layouts.h"
 #include "testing/test_util.h"
 
 namespace shardsafe {

@@ -14,7 +14,7 @@
 
 #include "engine/plan/distributed_plan.h"
 #include "engine/save/commit.h"
-#include "engine/save/plan_testing.h"
+#include "engine/testing/plan_testing.h"
 #include "format/index.h"
 #include "layout/plan_part.h"
 

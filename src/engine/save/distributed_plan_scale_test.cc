@@ -15,10 +15,10 @@
 
 #include <algorithm>
 
-#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_wire.h"
+#include "engine/testing/plan_simulation.h"
 #include "layout/plan_part.h"
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

@@ -13,12 +13,12 @@
 #include <thread>
 
 #include "engine/plan/plan_home.h"
-#include "engine/testing/plan_simulation.h"
-#include "engine/save/plan_testing.h"
 #include "engine/save/plan_wire.h"
-#include "layout/layout_testing.h"
+#include "engine/testing/plan_simulation.h"
+#include "engine/testing/plan_testing.h"
 #include "layout/plan_part.h"
-#include "layout/simulated_layouts.h"
+#include "testing/layout/layout_testing.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

@@ -15,7 +15,7 @@
 #include "engine/save/plan_wire.h"
 #include "engine/save/save_messages.h"
 #include "layout/plan_part.h"
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

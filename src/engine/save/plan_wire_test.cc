@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "layout/plan_part.h"
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

@@ -3,12 +3,12 @@
 // is an error, after which the next save reports in full. Copies and the
 // replica digest travel as they are in both. A version-3 index reuses the
 // chunk table made from the kept layouts.
-#include "engine/save/save_messages.h"
 #include "engine/save/save_driver.h"
+#include "engine/save/save_messages.h"
 
 #include <gtest/gtest.h>
 
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe {
 namespace {

@@ -33,7 +33,7 @@ struct SimulatedRankCost {
 // What one rank received from the other ranks in the rounds' collectives,
 // by kind of collective, each in the rounds' order: enough for that rank to
 // run its own rounds again, alone, over a Comm double that hands it these
-// (bench/simulated_rank.h; the planner benchmark times rank 0 so). A
+// (engine/bench/simulated_rank.h; the planner benchmark times rank 0 so). A
 // rank's own slot holds what it sent itself.
 struct RankInbox {
   std::deque<std::vector<std::string>> all_to_all;  // by sender: rounds 1, 2, 5 (7)

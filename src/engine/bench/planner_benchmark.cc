@@ -1,13 +1,13 @@
 // Planner benchmark: what planning a save and reading the metadata of a load
 // cost the ranks of a large job, on the engine's own code, at 1,024 / 4,096 /
-// 16,384 / 65,536 simulated ranks on three layouts (bench/planner_jobs.h),
+// 16,384 / 65,536 simulated ranks on three layouts (engine/bench/planner_jobs.h),
 // on the path a save of the job runs: from 1,024 ranks planned
 // by all ranks together, under it on rank 0. For rank 0 and for another
 // rank (the busiest home, or the rank that receives the largest part):
 // planning time of a first and of a repeated save, planning's peak memory,
 // the bytes the rank sends and receives to coordinate; then the metadata a
 // loader reads and its parse time, and the busiest writer's share
-// (bench/planner_row.h says exactly what each measures and what is
+// (engine/bench/planner_row.h says exactly what each measures and what is
 // simulated). Rows that would not fit in this machine's memory are reported
 // with their estimated need instead of run. Writes only the metadata a
 // loader reads (under /tmp).
@@ -34,9 +34,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner_details.h"
-#include "planner_jobs.h"
-#include "planner_row.h"
+#include "engine/bench/planner_details.h"
+#include "engine/bench/planner_jobs.h"
+#include "engine/bench/planner_row.h"
 
 namespace shardsafe::bench {
 namespace {
@@ -139,9 +139,9 @@ void PrintLegend(const std::vector<SimulatedJob>& jobs, const std::vector<Row>& 
   bool together = false, on_leader = false;
   for (const Row& r : rows) (r.together ? together : on_leader) = true;
   std::printf(
-      "\nOn the engine's own code (bench/planner_row.h has the exact calls), on the path a save\n"
-      "of the job runs, for rank 0 (the first columns) and for another rank (\"other\", named\n"
-      "below):\n"
+      "\nOn the engine's own code (src/engine/bench/planner_row.h has the exact calls), on the\n"
+      "path a save of the job runs, for rank 0 (the first columns) and for another rank\n"
+      "(\"other\", named below):\n"
       "  plan s          step 0 of a first save, GatherAndPlan: the quick check, then\n");
   if (together) {
     std::printf(

@@ -1,15 +1,15 @@
-#include "planner_steps.h"
+#include "engine/bench/planner_steps.h"
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/bench/proc_memory.h"
 #include "engine/load/table_reads.h"
 #include "engine/save/plan_cache.h"
 #include "engine/save/save_messages.h"
 #include "format/index.h"
-#include "proc_memory.h"
 
 namespace shardsafe::bench {
 namespace {

@@ -1,6 +1,6 @@
 // The simulated jobs the planner benchmark measures: three layouts of a
 // large model at any world size they divide, each rank's holdings computed
-// on demand (layout/simulated_layouts.h), so that no more than one rank's
+// on demand (testing/layout/simulated_layouts.h), so that no more than one rank's
 // exist at a time.
 #pragma once
 

@@ -20,15 +20,15 @@
 //     metadata (TimeLoadMetadata) over the files written in 1.
 #include <cstring>
 
+#include "engine/bench/planner_steps.h"
+#include "engine/bench/proc_memory.h"
 #include "engine/save/distributed_save.h"
-#include "engine/testing/plan_simulation.h"
 #include "engine/save/plan_wire.h"
 #include "engine/save/save_driver.h"
 #include "engine/save/save_messages.h"
 #include "engine/save/save_writer.h"
+#include "engine/testing/plan_simulation.h"
 #include "format/index.h"
-#include "planner_steps.h"
-#include "proc_memory.h"
 
 namespace shardsafe::bench {
 namespace {

@@ -1,4 +1,4 @@
-#include "planner_details.h"
+#include "engine/bench/planner_details.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,7 @@
 
 #include "layout/load_planner.h"
 #include "layout/save_planner.h"
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe::bench {
 namespace {

@@ -1,8 +1,8 @@
-#include "planner_jobs.h"
+#include "engine/bench/planner_jobs.h"
 
 #include <algorithm>
 
-#include "layout/simulated_layouts.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe::bench {
 namespace {

@@ -12,11 +12,11 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/bench/planner_jobs.h"
+#include "engine/bench/planner_row.h"
+#include "engine/bench/simulated_rank.h"
 #include "engine/save/save_driver.h"
-#include "planner_jobs.h"
-#include "planner_row.h"
 #include "shardsafe/checkpoint.h"
-#include "simulated_rank.h"
 
 namespace shardsafe::bench {
 

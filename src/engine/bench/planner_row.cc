@@ -1,4 +1,4 @@
-#include "planner_row.h"
+#include "engine/bench/planner_row.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +8,9 @@
 
 #include "comm/agree.h"
 #include "comm/wire.h"
+#include "engine/bench/planner_steps.h"
+#include "engine/bench/proc_memory.h"
+#include "engine/bench/simulated_rank.h"
 #include "engine/load/table_reads.h"
 #include "engine/save/commit.h"
 #include "engine/save/distributed_save.h"
@@ -17,10 +20,7 @@
 #include "engine/testing/plan_simulation.h"
 #include "format/chunk_table.h"
 #include "format/index.h"
-#include "layout/simulated_layouts.h"
-#include "planner_steps.h"
-#include "proc_memory.h"
-#include "simulated_rank.h"
+#include "testing/layout/simulated_layouts.h"
 
 namespace shardsafe::bench {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "layout/layout_testing.h"
 #include "layout/save_planner.h"
+#include "testing/layout/layout_testing.h"
 
 namespace shardsafe::testing {
 

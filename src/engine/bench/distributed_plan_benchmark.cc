@@ -32,11 +32,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/bench/planner_jobs.h"
+#include "engine/bench/proc_memory.h"
 #include "engine/save/distributed_index.h"
 #include "engine/testing/plan_simulation.h"
 #include "format/index.h"
-#include "planner_jobs.h"
-#include "proc_memory.h"
 
 namespace shardsafe::bench {
 namespace {

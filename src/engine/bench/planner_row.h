@@ -110,7 +110,7 @@
 #include <optional>
 #include <string>
 
-#include "planner_jobs.h"
+#include "engine/bench/planner_jobs.h"
 
 namespace shardsafe::bench {
 
