@@ -251,6 +251,12 @@ struct LoadResult {
   // read too.
   uint64_t bytes_shared = 0;
   double seconds = 0;
+  // A manager's load (CheckpointManager::Load): the step loaded, the bytes
+  // this rank read by the tier it read them from ("memory", "root"), and
+  // why a tier's copy or the latest step was passed over.
+  std::optional<int64_t> step;
+  std::map<std::string, uint64_t> bytes_by_tier;
+  std::vector<std::string> warnings;
 };
 
 // Loads the requested slices from `path`: a checkpoint directory, a root
@@ -288,6 +294,10 @@ struct CheckpointInfo {
   // the rules of docs/format.md §1, no checkpoint is_latest: resolving the
   // root's latest is then an error (DataLoss) rather than a guess.
   std::string order_fault;
+  // A manager with a memory tier (CheckpointManager::List): the tiers that
+  // hold it committed, fastest first ("memory", "root"); `path` is the
+  // copy in the first. Empty otherwise.
+  std::vector<std::string> tiers;
 };
 
 // Committed checkpoints under `root`, oldest first in commit order
@@ -297,9 +307,35 @@ struct CheckpointInfo {
 Result<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& root,
                                                     FileSystem* fs = nullptr);
 
+// The memory tier of a CheckpointManager (docs/design.md, "Memory tier"):
+// every save goes into a folder in node-local shared memory, in the
+// checkpoint format and with the commit protocol of any root, and every
+// persist_every-th is then copied to the manager's root in the background.
+// Files there survive the death of the training process, not of the node.
+struct MemoryTierOptions {
+  // The tier's folder: empty for /dev/shm/shardsafe-<16 hex digits of a
+  // hash of the manager's root> (the same path after a restart). Every rank
+  // must see the same folder: ranks on several nodes (hosts, or folders)
+  // are refused, since replicas on peer nodes are not built yet.
+  std::string dir;
+  // Copies of each rank's shards on other nodes. With every rank on one
+  // node there is no other node to hold one: a save says so once (a
+  // warning) and the tier holds one copy.
+  int replicas = 1;
+  int keep_last = 2;  // checkpoints the tier keeps (>= 1)
+};
+
+// One committed copy of a manager's checkpoint in one tier.
+struct TierCopy {
+  std::string tier;  // "memory" or "root"
+  std::string path;
+  int64_t step = 0;
+};
+
 // Checkpoints in ROOT/step-NNNNNNNN, a `latest` pointer, and retention.
 class AsyncSaver;
 class AsyncSaveHandle;
+class Persister;
 
 class CheckpointManager {
  public:
@@ -310,9 +346,17 @@ class CheckpointManager {
     // tag (docs/format.md §1), e.g. "global_step{step}". The step is also
     // recorded in the checkpoint's commit record.
     std::string tag_format = "step-{step:08d}";
+    // Saves go to memory first (MemoryTierOptions); every persist_every-th
+    // (>= 1) is also written to the root, from the memory copy, in the
+    // background (on rank 0; a local root only). Unset: saves go to the root.
+    std::optional<MemoryTierOptions> memory = std::nullopt;
+    int persist_every = 1;
   };
   CheckpointManager(std::string root, Options options);
-  ~CheckpointManager();  // waits for an async save in flight
+  ~CheckpointManager();  // waits for an async save and a persist in flight
+  // InvalidArgument for a bad memory tier (keep_last or persist_every < 1,
+  // replicas < 0, an s3:// root); every call of a manager with one checks.
+  static Status CheckOptions(const std::string& root, const Options& options);
 
   const std::string& root() const { return root_; }
 
@@ -333,16 +377,33 @@ class CheckpointManager {
   // Bytes of async save staging memory held (0 before the first
   // ReserveAsyncSave or AsyncSave).
   size_t async_staging_bytes() const;
-  // Waits for the async save in flight, if any; its outcome.
+  // Waits for the async save in flight, if any, and then for the persist
+  // in flight (memory tier); the first failure.
   Status WaitForAsyncSave();
   // Step of the latest checkpoint (ListCheckpoints' is_latest); nullopt for
   // an empty root or a latest checkpoint without a step. DataLoss when
-  // which is the latest cannot be told (CheckpointInfo::order_fault).
+  // which is the latest cannot be told (CheckpointInfo::order_fault). With
+  // a memory tier: the newer of the tier's and the root's.
   Result<std::optional<int64_t>> LatestStep();
-  // Loads step `step`, or the latest when nullopt.
+  // Loads step `step`, or the latest when nullopt. With a memory tier, the
+  // copies of LoadOrder in turn: a copy that is corrupt or incomplete
+  // (DataLoss, a data file missing) is passed over with a warning naming
+  // the tier and the error (file, tensor, chunk), for the next copy of the
+  // same step, then (the latest asked) the newest older step; any other
+  // error, or the last copy's, is the load's.
   Result<LoadResult> Load(const LoadRequest& request, std::optional<int64_t> step, Comm& comm,
                           LoadOptions options);
+  // Collective: the copies a load of `step` (nullopt: the latest) tries,
+  // in order, the same on every rank (rank 0 lists the tiers): `step`'s
+  // copies, fastest tier first (NotFound when none); or the latest step's,
+  // then every older step's, newest first. Without a memory tier, the
+  // root's copy alone.
+  Result<std::vector<TierCopy>> LoadOrder(std::optional<int64_t> step, Comm& comm);
+  // The root's checkpoints; with a memory tier, the tiers' together, oldest
+  // step first, each with the tiers that hold it (CheckpointInfo::tiers).
   Result<std::vector<CheckpointInfo>> List();
+  // The memory tier's folder ("" without one).
+  std::string memory_dir() const;
   // Removes the oldest committed checkpoints (in commit order) until `keep`
   // remain (keep >= 1), but never the newest one, the one `latest` names,
   // nor one a load in progress holds (CheckpointSource::pin; a later prune
@@ -357,9 +418,16 @@ class CheckpointManager {
   Result<std::string> TagOf(int64_t step) const;
 
  private:
+  Result<std::string> SaveRoot(int64_t step, Comm& comm);
+  void Persist(int64_t step, const std::string& tag, Comm& comm,
+               std::shared_ptr<AsyncSaveHandle> after);
+
   std::string root_;
   Options options_;
   std::unique_ptr<AsyncSaver> saver_;  // created by the first AsyncSave
+  std::unique_ptr<Persister> persister_;  // memory tier: copies to the root
+  int saves_since_persist_ = 0;
+  bool tier_checked_ = false;  // every rank shares the tier's folder
 };
 
 // The tag rules of docs/format.md §1. InvalidArgument naming the problem.

@@ -13,7 +13,7 @@ rank with PerRank; see README.md, "Python".
 from . import peers  # other tools' checkpoints: shardsafe.peers.import_checkpoint, ...
 from ._describe import describe
 from ._load import load, release_load_staging
-from ._manager import CheckpointManager
+from ._manager import CheckpointManager, MemoryTier
 from ._options import LoadOptions, SaveOptions
 from ._save import async_save, release_async_save, reserve_async_save, save
 from ._parts import PerRank, Sharded
@@ -24,7 +24,7 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
 
 __all__ = [
     "save", "async_save", "reserve_async_save", "release_async_save", "load",
-    "release_load_staging", "CheckpointManager",
+    "release_load_staging", "CheckpointManager", "MemoryTier",
     "LoadResult", "Sharded", "PerRank", "SaveOptions", "LoadOptions",
     "describe",
     "ShardsafeError", "CheckpointNotFoundError", "CheckpointExistsError", "CorruptCheckpointError",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch.distributed as dist
@@ -16,7 +18,25 @@ from ._load import load
 from ._result import LoadResult, as_dict
 from ._options import SaveOptions
 from ._save import prepared
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointNotFoundError, CorruptCheckpointError
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """A CheckpointManager's memory tier (CheckpointManager(memory=...)):
+    every save goes into `dir`, a folder in node-local shared memory (None:
+    /dev/shm/shardsafe-<a hash of the manager's root>, the same after a
+    restart), as a checkpoint committed there as in any root; the tier
+    keeps its `keep_last` newest. Files there survive the death of the
+    training process, not of the node, and hold keep_last x the state's
+    bytes (plus an async save's staging). Every rank must share the folder:
+    ranks on several nodes are refused, since `replicas` (copies of each
+    rank's shards on other nodes) are not built yet; on one node there is
+    no other node to hold them, and the tier holds one copy."""
+
+    dir: str | os.PathLike | None = None
+    replicas: int = 1
+    keep_last: int = 2
 
 
 class CheckpointManager:
@@ -35,16 +55,32 @@ class CheckpointManager:
 
     A manager owns its async saves' staging memory and threads; dropping it
     (or release_async_save) frees them once its save in flight is durable.
+
+    With memory=shardsafe.MemoryTier(...), saves (sync or async) go to the
+    memory tier, and every `persist_every`-th is also copied to `root` (a
+    local path) in the background from the memory copy, by rank 0, without
+    stalling training again; wait() waits for that copy too. `keep_last`
+    is then the root's retention, the tier's is its own. list() shows
+    which tiers hold each step, latest_step() is the newest step in either,
+    and load() reads the fastest tier's copy: a copy that is corrupt or
+    incomplete is passed over, with a UserWarning, for the root's copy of
+    the same step, then (loading the latest) for older steps, newest first.
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 0, *,
                  process_group: dist.ProcessGroup | None = None,
-                 tag_format: str = "step-{step:08d}"):
+                 tag_format: str = "step-{step:08d}", memory: MemoryTier | None = None,
+                 persist_every: int = 1):
         self.root = root = _paths.absolute(root)
+        tier = None if memory is None else (
+            "" if memory.dir is None else _paths.absolute(memory.dir), memory.replicas,
+            memory.keep_last)
+        self.memory = memory
         # (the factory holds the root, not self: a pending Future holds the
         # engine holder, and must not hold the manager too)
-        self._engine = PerProcess(lambda: _C.CheckpointManager(root, keep_last, tag_format),
-                                   _C.CheckpointManager.wait_async)
+        self._engine = PerProcess(
+            lambda: _C.CheckpointManager(root, keep_last, tag_format, tier, persist_every),
+            _C.CheckpointManager.wait_async)
         self._engine.get()  # a bad root fails here
         self._group = process_group
 
@@ -96,11 +132,17 @@ class CheckpointManager:
         self._engine.release()
 
     def wait(self) -> None:
-        """Waits for the async save in flight; raises its failure."""
+        """Waits for the async save in flight, then for the copy of the
+        memory tier to the root in flight (memory=); raises a failure."""
         self._m.wait_async()
 
     def latest_step(self) -> int | None:
         return self._m.latest_step()
+
+    @property
+    def memory_dir(self) -> str | None:
+        """The memory tier's folder (None without one)."""
+        return self._m.memory_dir or None
 
     def load(self, state: Any, step: int | None = None, **kwargs: Any) -> LoadResult:
         """Loads step `step`, or the latest; keyword arguments as load().
@@ -109,7 +151,10 @@ class CheckpointManager:
         choosing it and reading it); the result's path and tag say which
         checkpoint it was. A step not there is a CheckpointNotFoundError
         saying whether retention or prune removed it during this load, may
-        have removed it before, or it was never saved here (_not_found)."""
+        have removed it before, or it was never saved here (_not_found).
+        With a memory tier: the tiers' copies in turn (class doc)."""
+        if self.memory is not None:
+            return self._load_tiers(state, step, kwargs)
         if step is None:
             self._require_one()
             return load(state, self.root, process_group=self._group, **kwargs)
@@ -118,6 +163,30 @@ class CheckpointManager:
             return load(state, self.path(step), process_group=self._group, **kwargs)
         except CheckpointNotFoundError as e:
             raise self._not_found(step, listed, e) from None
+
+    def _load_tiers(self, state: Any, step: int | None, kwargs: dict) -> LoadResult:
+        """load() with a memory tier: the copies the engine orders
+        (CheckpointManager::LoadOrder, the same on every rank), each until
+        one loads; a corrupt or incomplete copy (CorruptCheckpointError on
+        any rank, so on every rank) is passed over with a UserWarning."""
+        copies = self._m.load_order(step, resolve(self._group))
+        passed: list[str] = []
+        for i, (tier, path, at) in enumerate(copies):
+            try:
+                result = load(state, path, process_group=self._group, **kwargs)
+            except CorruptCheckpointError as e:
+                if i + 1 == len(copies):
+                    raise
+                passed.append(f"{tier} copy of step {at} ({path}) passed over: {e}")
+                warnings.warn(passed[-1], stacklevel=3)
+                continue
+            if at != copies[0][2]:
+                passed.append(f"step {copies[0][2]} could not be loaded from any tier; loaded "
+                              f"step {at}, the newest that could")
+                warnings.warn(passed[-1], stacklevel=3)
+            return replace(result, step=at, bytes_by_tier={tier: result.bytes_read},
+                           warnings=passed)
+        raise CheckpointNotFoundError(f"{self.root}: no checkpoint to load", "NOT_FOUND")
 
     def export_hf(self, out: str | os.PathLike, step: int | None = None,
                   **kwargs: Any) -> dict:

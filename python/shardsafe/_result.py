@@ -34,3 +34,9 @@ class LoadResult:
     # Every global value the checkpoint holds, by key (DeepSpeed's
     # client_state), whether or not the state asked for it.
     values: dict[str, Any] = field(default_factory=dict)
+    # A CheckpointManager's load: the step loaded; with a memory tier, the
+    # bytes read by the tier read from ("memory", "root") and why a tier's
+    # copy or the latest step was passed over (each also a UserWarning).
+    step: int | None = None
+    bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)

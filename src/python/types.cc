@@ -97,6 +97,7 @@ void BindOtherResults(nb::module_& m) {
       .def_ro("committed_ns", &CheckpointInfo::committed_ns)
       .def_ro("moved_latest", &CheckpointInfo::moved_latest)
       .def_ro("is_latest", &CheckpointInfo::is_latest)
+      .def_ro("tiers", &CheckpointInfo::tiers)
       .def_prop_ro("order_fault", [](const CheckpointInfo& c) {
         return c.order_fault.empty() ? nb::none() : nb::cast(c.order_fault);
       });

@@ -31,7 +31,12 @@ class FileCache {
       const std::string& path = sources_.file_paths[index];
       ReadOptions read{.direct = direct_ && !buffered, .within = sources_.within};
       if (index < sources_.file_bytes.size()) read.size = sources_.file_bytes[index];
-      SS_ASSIGN_OR_RETURN(auto file, fs_.NewRandomAccessFile(path, read));
+      auto opened = fs_.NewRandomAccessFile(path, read);
+      if (opened.status().code() == StatusCode::kNotFound) {
+        // A file the source names and lacks: the checkpoint is incomplete.
+        return DataLossError(opened.status().message() + " (a data file of the checkpoint)");
+      }
+      SS_ASSIGN_OR_RETURN(auto file, std::move(opened));
       if (index < sources_.file_bytes.size() && file->size() != sources_.file_bytes[index]) {
         return DataLossError(path + ": size " + std::to_string(file->size()) +
                              " bytes, index records " + std::to_string(sources_.file_bytes[index]));
