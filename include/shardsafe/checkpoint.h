@@ -264,8 +264,8 @@ struct LoadResult {
 // .safetensors file, or a Hugging Face model directory. Errors:
 // NotFound (no checkpoint there; missing keys unless allow_partial, listing
 // them), InvalidArgument (shape mismatch naming the key and both shapes;
-// dtype mismatch without convert_dtypes), DataLoss (corrupt or truncated
-// file, checksum mismatch: names the file, tensor and chunk). A load that
+// dtype mismatch without convert_dtypes), DataLoss (corrupt, truncated or
+// missing data file, checksum mismatch: names the file, tensor and chunk). A load that
 // fails after it began reading adds the keys of this rank's targets it may
 // have partly overwritten; one refused before that changed none.
 Result<LoadResult> Load(const LoadRequest& request, const std::string& path, Comm& comm,
@@ -328,8 +328,8 @@ struct MemoryTierOptions {
 // One committed copy of a manager's checkpoint in one tier.
 struct TierCopy {
   std::string tier;  // "memory" or "root"
-  std::string path;
-  int64_t step = 0;
+  std::string path;  // without a memory tier, the latest asked: the root (the load resolves it)
+  int64_t step = 0;  // -1: the root's latest, not resolved yet
 };
 
 // Checkpoints in ROOT/step-NNNNNNNN, a `latest` pointer, and retention.

@@ -716,10 +716,10 @@ TEST_F(FaultLoadTest, TruncatedDataFileIsDataLossNamingTheFile) {
   EXPECT_TRUE(LoadsBitExact(ckpt_, 1));
 }
 
-TEST_F(FaultLoadTest, DeletedDataFileIsNotFoundNamingTheFile) {
+TEST_F(FaultLoadTest, DeletedDataFileIsDataLossNamingTheFile) {
   const std::string name = files_[files_.size() / 2];
   fs::remove(ckpt_ + "/" + name);
-  LoadAllFails(StatusCode::kNotFound, name).IgnoreError();
+  LoadAllFails(StatusCode::kDataLoss, name).IgnoreError();
 }
 
 TEST_F(FaultLoadTest, FlippedPayloadByteIsChecksumMismatchNamingTheFile) {

@@ -547,9 +547,10 @@ Result<LoadResult> LoadOpenedSource(const LoadRequest& request,
   } else if (local.ok()) {
     local = LoadAlone(targets, packed, comm.rank(), **fs, options, &result, &touched);
   }
-  if (local.code() == StatusCode::kNotFound && src.native && (*fs)->IsObjectStore() &&
-      !IsCommitted(**fs, src.path)) {
-    // No read lease on an object store: retention or prune got there first.
+  if ((local.code() == StatusCode::kNotFound || local.code() == StatusCode::kDataLoss) &&
+      src.native && (*fs)->IsObjectStore() && !IsCommitted(**fs, src.path)) {
+    // No read lease on an object store: retention or prune got there first
+    // (a data object gone is otherwise the checkpoint's loss: DataLoss).
     local = NotFoundError("checkpoint " + src.path +
                           " was removed (by retention or prune) while it was being loaded: " +
                           local.message());
