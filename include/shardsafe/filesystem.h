@@ -214,6 +214,14 @@ class FileSystem {
     return UnimplementedError("locking " + path + " is not supported");
   }
 
+  // Bytes this process may still write in the existing directory `dir`
+  // (POSIX: statvfs's f_bavail x f_frsize): what a save checks its data
+  // files against before it writes any. Unimplemented where the file
+  // system does not know (object stores).
+  virtual Result<uint64_t> FreeBytes(const std::string& dir) {
+    return UnimplementedError("free space of " + dir + " is not known");
+  }
+
   // An object store (S3): no rename, no directories, no locks; a file
   // appears whole once written (WritableFile::Sync). Saves commit there
   // with the conditional writes below instead of a rename

@@ -466,6 +466,24 @@ TEST_F(FaultTest, CrashAtEveryOperationLeavesOldOrNewCheckpoint) {
   }
 }
 
+// A save whose data files do not fit in what the file system has free fails
+// on every rank before it creates or writes anything; the root is as it was.
+TEST_F(FaultTest, ASaveThatDoesNotFitFailsBeforeItWritesAnything) {
+  const std::string root = FreshRoot();
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  faulty.SetFreeBytes(10);
+  auto st = SaveStep(root, 2, &faulty);
+  EXPECT_TRUE(SameOnAllRanks(st));
+  EXPECT_EQ(st[0].code(), StatusCode::kResourceExhausted) << st[0].ToString();
+  EXPECT_THAT(st[0].message(), HasSubstr("10 bytes free; nothing was written"));
+  EXPECT_THAT(st[0].message(), HasSubstr(root));
+  EXPECT_EQ(faulty.count(OpKind::kCreate), 0);
+  EXPECT_EQ(faulty.count(OpKind::kCreateDir), 0);
+  ASSERT_NO_FATAL_FAILURE(CheckRoot(root, /*step2=*/false, "refused for space"));
+  faulty.SetFreeBytes(std::nullopt);  // the space is there again
+  for (const Status& s : SaveStep(root, 2, &faulty)) EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 // Each operation failing alone (a transient fault), kind by kind.
 TEST_F(FaultTest, EachSingleFailureIsAllOrNothing) {
   ASSERT_NO_FATAL_FAILURE(DryRun());

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,6 +122,12 @@ class PosixFileSystem final : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override;
   Status RenameExchange(const std::string& a, const std::string& b) override;
   Status SyncDir(const std::string& path) override;
+  Result<uint64_t> FreeBytes(const std::string& dir) override {
+    SS_RETURN_IF_ERROR(PathOk(dir));
+    struct statvfs st;
+    if (statvfs(dir.c_str(), &st) != 0) return ErrnoError(errno, "statvfs", dir);
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
   Result<std::unique_ptr<FileLock>> TryLock(const std::string& path, LockMode mode) override;
 };
 

@@ -58,6 +58,11 @@ class FaultInjectingFileSystem final : public FileSystem {
   void ClearFaults();
   // Disarms everything and zeroes the counters.
   void Reset();
+  // What FreeBytes reports from now on (nullopt: the base's answer).
+  void SetFreeBytes(std::optional<uint64_t> bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_bytes_ = bytes;
+  }
 
   // Called by the wrapper and its files before each counted operation:
   // counts it and returns the injected error, or OK to go ahead.
@@ -83,6 +88,13 @@ class FaultInjectingFileSystem final : public FileSystem {
     return base_->TryLock(path, mode);
   }
   bool IsObjectStore() const override { return base_->IsObjectStore(); }
+  Result<uint64_t> FreeBytes(const std::string& dir) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_bytes_) return *free_bytes_;
+    }
+    return base_->FreeBytes(dir);
+  }
   Status CreateFileExclusive(const std::string& path, std::string_view data) override;
   Result<std::string> ReadFileVersioned(const std::string& path, uint64_t max_bytes,
                                         std::string* version) override {
@@ -107,6 +119,7 @@ class FaultInjectingFileSystem final : public FileSystem {
   int64_t injected_ = 0;                                 // guarded by mu_
   std::array<std::optional<Armed>, kNumOpKinds> nth_{};  // guarded by mu_; `at` per kind
   std::optional<Armed> after_;                           // guarded by mu_; `at` in total
+  std::optional<uint64_t> free_bytes_;                   // guarded by mu_
 };
 
 }  // namespace shardsafe

@@ -183,6 +183,20 @@ Result<AgreedPlan> GatherAndPlan(const SaveState& state, const std::string& dest
   return AgreedPlan{std::move(plan), false, std::move(layouts)};
 }
 
+namespace {
+
+// Rank 0, before anything is created: the data files of a save planned
+// here (the whole plan: its bytes per rank) must fit under `root`
+// (CheckFreeSpace). A plan in parts (planned together) is not checked.
+Status CheckPlanFits(FileSystem& fs, const std::string& root, const SavePlan& plan) {
+  if (plan.bytes_per_rank.empty()) return Status();
+  uint64_t needed = 0;
+  for (uint64_t b : plan.bytes_per_rank) needed += b;
+  return CheckFreeSpace(fs, root, needed);
+}
+
+}  // namespace
+
 Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& root,
                                     const std::string& tag, Comm& comm,
                                     const SaveOptions& options) {
@@ -207,8 +221,9 @@ Result<PreparedSave> PlanAndPrepare(const SaveState& state, const std::string& r
   if (comm.rank() == 0) {
     Result<bool> table =
         prepared.planned->WritesTable(*prepared.plan, options.chunk_table_min_chunks);
-    Result<TmpDir> made = table.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
-                                     : Result<TmpDir>(table.status());
+    Status fits = table.ok() ? CheckPlanFits(**fs, root, *prepared.plan) : table.status();
+    Result<TmpDir> made = fits.ok() ? PrepareSave(**fs, root, tag, options.overwrite)
+                                    : Result<TmpDir>(fits);
     const bool compact = prepared.planned->CompactReports();
     dirs = made.ok() ? Result<std::string>(EncodeSaveStart({made->dirs, compact, *table}))
                      : Result<std::string>(made.status());

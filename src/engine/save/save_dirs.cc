@@ -37,4 +37,14 @@ Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChun
   return writes.Wait();
 }
 
+Status CheckFreeSpace(FileSystem& fs, const std::string& root, uint64_t bytes) {
+  std::string dir = root;
+  while (!fs.Stat(dir).ok() && ParentDir(dir) != dir) dir = ParentDir(dir);
+  Result<uint64_t> free = fs.FreeBytes(dir);
+  if (!free.ok() || bytes <= *free) return Status();
+  return ResourceExhaustedError(root + ": " + std::to_string(bytes) +
+                                " bytes to write, the file system there has " +
+                                std::to_string(*free) + " bytes free; nothing was written");
+}
+
 }  // namespace shardsafe

@@ -47,6 +47,11 @@ struct CommitOptions {
 // store one PUT).
 Status WriteSaveFile(FileSystem& fs, const std::string& path, const std::string& bytes);
 
+// OK when `bytes` fit in what the file system under `root` (or its
+// nearest existing parent) has free (FileSystem::FreeBytes), or when it
+// does not know; else ResourceExhausted naming `root` and both sizes.
+Status CheckFreeSpace(FileSystem& fs, const std::string& root, uint64_t bytes);
+
 // Writes the parts of `table` into `dir` (WriteSaveFile), several at once.
 Status WriteChunkTable(FileSystem& fs, const std::string& dir, const EncodedChunkTable& table);
 

@@ -10,6 +10,7 @@
 
 #include "engine/tier/persister.h"
 #include "shardsafe/async_save.h"
+#include "testing/fault_injection.h"
 #include "testing/test_util.h"
 
 namespace shardsafe {
@@ -166,6 +167,19 @@ TEST_F(MemoryTierTest, ACorruptMemoryCopyIsNeverPersisted) {
   for (const auto& e : fs::directory_iterator(root_)) {
     EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos) << e.path();
   }
+}
+
+TEST_F(MemoryTierTest, APersistThatDoesNotFitFailsBeforeItCopies) {
+  CheckpointManager m(root_, Tiered(/*persist_every=*/100));
+  ASSERT_TRUE(SaveManagerStep(m, 4).ok());
+  FaultInjectingFileSystem faulty(DefaultFileSystem());
+  faulty.SetFreeBytes(10);
+  Status s = CopyCheckpoint(&faulty, memory_ + "/step-00000004", root_, "step-00000004",
+                            CommitOptions{false, true, 4, 0}, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("10 bytes free; nothing was written"));
+  EXPECT_EQ(faulty.count(OpKind::kCreate), 0);
+  EXPECT_FALSE(fs::exists(root_));
 }
 
 TEST_F(MemoryTierTest, AsyncSavesArePersistedAfterTheirCommit) {

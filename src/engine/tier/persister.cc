@@ -50,6 +50,23 @@ Status CopyFiles(FileSystem& fs, const std::string& from, const std::string& to,
   return Status();
 }
 
+// The bytes of the files under `dir`.
+Result<uint64_t> DirBytes(FileSystem& fs, const std::string& dir) {
+  SS_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, fs.ListDir(dir));
+  uint64_t total = 0;
+  for (const DirEntry& e : entries) {
+    const std::string path = JoinPath(dir, e.name);
+    if (e.is_dir) {
+      SS_ASSIGN_OR_RETURN(uint64_t below, DirBytes(fs, path));
+      total += below;
+    } else {
+      SS_ASSIGN_OR_RETURN(FileInfo info, fs.Stat(path));
+      total += info.size;
+    }
+  }
+  return total;
+}
+
 // Locks `dir`'s index shared, as a load pins what it reads (null where the
 // file system has no locks).
 Result<std::unique_ptr<FileLock>> Pin(FileSystem& fs, const std::string& dir) {
@@ -82,6 +99,8 @@ Status CopyCheckpoint(FileSystem* given, const std::string& src, const std::stri
                               ": an object store root is not supported");
   }
   SS_ASSIGN_OR_RETURN(auto pin, Pin(fs, src));
+  SS_ASSIGN_OR_RETURN(uint64_t bytes, DirBytes(fs, src));
+  SS_RETURN_IF_ERROR(CheckFreeSpace(fs, root, bytes).WithContext("persisting " + src));
   SS_ASSIGN_OR_RETURN(std::string text,
                       ReadFileToString(fs, JoinPath(src, kIndexFileName), kMaxIndexBytes));
   SS_ASSIGN_OR_RETURN(TmpDir tmp, PrepareSave(fs, root, tag, commit.overwrite));
