@@ -1,7 +1,8 @@
 """A short crash campaign (scripts/torture.sh runs the long one): real gloo
-writer jobs of 1 and 2 processes, sync and async saves, SIGKILLed at random
-moments (tests/torture/campaign.py). The power-loss simulation needs loop
-mounts and runs in scripts/torture.sh only.
+writer jobs of 1 and 2 processes, sync saves, async saves and async saves
+into a memory tier persisted to the root (both tiers checked), SIGKILLed at
+random moments (tests/torture/campaign.py). The power-loss simulation needs
+loop mounts and runs in scripts/torture.sh only.
 
 Assertions count outcomes, never time: no committed checkpoint lost or
 corrupt, `latest` always names a committed checkpoint, every fresh save
@@ -22,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torture"))
 import campaign  # noqa: E402
 
-KILLS = 5  # per configuration: 20 in all
-CONFIGS = [(1, "sync"), (1, "async"), (2, "sync"), (2, "async")]
+KILLS = 5  # per configuration: 30 in all
+CONFIGS = [(1, "sync"), (1, "async"), (2, "sync"), (2, "async"), (1, "memory"), (2, "memory")]
 
 
 def _rng() -> tuple[int, random.Random]:
