@@ -29,8 +29,9 @@ list, latest and load agreeing with them, and a fresh tiered save.
 
 Power-loss simulation (--power-loss M, root and loop devices needed; the
 sync and async modes only: a memory tier is node memory, which a power
-loss empties): the writers save into an ext4 file system on a loop device (direct I/O) whose
-backing file lies on a second, outer ext4 loop file system. At a random
+loss empties): the writers save into an ext4 file system on a loop device
+(direct I/O) whose backing file lies on a second, outer ext4 loop file
+system. At a random
 moment (chosen as above) the writers are SIGSTOPped and the outer file system is frozen
 (fsfreeze): from then on no write of the inner loop device completes, so
 the backing file holds exactly the writes the "device" completed, while
