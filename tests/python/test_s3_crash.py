@@ -1,5 +1,5 @@
-"""SIGKILLs of saves into an S3 bucket: the crash campaign of
-test_torture.py (tests/torture: writer jobs of 1 and 2 gloo processes, sync
+"""SIGKILLs of saves into an S3 bucket: the sync and async crash campaign
+of test_torture.py (tests/torture: writer jobs of 1 and 2 gloo processes, sync
 and async saves with CheckpointManager(keep_last=2), each job killed at a
 random moment anchored on its acknowledged saves, whole or one rank) with
 its root in a bucket of moto (tests/s3/moto_server.py, a process of its

@@ -1,13 +1,16 @@
 """A short crash campaign (scripts/torture.sh runs the long one): real gloo
-writer jobs of 1 and 2 processes, sync and async saves, SIGKILLed at random
-moments (tests/torture/campaign.py). The power-loss simulation needs loop
-mounts and runs in scripts/torture.sh only.
+writer jobs of 1 and 2 processes, sync saves, async saves and async saves
+into a memory tier persisted to the root (both tiers checked), SIGKILLed at
+random moments (tests/torture/campaign.py). The power-loss simulation needs
+loop mounts and runs in scripts/torture.sh only.
 
 Assertions count outcomes, never time: no committed checkpoint lost or
 corrupt, `latest` always names a committed checkpoint, every fresh save
 after a crash succeeds and leaves nothing behind, no hang, and at least one
 commit observed (a run where every kill landed before the first commit
 tested nothing). Deadlines inside the campaign are hang guards only.
+Memory mode runs as a test of its own, an expected failure when its only
+failures are retention's known fault (tests/torture/README.md).
 The seed is printed; TORTURE_SEED=S replays a run's choices.
 """
 
@@ -18,12 +21,16 @@ import random
 import sys
 from pathlib import Path
 
+import pytest
+
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torture"))
 import campaign  # noqa: E402
+import tier_check  # noqa: E402
 
-KILLS = 5  # per configuration: 20 in all
+KILLS = 5  # per configuration: 30 in all
 CONFIGS = [(1, "sync"), (1, "async"), (2, "sync"), (2, "async")]
+MEMORY_CONFIGS = [(1, "memory"), (2, "memory")]
 
 
 def _rng() -> tuple[int, random.Random]:
@@ -38,21 +45,42 @@ def _report(seed: int, tallies: list[campaign.Tally]) -> str:
             + "\n\n".join(failures))
 
 
-def test_sigkill_campaign(shardsafe_bin, tmp_path):
+def _campaign(configs, shardsafe_bin, tmp_path) -> tuple[campaign.Tally, str]:
     seed, rng = _rng()
     tallies = [campaign.kill_campaign(world, mode, KILLS, rng, str(tmp_path), str(shardsafe_bin))
-               for world, mode in CONFIGS]
+               for world, mode in configs]
     report = _report(seed, tallies)
     print(report)
     total = campaign.Tally("total")
     for t in tallies:
         total.add(t)
+    return total, report
+
+
+def _check(total: campaign.Tally, report: str, configs) -> None:
     assert not total.failures, report
     assert total.hangs == 0, report
-    assert total.iterations == total.kills_all + total.kills_one == KILLS * len(CONFIGS), report
+    assert total.iterations == total.kills_all + total.kills_one == KILLS * len(configs), report
     # Every crash was followed by a clean fresh save.
     assert total.fresh_saves == total.iterations, report
     assert total.commits >= 1, "no commit observed: the campaign tested nothing\n" + report
     # Every checkpoint found committed after a crash was verified (a listed
     # checkpoint that failed is a failure above, so this is the count seen).
     assert total.verified >= 1, report
+
+
+def test_sigkill_campaign(shardsafe_bin, tmp_path):
+    _check(*_campaign(CONFIGS, shardsafe_bin, tmp_path), CONFIGS)
+
+
+def test_sigkill_campaign_memory_tier(shardsafe_bin, tmp_path):
+    """Mode memory: both tiers checked after every kill (tier_check.py).
+    Retention's known fault (tests/torture/README.md: it passes over an
+    older checkpoint a persist pins and removes one of the newest keep_last
+    instead) makes this an expected failure when it is the only failure."""
+    total, report = _campaign(MEMORY_CONFIGS, shardsafe_bin, tmp_path)
+    skips = [f for f in total.failures if tier_check.RETENTION_SKIP in f]
+    if skips and len(skips) == len(total.failures):
+        pytest.xfail(f"retention removed a newer memory checkpoint than one it kept "
+                     f"({len(skips)} time(s)); first: {skips[0][:2000]}")
+    _check(total, report, MEMORY_CONFIGS)

@@ -1,7 +1,7 @@
 """The crash campaign: real gloo writer jobs killed at random moments, and a
 power-loss simulation on a loop-mounted ext4 image.
 
-    python3 tests/torture/campaign.py [--kills N] [--procs 1,2,3,4] [--modes sync,async]
+    python3 tests/torture/campaign.py [--kills N] [--procs 1,2,3,4] [--modes sync,async,memory]
                                       [--power-loss M] [--seed S] [--bin PATH]
 
 (scripts/torture.sh runs it.) The package is the `shardsafe` Python finds
@@ -21,11 +21,17 @@ error from the dead peer); one still running after HANG_GUARD seconds is a
 hang (its stacks are dumped to its log). The root is then checked
 (root_check.py): every listed checkpoint loads bit-exact and passes `verify`,
 nothing acknowledged or listed before is lost, `latest` names a committed
-checkpoint, and a fresh save succeeds and leaves no leftover.
+checkpoint, and a fresh save succeeds and leaves no leftover. Mode memory
+saves with async_save into a memory tier (ROOT.mem) persisting every 2nd
+save of the job to ROOT; both tiers are checked (tier_check.py): each as a
+root, the root holding only steps the job persisted, the tiered manager's
+list, latest and load agreeing with them, and a fresh tiered save.
 
-Power-loss simulation (--power-loss M, root and loop devices needed): the
-writers save into an ext4 file system on a loop device (direct I/O) whose
-backing file lies on a second, outer ext4 loop file system. At a random
+Power-loss simulation (--power-loss M, root and loop devices needed; the
+sync and async modes only: a memory tier is node memory, which a power
+loss empties): the writers save into an ext4 file system on a loop device
+(direct I/O) whose backing file lies on a second, outer ext4 loop file
+system. At a random
 moment (chosen as above) the writers are SIGSTOPped and the outer file system is frozen
 (fsfreeze): from then on no write of the inner loop device completes, so
 the backing file holds exactly the writes the "device" completed, while
@@ -69,6 +75,7 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import root_check as C  # noqa: E402
+import tier_check as T  # noqa: E402
 import workload as W  # noqa: E402
 
 HANG_GUARD = 300.0  # seconds: only a guard against hangs, never a measured outcome
@@ -82,6 +89,7 @@ class Tally:
     kills_all: int = 0  # every rank SIGKILLed (or, power loss: the snapshot taken)
     kills_one: int = 0  # one rank SIGKILLed, the others left to fail by themselves
     commits: int = 0  # writer checkpoints committed (listed after the crash, or acknowledged)
+    persisted: int = 0  # memory mode: writer checkpoints persisted to the root, listed there
     acked: int = 0  # saves acknowledged (returned / Future resolved) before the crash
     verified: int = 0  # committed checkpoints found after a crash, loaded bit-exact + `verify`
     empty: int = 0  # crashes after which the root held no committed checkpoint
@@ -101,7 +109,8 @@ class Tally:
 
 
 COLUMNS = [("iterations", "runs"), ("kills_all", "kill all"), ("kills_one", "kill one"),
-           ("commits", "commits"), ("acked", "acked"), ("verified", "verified"),
+           ("commits", "commits"), ("persisted", "persisted"), ("acked", "acked"),
+           ("verified", "verified"),
            ("empty", "empty"), ("partial", "partial"), ("latest_lagging", "latest lag"),
            ("survivor_errors", "surv err"), ("fresh_saves", "fresh ok"),
            ("fsck_fixed", "fsck fix"), ("hangs", "hangs")]
@@ -254,6 +263,7 @@ def _record(t: Tally, rc: C.RootCheck, start: int, acks: list, where: str) -> in
     acked = {s for s, _ in acks}
     commits = {s for s in set(rc.listed) | acked if s >= start}
     t.commits += len(commits)
+    t.persisted += len(rc.persisted)
     t.acked += len(acked)
     t.verified += rc.verified
     t.empty += not rc.listed
@@ -304,11 +314,12 @@ def kill_campaign(world: int, mode: str, kills: int, rng: random.Random, workdir
     t = Tally(name)
     base = os.path.join(workdir, f"kill-p{world}-{mode}")
     root = os.path.join(base, "root")
-    known: set[int] = set()
+    known: set[int] = set()  # committed where the writer saves (memory mode: the memory tier)
+    known_root: set[int] = set()  # memory mode: committed in the root
     delays = DelayPicker(rng)
     for i in range(kills):
         where = f"{name} #{i}"
-        start = max(known, default=0) + 1
+        start = max(known | known_root, default=0) + 1
         jobdir = os.path.join(base, f"job{i}")
         t0 = time.monotonic()
         job = Job(world, mode, root, start, jobdir)
@@ -339,12 +350,18 @@ def kill_campaign(world: int, mode: str, kills: int, rng: random.Random, workdir
         acks = _acks(jobdir)
         known |= {s for s, _ in acks}
         t2 = time.monotonic()
-        rc = C.check_root(root, binary, known=known, fresh_save=True)
+        if mode == T.MODE:
+            rc = T.check_tiers(root, binary, known_mem=known, known_root=known_root, start=start,
+                               fresh_save=True)
+        else:
+            rc = C.check_root(root, binary, known=known, fresh_save=True)
         t_check = time.monotonic() - t2
         commits = _record(t, rc, start, acks, where)
         delays.observe(_ready_time(jobdir), acks, commits)
         log(f"  {where}: ack {anchor} + {delay:.3f}s, killed {'all' if len(victims) == world else victims}"
-            f"; commits {commits}, listed {rc.listed}, leftovers {rc.partial or '-'}, "
+            f"; commits {commits}, listed {rc.listed}"
+            + (f", persisted {rc.persisted}" if mode == T.MODE else "")
+            + f", leftovers {rc.partial or '-'}, "
             f"latest {rc.latest}, {len(rc.failures)} failure(s) "
             f"[up {t_up:.1f}s, down {t_down:.1f}s, check {t_check:.1f}s]")
         if not rc.failures and not t.failures:
@@ -562,10 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=100, help="SIGKILLs per configuration (100)")
     ap.add_argument("--procs", default="1,2,3,4", help="writer processes, e.g. 1,2,3,4")
-    ap.add_argument("--modes", default="sync,async", help="sync, async or both")
+    ap.add_argument("--modes", default=",".join(W.MODES),
+                    help=f"some of {','.join(W.MODES)} (all)")
     ap.add_argument("--power-loss", type=int, default=40, metavar="M",
-                    help="simulated power losses in all, cycling through the configurations "
-                         "(40; 0: none)")
+                    help="simulated power losses in all, cycling through the sync and async "
+                         "configurations (40; 0: none)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--bin", default=None, help="the shardsafe CLI (default $SHARDSAFE_BIN, "
                                                 "else build/shardsafe)")
@@ -575,8 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     procs = [int(p) for p in args.procs.split(",") if p]
     modes = [m for m in args.modes.split(",") if m]
-    if any(p < 1 or p > 4 for p in procs) or any(m not in ("sync", "async") for m in modes):
-        ap.error("--procs takes 1..4, --modes sync and/or async")
+    if any(p < 1 or p > 4 for p in procs) or any(m not in W.MODES for m in modes):
+        ap.error(f"--procs takes 1..4, --modes some of {','.join(W.MODES)}")
     binary = _binary(args.bin)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
@@ -598,8 +616,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"SIGKILL campaign: {args.kills} kills of {world} process(es), {mode}",
                       flush=True)
                 tallies.append(kill_campaign(world, mode, args.kills, rng, workdir, binary, log))
-        if args.power_loss > 0:
-            combos = [(p, m) for p in procs for m in modes]
+        combos = [(p, m) for p in procs for m in modes if m != T.MODE]
+        if args.power_loss > 0 and combos:
             print(f"power-loss simulation: {args.power_loss} snapshots over {combos}", flush=True)
             try:
                 tallies += power_loss_campaign(combos, args.power_loss, rng, workdir, binary, log)
@@ -609,6 +627,10 @@ def main(argv: list[str] | None = None) -> int:
             except Unavailable as e:
                 power_note = f"power-loss simulation: NOT RUN: {e}"
                 status = 3
+        if args.power_loss > 0 and T.MODE in modes:
+            note = (f"power-loss simulation: none for mode {T.MODE} (its memory tier is node "
+                    f"memory, which a power loss empties)")
+            power_note = power_note + "\n" + note if combos else note
     finally:
         if not args.keep and not any(t.failures for t in tallies):
             shutil.rmtree(workdir, ignore_errors=True)

@@ -34,6 +34,7 @@ class RootCheck:
     latest: str | None = None
     latest_lagging: bool = False  # `latest` names an older checkpoint than the newest
     fresh_step: int | None = None  # the fresh save's step, when it succeeded
+    persisted: list[int] = field(default_factory=list)  # memory mode: steps the job persisted
     failures: list[str] = field(default_factory=list)
 
 
@@ -53,6 +54,13 @@ def loads_bit_exact(path: str, step: int) -> str | None:
         res = shardsafe.load(target, path, per_rank_strict=False)
     except Exception as e:  # noqa: BLE001 - any failure is the finding
         return f"{path}: load failed: {type(e).__name__}: {e}"
+    return loaded_differs(path, target, res, step)
+
+
+def loaded_differs(path: str, target: dict, res, step: int) -> str | None:
+    """None if `target` (filled from load_target() by a load whose result
+    is `res`, per_rank_strict=False) holds checkpoint `step` exactly, else
+    what differs; `path` names what was loaded."""
     want = W.expected(step)
     bad = [k for k in want if not W.same_bits(target[k], want[k])]
     if bad:

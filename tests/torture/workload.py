@@ -15,10 +15,12 @@ kill can land between any two of them).
 
 `writer_main` is the body of one writer process: it joins a gloo group,
 saves step after step into ROOT with a CheckpointManager (sync: save; async:
-async_save) until it is killed, and acknowledges each save that returned
-(sync) or whose Future resolved (async) by appending "STEP TIME" to
-JOBDIR/acks (rank 0 only). An acknowledged checkpoint is durable: the
-campaign checks that it is never lost.
+async_save; memory: async_save with a memory tier in ROOT.mem, every
+PERSIST_EVERY-th save of the job persisted to ROOT by rank 0 in the
+background) until it is killed, and acknowledges each save that returned
+(sync) or whose Future resolved (async, memory) by appending "STEP TIME" to
+JOBDIR/acks (rank 0 only). An acknowledged checkpoint is committed (in
+memory mode, in the memory tier): the campaign checks that it is never lost.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import zlib
 
 import torch
 
-KEEP_LAST = 2
+KEEP_LAST = 2  # retention of the root (and of the memory tier, memory mode)
+MODES = ("sync", "async", "memory")
+PERSIST_EVERY = 2  # memory mode: the 2nd, 4th, ... save of a job goes to the root too
 TAG_FORMAT = "step-{step:08d}"
 MAX_FILE_BYTES = 2 << 20
 ROWS, COLS = 1200, 1024  # 1200 splits evenly over 1, 2, 3 and 4 ranks
@@ -139,6 +143,23 @@ def load_target() -> dict:
     return out
 
 
+def memory_dir(root: str) -> str:
+    """Memory mode: the memory tier's folder (an ordinary folder next to the root)."""
+    return root + ".mem"
+
+
+def manager(root: str, mode: str, persist_every: int = PERSIST_EVERY):
+    """The CheckpointManager of `mode` for `root`: in memory mode with the
+    memory tier in memory_dir(root) (replicas=0, keep_last=KEEP_LAST)."""
+    import shardsafe
+
+    if mode != "memory":
+        return shardsafe.CheckpointManager(root, keep_last=KEEP_LAST, tag_format=TAG_FORMAT)
+    return shardsafe.CheckpointManager(
+        root, keep_last=KEEP_LAST, tag_format=TAG_FORMAT, persist_every=persist_every,
+        memory=shardsafe.MemoryTier(memory_dir(root), replicas=0, keep_last=KEEP_LAST))
+
+
 # ----------------------------------------------------------------- writer --
 
 MAX_STEPS = 100_000  # a writer is always killed long before this
@@ -158,13 +179,11 @@ def writer_main(rank: int, world: int, root: str, mode: str, start_step: int, jo
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    import shardsafe
-
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=3 * peer_timeout))
-    mgr = shardsafe.CheckpointManager(root, keep_last=KEEP_LAST, tag_format=TAG_FORMAT)
+    mgr = manager(root, mode)
     opts = dict(max_file_bytes=MAX_FILE_BYTES)
-    if mode == "async":
+    if mode != "sync":
         opts["peer_timeout"] = peer_timeout
     acks = open(os.path.join(jobdir, "acks"), "a", buffering=1) if rank == 0 else None
 
