@@ -217,8 +217,9 @@ class CheckpointManager:
         return [as_dict(c) for c in self._m.list()]
 
     def prune(self, keep: int) -> list[str]:
-        """Removes all but the newest `keep` checkpoints (never the newest
-        nor the one `latest` names); the tags removed. A checkpoint whose
+        """Removes the checkpoints older than the newest `keep`, which always
+        stay, but not the one `latest` names nor one a load is reading (a
+        later prune removes that); the tags removed. A checkpoint whose
         order is unknown is kept, with a UserWarning saying why."""
         return self._m.prune(keep)
 

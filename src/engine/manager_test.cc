@@ -54,6 +54,21 @@ TEST_F(ManagerTest, LatestFollowsSavesAndRetentionKeepsNewest) {
   EXPECT_EQ(LoadedStep(m, 30), 30);
 }
 
+// A checkpoint a load holds stays beside the newest keep_last, never in
+// place of one of them.
+TEST_F(ManagerTest, RetentionKeepsTheNewestWhenAnOlderOneIsInUse) {
+  CheckpointManager m(root_, {.keep_last = 2});
+  for (int64_t step : {1, 2}) ASSERT_TRUE(SaveStep(m, step).ok());
+  auto pin = DefaultFileSystem()->TryLock(root_ + "/step-00000001/shardsafe.json",
+                                          LockMode::kShared);  // as a load holds it
+  ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  ASSERT_TRUE(SaveStep(m, 3).ok());
+  EXPECT_THAT(Tags(), ::testing::ElementsAre("step-00000001", "step-00000002", "step-00000003"));
+  pin->reset();
+  ASSERT_TRUE(SaveStep(m, 4).ok());  // the next retention removes what is no longer held
+  EXPECT_THAT(Tags(), ::testing::ElementsAre("step-00000003", "step-00000004"));
+}
+
 TEST_F(ManagerTest, LeftoversAreIgnoredAndCleanedAtNextSave) {
   CheckpointManager m(root_, {});
   ASSERT_TRUE(SaveStep(m, 1).ok());

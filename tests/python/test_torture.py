@@ -9,8 +9,7 @@ corrupt, `latest` always names a committed checkpoint, every fresh save
 after a crash succeeds and leaves nothing behind, no hang, and at least one
 commit observed (a run where every kill landed before the first commit
 tested nothing). Deadlines inside the campaign are hang guards only.
-Memory mode runs as a test of its own, an expected failure when its only
-failures are retention's known fault (tests/torture/README.md).
+Memory mode runs as a test of its own.
 The seed is printed; TORTURE_SEED=S replays a run's choices.
 """
 
@@ -21,12 +20,9 @@ import random
 import sys
 from pathlib import Path
 
-import pytest
-
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torture"))
 import campaign  # noqa: E402
-import tier_check  # noqa: E402
 
 KILLS = 5  # per configuration: 30 in all
 CONFIGS = [(1, "sync"), (1, "async"), (2, "sync"), (2, "async")]
@@ -74,13 +70,5 @@ def test_sigkill_campaign(shardsafe_bin, tmp_path):
 
 
 def test_sigkill_campaign_memory_tier(shardsafe_bin, tmp_path):
-    """Mode memory: both tiers checked after every kill (tier_check.py).
-    Retention's known fault (tests/torture/README.md: it passes over an
-    older checkpoint a persist pins and removes one of the newest keep_last
-    instead) makes this an expected failure when it is the only failure."""
-    total, report = _campaign(MEMORY_CONFIGS, shardsafe_bin, tmp_path)
-    skips = [f for f in total.failures if tier_check.RETENTION_SKIP in f]
-    if skips and len(skips) == len(total.failures):
-        pytest.xfail(f"retention removed a newer memory checkpoint than one it kept "
-                     f"({len(skips)} time(s)); first: {skips[0][:2000]}")
-    _check(total, report, MEMORY_CONFIGS)
+    """Mode memory: both tiers checked after every kill (tier_check.py)."""
+    _check(*_campaign(MEMORY_CONFIGS, shardsafe_bin, tmp_path), MEMORY_CONFIGS)

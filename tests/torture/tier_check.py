@@ -10,9 +10,7 @@ root's new steps as `persisted`). Checks:
   `shardsafe verify`, `latest` names a committed checkpoint, and nothing
   committed there is lost: the memory tier keeps the newest KEEP_LAST of
   the steps known committed there (acknowledged saves, steps listed
-  before), the root the newest KEEP_LAST of the steps listed there before
-  (a memory-tier loss of a step newer than one still listed is named
-  RETENTION_SKIP: retention's known fault, README.md);
+  before), the root the newest KEEP_LAST of the steps listed there before;
 - the root holds only persisted steps: each step it lists that it did not
   list before is one this job persisted (a PERSIST_EVERY-th save of the
   job: start + 1, start + 3, ... for PERSIST_EVERY = 2) and no newer than
@@ -44,9 +42,8 @@ def check_tiers(root: str, binary: str, *, known_mem: set[int], known_root: set[
     """Checks both tiers of `root` after a job that saved from `start` (see
     the module doc). `known_mem` / `known_root`: steps known committed in
     each tier; updated with what each lists (and the fresh save)."""
-    before_root, before_mem = set(known_root), set(known_mem)
+    before_root = set(known_root)
     mem = C.check_root(W.memory_dir(root), binary, known=known_mem, fresh_save=False)
-    _name_retention_skip(mem, W.memory_dir(root), before_mem)
     rt = C.check_root(root, binary, known=known_root, fresh_save=False)
     out = C.RootCheck(listed=mem.listed, verified=mem.verified + rt.verified,
                       partial=mem.partial + [f"root/{p}" for p in rt.partial],
@@ -58,22 +55,6 @@ def check_tiers(root: str, binary: str, *, known_mem: set[int], known_root: set[
     if fresh_save:
         _fresh_save(out, root, known_mem, known_root)
     return out
-
-
-RETENTION_SKIP = "LOST NEWER THAN KEPT"
-
-
-def _name_retention_skip(check: C.RootCheck, where: str, known: set[int]) -> None:
-    """Renames the LOST failure of `where` to RETENTION_SKIP when a step lost
-    is newer than one still listed: retention passed over an older
-    checkpoint (pinned by a persist copying it, or by a load) and removed a
-    newer one of the newest KEEP_LAST instead (a known engine bug,
-    tests/torture/README.md)."""
-    lost = [s for s in sorted(known | set(check.listed))[-W.KEEP_LAST:] if s not in check.listed]
-    if not lost or not any(s < max(lost) for s in check.listed):
-        return
-    check.failures = [RETENTION_SKIP + f[len("LOST"):] if f.startswith(f"LOST {where}:") else f
-                      for f in check.failures]
 
 
 def _check_persisted(out: C.RootCheck, root: str, start: int, newest_mem: int | None) -> None:

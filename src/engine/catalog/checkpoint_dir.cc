@@ -543,8 +543,10 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     }
   }
   std::vector<ClaimedDir> hidden;
-  int64_t to_remove = static_cast<int64_t>(known) - keep;
-  for (size_t i = 0; i + 1 < known && to_remove > 0; ++i) {  // oldest first; never the newest
+  // Only those older than the newest `keep`: one skipped below stays beside
+  // them, never in place of one of them.
+  const size_t older = known > static_cast<size_t>(keep) ? known - keep : 0;
+  for (size_t i = 0; i < older; ++i) {  // oldest first
     const CheckpointInfo& c = list[i];
     if (c.is_latest || c.tag == listing.latest_pointer) continue;  // nor the one `latest` names
     std::optional<ClaimedDir> claimed = ClaimDir(fs, c.path);
@@ -562,7 +564,6 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     }
     hidden.push_back(std::move(*claimed));
     if (tags) tags->push_back(c.tag);
-    --to_remove;
   }
   if (!hidden.empty()) SS_RETURN_IF_ERROR(fs.SyncDir(root));
   return hidden;
