@@ -404,11 +404,11 @@ class CheckpointManager {
   Result<std::vector<CheckpointInfo>> List();
   // The memory tier's folder ("" without one).
   std::string memory_dir() const;
-  // Removes the committed checkpoints older (in commit order) than the
-  // newest `keep` (keep >= 1), which always stay, but never the one `latest`
-  // names, nor one a load in progress holds (CheckpointSource::pin): either
-  // stays beside the newest `keep` (a later prune removes the one a load
-  // held), nor one whose order is unknown (CheckpointInfo::order_fault:
+  // Removes the oldest committed checkpoints (in commit order) until `keep`
+  // remain (keep >= 1), but never the newest one, the one `latest` names
+  // (it counts among the `keep`), nor one a load in progress holds
+  // (CheckpointSource::pin; it stays beside the `keep`, never in place of a
+  // newer one, and a later prune removes it), nor one whose order is unknown (CheckpointInfo::order_fault:
   // kept apart from the `keep`, and named in `*warnings` when set). Each is
   // hidden by an atomic rename before it is deleted. Returns the tags
   // removed.

@@ -217,10 +217,11 @@ class CheckpointManager:
         return [as_dict(c) for c in self._m.list()]
 
     def prune(self, keep: int) -> list[str]:
-        """Removes the checkpoints older than the newest `keep`, which always
-        stay, but not the one `latest` names nor one a load is reading (a
-        later prune removes that); the tags removed. A checkpoint whose
-        order is unknown is kept, with a UserWarning saying why."""
+        """Removes all but the newest `keep` checkpoints, never the newest
+        nor the one `latest` names (it counts among the `keep`); one a load
+        is reading stays beside them (a later prune removes it); the tags
+        removed. A checkpoint whose order is unknown is kept, with a
+        UserWarning saying why."""
         return self._m.prune(keep)
 
     def _require_one(self) -> None:

@@ -543,14 +543,17 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     }
   }
   std::vector<ClaimedDir> hidden;
-  // Only those older than the newest `keep`: one skipped below stays beside
-  // them, never in place of one of them.
-  const size_t older = known > static_cast<size_t>(keep) ? known - keep : 0;
-  for (size_t i = 0; i < older; ++i) {  // oldest first
+  int64_t to_remove = static_cast<int64_t>(known) - keep;
+  for (size_t i = 0; i + 1 < known && to_remove > 0; ++i) {  // oldest first; never the newest
     const CheckpointInfo& c = list[i];
-    if (c.is_latest || c.tag == listing.latest_pointer) continue;  // nor the one `latest` names
+    // The one `latest` names counts among the `keep` (a rollback keeps it
+    // in place of a newer one).
+    if (c.is_latest || c.tag == listing.latest_pointer) continue;
     std::optional<ClaimedDir> claimed = ClaimDir(fs, c.path);
-    if (!claimed) continue;  // a load is reading it
+    if (!claimed) {  // a load is reading it: it stays beside the `keep`, not in place of one
+      --to_remove;
+      continue;
+    }
     // Hidden by one atomic rename, so a crash mid-removal never leaves a
     // half-deleted directory that still looks committed. The locks follow
     // the directory. An object store has no rename: deleting the index
@@ -564,6 +567,7 @@ Result<std::vector<ClaimedDir>> HideOldCheckpoints(FileSystem& fs, const std::st
     }
     hidden.push_back(std::move(*claimed));
     if (tags) tags->push_back(c.tag);
+    --to_remove;
   }
   if (!hidden.empty()) SS_RETURN_IF_ERROR(fs.SyncDir(root));
   return hidden;

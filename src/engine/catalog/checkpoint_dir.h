@@ -136,11 +136,12 @@ Status RemoveClaimed(FileSystem& fs, std::vector<ClaimedDir> dirs);
 // the directory or a load holds its index (FileSystem::TryLock).
 std::optional<ClaimedDir> ClaimDir(FileSystem& fs, const std::string& dir);
 
-// With the root locked: hides the committed checkpoints under `root` older
-// (in commit order) than the newest `keep` of those whose order is known
-// (keep >= 1, else InvalidArgument), which always stay, but never the one
-// `latest` names nor one a load is reading (either stays beside the newest
-// `keep`, until a later prune finds it unused), nor one whose order is unknown (CheckpointInfo::order_fault:
+// With the root locked: hides the oldest committed checkpoints under
+// `root` (commit order) until `keep` of those whose order is known remain
+// (keep >= 1, else InvalidArgument), but never the newest one, the one
+// `latest` names (it counts among the `keep`), one a load is reading (it
+// stays beside the `keep`, never in place of a newer one, until a later
+// prune finds it unused), nor one whose order is unknown (CheckpointInfo::order_fault:
 // kept and counted apart, with a warning naming it and why in `*warnings`
 // when set); each is hidden by an atomic rename to a temporary name (on an
 // object store: its index is deleted, which un-commits it). Returns them,
