@@ -125,9 +125,7 @@ void Persister::Start(FileSystem* fs, std::string src, std::string root, std::st
     std::vector<std::string> warnings;
     Status s = CopyCheckpoint(fs, src, root, tag, commit, &warnings);
     std::lock_guard<std::mutex> lock(mu_);
-    if (s.ok()) ++done_;
     if (failure_.ok()) failure_ = s;
-    warnings_.insert(warnings_.end(), warnings.begin(), warnings.end());
   });
 }
 
@@ -135,16 +133,6 @@ Status Persister::Wait() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   return std::exchange(failure_, Status());
-}
-
-int Persister::done() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
-
-std::vector<std::string> Persister::warnings() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return warnings_;
 }
 
 }  // namespace shardsafe

@@ -54,18 +54,14 @@ class Persister {
   void Start(FileSystem* fs, std::string src, std::string root, std::string tag,
              CommitOptions commit, std::shared_ptr<AsyncSaveHandle> after);
   // Waits for the persist in flight; its outcome, or the failure of an
-  // earlier one not yet returned (then cleared).
+  // earlier one not yet returned (then cleared). A persist's post-commit
+  // warnings (a `latest` or retention failure in the root) are dropped.
   Status Wait();
-  // Persists done, and their post-commit warnings so far.
-  int done() const;
-  std::vector<std::string> warnings() const;
 
  private:
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::thread thread_;
   Status failure_;  // guarded by mu_
-  int done_ = 0;    // guarded by mu_
-  std::vector<std::string> warnings_;  // guarded by mu_
 };
 
 }  // namespace shardsafe
